@@ -1,0 +1,87 @@
+"""core_ad: the shared automatic-differentiation engine.
+
+* :class:`Array` and :mod:`core_ad.numpy`: Enoki-style tracing arrays over numpy.
+* ``grad``, ``value_and_grad``, ``jvp``, ``vjp``, ``jacobian``, ``hessian``, ``hvp``,
+  ``batch_hessian``: functional transforms (JAX conventions) on numpy inputs and pytrees.
+* ``custom_vjp``, ``custom_jvp``, :class:`Function`: custom derivatives.
+* ``checkpoint``, ``checkpointed_loop``, ``revolve_schedule``: recompute instead of store.
+* ``check_grads``: finite-difference checks.
+* :mod:`core_ad.sym`: the symbolic expression engine (hash-consed DAG, symbolic derivatives,
+  ``compile``).
+
+All of it derives from one rule table of primitives (:func:`primitives`).
+"""
+
+from . import numpy  # noqa: F401
+from ._check import check_grads
+from ._checkpoint import LoopStats, checkpointed_loop
+from ._custom import (
+    CheckpointClosureError,
+    Function,
+    FunctionCtx,
+    checkpoint,
+    custom_jvp,
+    custom_vjp,
+)
+from ._functional import (
+    LaneMixingError,
+    batch_hessian,
+    grad,
+    hessian,
+    hvp,
+    jacobian,
+    jvp,
+    value_and_grad,
+    vjp,
+)
+from ._primitives import Primitive, get_primitive, primitives, register
+from ._revolve import revolve_schedule
+from ._tracing import (
+    Array,
+    GraphFreedError,
+    backward,
+    clear_grads,
+    detach,
+    enable_grad,
+    forward,
+    label,
+    no_grad,
+)
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Array",
+    "CheckpointClosureError",
+    "Function",
+    "FunctionCtx",
+    "GraphFreedError",
+    "LaneMixingError",
+    "LoopStats",
+    "Primitive",
+    "backward",
+    "batch_hessian",
+    "check_grads",
+    "checkpoint",
+    "checkpointed_loop",
+    "clear_grads",
+    "custom_jvp",
+    "custom_vjp",
+    "detach",
+    "enable_grad",
+    "forward",
+    "get_primitive",
+    "grad",
+    "hessian",
+    "hvp",
+    "jacobian",
+    "jvp",
+    "label",
+    "no_grad",
+    "numpy",
+    "primitives",
+    "register",
+    "revolve_schedule",
+    "value_and_grad",
+    "vjp",
+]

@@ -1,0 +1,389 @@
+"""Functional transforms on plain numpy inputs and pytrees (JAX conventions).
+
+Each transform wraps its differentiable inputs in fresh graph nodes, runs the function on
+traced :class:`~core_ad.Array` values and reads derivatives off the tape. When an input is
+itself traced by an enclosing transform, the wrapper is an identity node connected to it and
+the derivative computation is recorded (``create_graph``), so transforms nest: ``grad(grad(f))``,
+``jacobian(grad(f))``, ``hessian`` of a function that calls ``grad`` ...
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from . import _rules as R
+from ._pytree import flatten, unflatten
+from ._tracing import Array, _backprop, _grad_mode, _push_tangents, _toposort
+
+
+def _is_traced(x) -> bool:
+    return isinstance(x, Array) and x.requires_grad
+
+
+def _float_input(x, where: str) -> np.ndarray:
+    v = np.asarray(x.value if isinstance(x, Array) else x)
+    if v.dtype.kind not in "fc":
+        raise TypeError(
+            f"{where}: cannot differentiate with respect to an array of dtype {v.dtype};"
+            " only floating-point inputs are differentiable (cast it, or move it out of argnums)"
+        )
+    return v
+
+
+def _wrap(x, where: str):
+    """A differentiable input node for one level of transformation."""
+    if _is_traced(x):
+        _float_input(x, where)
+        return R.identity(x)
+    return Array(_float_input(x, where), requires_grad=True)
+
+
+def _argnums(argnums, nargs, where):
+    nums = (argnums,) if isinstance(argnums, int) else tuple(argnums)
+    for a in nums:
+        if not -nargs <= a < nargs:
+            raise ValueError(f"{where}: argnums {a} out of range for {nargs} positional arguments")
+    return tuple(a % nargs for a in nums), isinstance(argnums, int)
+
+
+def _prepare(args, argnums, where):
+    """Replace the leaves of the selected arguments by input nodes."""
+    nums, single = _argnums(argnums, len(args), where)
+    args = list(args)
+    inputs, defs = [], []
+    with _grad_mode(True):
+        for a in nums:
+            leaves, td = flatten(args[a])
+            wrapped = [_wrap(x, where) for x in leaves]
+            inputs.append(wrapped)
+            defs.append(td)
+            args[a] = unflatten(td, wrapped)
+    nested = any(not x.is_leaf for group in inputs for x in group)
+    return args, nums, single, inputs, defs, nested
+
+
+def _reaches_outer(outs, inputs) -> bool:
+    """Whether ``outs`` depend on traced arrays other than ``inputs`` (an enclosing level).
+
+    Then the derivative computation must be recorded, or the enclosing transform would
+    silently lose the dependence.
+    """
+    stop = frozenset(id(x) for x in inputs)
+    return any(
+        n.is_leaf and id(n) not in stop for n in _toposort([o for o in outs if _is_traced(o)], stop)
+    )
+
+
+def _finish(x, nested):
+    """Numpy result at the outermost level, traced Array inside an enclosing transform."""
+    if nested:
+        return x
+    if isinstance(x, Array):
+        return x.value
+    return x
+
+
+def _zeros_like(node: Array):
+    return np.zeros(node.shape, dtype=node.dtype)
+
+
+def value_and_grad(f, argnums=0, has_aux: bool = False):
+    """``f(*args) -> (value, gradient)`` for a scalar-valued ``f``; see :func:`grad`."""
+
+    def vg(*args):
+        args, nums, single, inputs, defs, nested = _prepare(args, argnums, "grad")
+        with _grad_mode(True):
+            out = f(*args)
+        aux = None
+        if has_aux:
+            if not (isinstance(out, tuple) and len(out) == 2):
+                raise TypeError("grad(has_aux=True): f must return a pair (value, aux)")
+            out, aux = out
+        if not isinstance(out, Array):
+            out = Array(out)
+        if out.shape != ():
+            raise TypeError(
+                f"grad requires a scalar output, got shape {out.shape}; use vjp or jacobian"
+            )
+        flat_inputs = [x for group in inputs for x in group]
+        nested = nested or _reaches_outer([out], flat_inputs)
+        found = {}
+        if out.requires_grad:
+            found = _backprop(
+                [out],
+                [np.ones((), out.dtype)],
+                targets=flat_inputs,
+                create_graph=nested,
+                retain_graph=nested,
+                accumulate=False,
+            )
+        grads = []
+        for group, td in zip(inputs, defs):
+            leaves = [_finish(found.get(id(x), _zeros_like(x)), nested) for x in group]
+            grads.append(unflatten(td, leaves))
+        g = grads[0] if single else tuple(grads)
+        value = _finish(out, nested)
+        return ((value, aux), g) if has_aux else (value, g)
+
+    return vg
+
+
+def grad(f, argnums=0, has_aux: bool = False):
+    """Gradient of a scalar-valued ``f`` with respect to ``args[argnums]`` (pytrees allowed)."""
+    vg = value_and_grad(f, argnums, has_aux)
+
+    def g_plain(*args):
+        out = vg(*args)
+        if has_aux:
+            (_, aux), dx = out
+            return dx, aux
+        return out[1]
+
+    return g_plain
+
+
+def vjp(f, *primals):
+    """``(out, pullback)``: ``pullback(cotangent)`` returns one cotangent per primal.
+
+    The pullback may be called several times (the graph is retained while it lives).
+    """
+    args, nums, single, inputs, defs, nested = _prepare(primals, tuple(range(len(primals))),
+                                                          "vjp")
+    with _grad_mode(True):
+        out = f(*args)
+    outs, out_def = flatten(out)
+    outs = [o if isinstance(o, Array) else Array(o) for o in outs]
+    flat_inputs = [x for group in inputs for x in group]
+    nested = nested or _reaches_outer(outs, flat_inputs)
+
+    def pullback(cotangent):
+        cts, ct_def = flatten(cotangent)
+        if ct_def != out_def:
+            raise ValueError(
+                f"vjp: cotangent structure {ct_def} does not match the output structure {out_def}"
+            )
+        seeds = []
+        for i, (o, c) in enumerate(zip(outs, cts)):
+            cv = c if _is_traced(c) else np.asarray(c.value if isinstance(c, Array) else c)
+            if tuple(cv.shape) != o.shape:
+                raise ValueError(
+                    f"vjp: cotangent {i} has shape {tuple(cv.shape)} but output {i} has shape"
+                    f" {o.shape}"
+                )
+            if not _is_traced(cv) and cv.dtype.kind not in "fc":
+                raise TypeError(f"vjp: cotangent {i} must be floating point, got {cv.dtype}")
+            seeds.append(cv if _is_traced(cv) else cv.astype(o.dtype, copy=False))
+        create = nested or any(_is_traced(s) for s in seeds)
+        found = _backprop(
+            outs, seeds, targets=flat_inputs, create_graph=create, retain_graph=True,
+            accumulate=False,
+        )
+        res = []
+        for group, td in zip(inputs, defs):
+            res.append(
+                unflatten(td, [_finish(found.get(id(x), _zeros_like(x)), create) for x in group])
+            )
+        return tuple(res)
+
+    return unflatten(out_def, [_finish(o, nested) for o in outs]), pullback
+
+
+def jvp(f, primals, tangents):
+    """``(f(*primals), J @ tangents)`` by forward mode on the tape."""
+    primals, tangents = tuple(primals), tuple(tangents)
+    if len(primals) != len(tangents):
+        raise ValueError(f"jvp: {len(primals)} primals but {len(tangents)} tangents")
+    args, nums, single, inputs, defs, nested = _prepare(primals, tuple(range(len(primals))),
+                                                          "jvp")
+    seeds = {}
+    for i, (group, td, t) in enumerate(zip(inputs, defs, tangents)):
+        tl, ttd = flatten(t)
+        if ttd != td:
+            raise ValueError(f"jvp: tangent {i} structure {ttd} does not match primal {td}")
+        for x, tv in zip(group, tl):
+            tv = tv if _is_traced(tv) else np.asarray(tv.value if isinstance(tv, Array) else tv)
+            if tuple(tv.shape) != x.shape:
+                raise ValueError(
+                    f"jvp: tangent {i} has shape {tuple(tv.shape)} but primal {i} has shape"
+                    f" {x.shape}"
+                )
+            seeds[id(x)] = tv if _is_traced(tv) else tv.astype(x.dtype, copy=False)
+    with _grad_mode(True):
+        out = f(*args)
+    outs, out_def = flatten(out)
+    outs = [o if isinstance(o, Array) else Array(o) for o in outs]
+    nested = nested or _reaches_outer(outs, [x for group in inputs for x in group])
+    create = nested or any(_is_traced(s) for s in seeds.values())
+    touts = _push_tangents(outs, seeds, 0, create_graph=create)
+    touts = [
+        _finish(t, create) if t is not None else np.zeros(o.shape, o.dtype)
+        for o, t in zip(outs, touts)
+    ]
+    return (
+        unflatten(out_def, [_finish(o, nested) for o in outs]),
+        unflatten(out_def, touts),
+    )
+
+
+def _single_array_fn(f, x, where):
+    """Call ``f`` on one differentiable array input; returns (input node, output, nested)."""
+    args, nums, single, inputs, defs, nested = _prepare((x,), 0, where)
+    node = inputs[0][0]
+    if len(inputs[0]) != 1:
+        raise TypeError(f"{where}: expects a single array argument, not a pytree")
+    with _grad_mode(True):
+        out = f(node)
+    if not isinstance(out, Array):
+        out = Array(out)
+    return node, out, nested or _reaches_outer([out], [node])
+
+
+def jacobian(f, mode: str = "auto"):
+    """``jacobian(f)(x)`` of shape ``out.shape + x.shape``.
+
+    ``mode`` is ``"fwd"`` (one vector forward pass with one direction per input entry),
+    ``"rev"`` (one reverse pass per output entry) or ``"auto"`` (forward when the input has no
+    more entries than the output).
+    """
+    if mode not in ("auto", "fwd", "rev"):
+        raise ValueError(f"jacobian: mode must be 'auto', 'fwd' or 'rev', got {mode!r}")
+
+    def jac(x):
+        node, out, nested = _single_array_fn(f, x, "jacobian")
+        n, m = node.size, out.size
+        use_fwd = mode == "fwd" or (mode == "auto" and n <= m)
+        if not out.requires_grad:
+            return _finish(Array(np.zeros(out.shape + node.shape, out.dtype)), nested)
+        if use_fwd:
+            seeds = np.eye(n, dtype=node.dtype).reshape((n,) + node.shape)
+            (t,) = _push_tangents([out], {id(node): seeds}, 1, create_graph=nested)
+            if t is None:
+                return _finish(np.zeros(out.shape + node.shape, out.dtype), nested)
+            J = R.transpose(R.reshape(t, (n, m)))
+        else:
+            rows = []
+            for i in range(m):
+                seed = np.zeros(m, out.dtype)
+                seed[i] = 1
+                found = _backprop([out], [seed.reshape(out.shape)], targets=[node],
+                                  create_graph=nested, retain_graph=True, accumulate=False)
+                g = found.get(id(node))
+                rows.append(R.reshape(g, (n,)) if g is not None else np.zeros(n, out.dtype))
+            J = R.stack(rows) if nested else np.stack([np.asarray(r) for r in rows])
+        return _finish(R.reshape(J, out.shape + node.shape), nested)
+
+    return jac
+
+
+def _symmetrize(H):
+    return 0.5 * (H + np.swapaxes(H, -1, -2))
+
+
+def hessian(f):
+    """``hessian(f)(x)`` of a scalar ``f``, shape ``x.shape + x.shape``, exactly symmetric.
+
+    Forward-over-reverse: the gradient is recorded (``create_graph``) and one vector forward
+    pass with ``x.size`` directions differentiates it.
+    """
+
+    def hess(x):
+        node, out, nested = _single_array_fn(f, x, "hessian")
+        if out.shape != ():
+            raise TypeError(f"hessian requires a scalar output, got shape {out.shape}")
+        n = node.size
+        g = _gradient_node(out, node)
+        zeros = np.zeros(node.shape + node.shape, node.dtype)
+        if g is None:
+            return _finish(zeros, nested)
+        seeds = np.eye(n, dtype=node.dtype).reshape((n,) + node.shape)
+        (t,) = _push_tangents([g], {id(node): seeds}, 1, create_graph=nested)
+        if t is None:
+            return _finish(zeros, nested)
+        H = R.reshape(t, (n, n))
+        H = R.mul(R.add(H, R.transpose(H)), 0.5)
+        return _finish(R.reshape(H, node.shape + node.shape), nested)
+
+    return hess
+
+
+def _gradient_node(out: Array, node: Array):
+    """The gradient of ``out`` at ``node`` as a recorded (differentiable) array, or None."""
+    if not out.requires_grad:
+        return None
+    found = _backprop([out], [np.ones((), out.dtype)], targets=[node], create_graph=True,
+                      retain_graph=True, accumulate=False)
+    g = found.get(id(node))
+    if g is not None and not isinstance(g, Array):
+        g = Array(g)
+    return g
+
+
+def hvp(f, x, v):
+    """Hessian-vector product ``H(x) @ v`` of a scalar ``f`` (forward-over-reverse)."""
+    node, out, nested = _single_array_fn(f, x, "hvp")
+    if out.shape != ():
+        raise TypeError(f"hvp requires a scalar output, got shape {out.shape}")
+    vv = v if _is_traced(v) else np.asarray(v.value if isinstance(v, Array) else v)
+    if tuple(vv.shape) != node.shape:
+        raise ValueError(f"hvp: v has shape {tuple(vv.shape)} but x has shape {node.shape}")
+    g = _gradient_node(out, node)
+    if g is None:
+        return _finish(np.zeros(node.shape, node.dtype), nested)
+    seed = vv if _is_traced(vv) else vv.astype(node.dtype, copy=False)
+    (t,) = _push_tangents([g], {id(node): seed}, 0, create_graph=nested or _is_traced(vv))
+    if t is None:
+        return _finish(np.zeros(node.shape, node.dtype), nested)
+    return _finish(t, nested or _is_traced(vv))
+
+
+class LaneMixingError(ValueError):
+    """``batch_hessian`` was given a function whose output lanes depend on other lanes."""
+
+
+def batch_hessian(f, x, *, seed: int = 0):
+    """Per-lane gradients ``(B, n)`` and exactly symmetric Hessians ``(B, n, n)``.
+
+    ``f`` maps ``x`` of shape ``(B, n)`` lane-wise to ``(B,)``: lane ``b`` of the output may
+    depend only on row ``b`` of ``x``. The gradient of ``sum(f(x))`` is recorded and differentiated
+    by one vector forward pass with ``n`` directions, so the cost is a small multiple of ``n``
+    evaluations of ``f`` on all lanes at once. A randomized lane-support test (one extra forward
+    pass with a tangent on a random half of the lanes) rejects functions that mix lanes with a
+    :class:`LaneMixingError`.
+    """
+    xv = _float_input(x, "batch_hessian")
+    if xv.ndim != 2:
+        raise ValueError(f"batch_hessian: x must have shape (B, n), got {xv.shape}")
+    B, n = xv.shape
+    node = Array(xv, requires_grad=True)
+    with _grad_mode(True):
+        out = f(node)
+    if not isinstance(out, Array):
+        out = Array(out)
+    if out.shape != (B,):
+        raise ValueError(f"batch_hessian: f must map shape {(B, n)} to {(B,)}, got {out.shape}")
+    if not out.requires_grad:
+        return np.zeros((B, n), xv.dtype), np.zeros((B, n, n), xv.dtype)
+
+    rng = np.random.default_rng(seed)
+    lanes = rng.random(B) < 0.5
+    probe = rng.standard_normal((B, n)).astype(xv.dtype) * lanes[:, None]
+    (t_probe,) = _push_tangents([out], {id(node): probe}, 0)
+    if t_probe is not None:
+        leaked = np.flatnonzero((np.asarray(t_probe) != 0) & ~lanes)
+        if leaked.size:
+            raise LaneMixingError(
+                f"batch_hessian: output lane {int(leaked[0])} depends on other lanes of x;"
+                " f must map each row of x to its own output lane (no reductions across lanes)"
+            )
+
+    g = _gradient_node(out, node)
+    if g is None:
+        return np.zeros((B, n), xv.dtype), np.zeros((B, n, n), xv.dtype)
+    seeds = np.zeros((n, B, n), dtype=xv.dtype)
+    seeds[np.arange(n), :, np.arange(n)] = 1
+    (t,) = _push_tangents([g], {id(node): seeds}, 1)
+    if t is None:
+        return np.array(g.value), np.zeros((B, n, n), xv.dtype)
+    H = np.transpose(np.asarray(t), (1, 2, 0))
+    H = _symmetrize(H)
+    return np.array(g.value), H

@@ -1,0 +1,605 @@
+"""Tracing arrays: an array-granular tape over numpy (Enoki-style, one node per array op).
+
+An :class:`Array` is a numpy value plus, when it was computed from arrays that require
+gradients, the primitive, parameters and arguments that produced it. Leaves are arrays created
+by the user (``requires_grad=True`` makes them differentiable). The graph holds parent links
+only; nodes are also appended (weakly) to a creation-ordered tape so that Enoki-style
+:func:`forward` can find everything that depends on a seeded array.
+
+Derivatives come from the rule table (:mod:`core_ad._rules`). Reverse mode visits each node
+once in reverse topological order, summing adjoints over fan-out. With ``create_graph=True`` the
+derivative computation itself is traced on :class:`Array` values, which gives closure and hence
+nesting to any order.
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from contextlib import contextmanager
+
+import numpy as np
+
+from . import _rules as R
+from ._primitives import Primitive, register_kind
+
+_state = threading.local()
+
+
+def _grad_enabled() -> bool:
+    return getattr(_state, "grad_enabled", True)
+
+
+@contextmanager
+def _grad_mode(enabled: bool):
+    prev = _grad_enabled()
+    _state.grad_enabled = enabled
+    try:
+        yield
+    finally:
+        _state.grad_enabled = prev
+
+
+def no_grad():
+    """Context manager: operations inside record no graph."""
+    return _grad_mode(False)
+
+
+def enable_grad():
+    """Context manager: re-enable recording (inside :func:`no_grad`)."""
+    return _grad_mode(True)
+
+
+class GraphFreedError(RuntimeError):
+    """A traversal reached a node whose graph was freed by an earlier backward pass."""
+
+
+class _Tape:
+    """Creation-ordered weak references to recorded nodes (for Enoki-style forward)."""
+
+    def __init__(self):
+        self.refs: list[weakref.ref] = []
+        self._limit = 1024
+
+    def append(self, node):
+        self.refs.append(weakref.ref(node))
+        if len(self.refs) > self._limit:
+            self.refs = [r for r in self.refs if r() is not None]
+            self._limit = max(1024, 2 * len(self.refs))
+
+    def live(self):
+        for r in self.refs:
+            n = r()
+            if n is not None:
+                yield n
+
+
+_TAPE = _Tape()
+
+
+def _as_value(x, dtype=None):
+    if isinstance(x, Array):
+        x = x.value
+    return np.asarray(x, dtype=dtype)
+
+
+class Array:
+    """A differentiable array over numpy.
+
+    ``Array(value, requires_grad=True)`` creates a leaf whose gradient accumulates in ``.grad``
+    after :meth:`backward`. Arithmetic, comparisons, indexing and the functions of
+    :mod:`core_ad.numpy` record nodes; numpy ufuncs applied to an Array dispatch there too.
+    ``.tangent`` holds forward-mode tangents after :func:`forward` (a separate slot from
+    ``.grad``).
+    """
+
+    __slots__ = (
+        "value",
+        "_prim",
+        "_args",
+        "_params",
+        "_requires_grad",
+        "_freed",
+        "_retain",
+        "grad",
+        "tangent",
+        "name",
+        "__weakref__",
+    )
+    __array_priority__ = 1000
+
+    def __init__(self, value, requires_grad: bool = False, dtype=None, name: str | None = None):
+        self.value = _as_value(value, dtype)
+        self._prim = None
+        self._args = None
+        self._params = None
+        self._freed = False
+        self._retain = False
+        self.grad = None
+        self.tangent = None
+        self.name = name
+        self._requires_grad = False
+        if requires_grad:
+            self.requires_grad = True
+
+    @classmethod
+    def _node(cls, value, prim, args, params):
+        node = cls.__new__(cls)
+        node.value = value
+        node._prim = prim
+        node._args = args
+        node._params = params
+        node._requires_grad = True
+        node._freed = False
+        node._retain = False
+        node.grad = None
+        node.tangent = None
+        node.name = None
+        _TAPE.append(node)
+        return node
+
+    # ---- gradient bookkeeping
+    @property
+    def requires_grad(self) -> bool:
+        return self._requires_grad
+
+    @requires_grad.setter
+    def requires_grad(self, flag: bool):
+        if self._prim is not None:
+            if not flag:
+                raise ValueError("cannot clear requires_grad on a computed array; use detach()")
+            return
+        if flag and self.value.dtype.kind not in "fc":
+            raise TypeError(
+                f"cannot differentiate with respect to an array of dtype {self.value.dtype};"
+                " only floating-point arrays can require gradients"
+            )
+        self._requires_grad = bool(flag)
+
+    @property
+    def is_leaf(self) -> bool:
+        return self._prim is None
+
+    def retain_grad(self):
+        """Keep the adjoint of this computed array in ``.grad`` after backward."""
+        self._retain = True
+        return self
+
+    def detach(self) -> Array:
+        return Array(self.value)
+
+    def backward(self, seed=None, retain_graph: bool = False, create_graph: bool = False):
+        backward(self, seed, retain_graph=retain_graph, create_graph=create_graph)
+
+    # ---- numpy-like surface
+    shape = property(lambda self: self.value.shape)
+    dtype = property(lambda self: self.value.dtype)
+    ndim = property(lambda self: self.value.ndim)
+    size = property(lambda self: self.value.size)
+    T = property(lambda self: R.transpose(self))
+
+    def __len__(self):
+        return len(self.value)
+
+    def __iter__(self):
+        for i in range(len(self)):
+            yield self[i]
+
+    def __bool__(self):
+        return bool(self.value)
+
+    def __float__(self):
+        return float(self.value)
+
+    def __int__(self):
+        return int(self.value)
+
+    def item(self):
+        return self.value.item()
+
+    def numpy(self) -> np.ndarray:
+        """The primal value (detached)."""
+        return self.value
+
+    def __array__(self, dtype=None, copy=None):
+        return self.value if dtype is None else self.value.astype(dtype)
+
+    def __repr__(self):
+        tag = ", requires_grad=True" if self.requires_grad else ""
+        label = f", name={self.name!r}" if self.name else ""
+        return f"Array({np.array2string(self.value, precision=6)}{tag}{label})"
+
+    def __hash__(self):
+        return id(self)
+
+    def reshape(self, *shape):
+        return R.reshape(self, shape[0] if len(shape) == 1 else shape)
+
+    def astype(self, dtype):
+        return R.astype(self, dtype)
+
+    def sum(self, axis=None, keepdims=False):
+        return R.sum(self, axis, keepdims)
+
+    def mean(self, axis=None, keepdims=False):
+        return R.mean(self, axis, keepdims)
+
+    def max(self, axis=None, keepdims=False):
+        return R.max(self, axis, keepdims)
+
+    def min(self, axis=None, keepdims=False):
+        return R.min(self, axis, keepdims)
+
+    def transpose(self, *axes):
+        return R.transpose(self, axes if axes else None)
+
+    def __getitem__(self, index):
+        return R.getitem(self, index)
+
+    def __setitem__(self, index, value):
+        raise TypeError(
+            "Arrays are immutable (in-place updates would break derivatives);"
+            " use core_ad.numpy.scatter / index updates that return a new array"
+        )
+
+    __add__ = lambda self, o: R.add(self, o)  # noqa: E731
+    __radd__ = lambda self, o: R.add(o, self)  # noqa: E731
+    __sub__ = lambda self, o: R.sub(self, o)  # noqa: E731
+    __rsub__ = lambda self, o: R.sub(o, self)  # noqa: E731
+    __mul__ = lambda self, o: R.mul(self, o)  # noqa: E731
+    __rmul__ = lambda self, o: R.mul(o, self)  # noqa: E731
+    __truediv__ = lambda self, o: R.div(self, o)  # noqa: E731
+    __rtruediv__ = lambda self, o: R.div(o, self)  # noqa: E731
+    __pow__ = lambda self, o: R.pow(self, o)  # noqa: E731
+    __rpow__ = lambda self, o: R.pow(o, self)  # noqa: E731
+    __matmul__ = lambda self, o: R.matmul(self, o)  # noqa: E731
+    __rmatmul__ = lambda self, o: R.matmul(o, self)  # noqa: E731
+    __neg__ = lambda self: R.neg(self)  # noqa: E731
+    __pos__ = lambda self: self  # noqa: E731
+    __abs__ = lambda self: R.abs(self)  # noqa: E731
+    __lt__ = lambda self, o: R.lt(self, o)  # noqa: E731
+    __le__ = lambda self, o: R.le(self, o)  # noqa: E731
+    __gt__ = lambda self, o: R.gt(self, o)  # noqa: E731
+    __ge__ = lambda self, o: R.ge(self, o)  # noqa: E731
+    __and__ = lambda self, o: R.logical_and(self, o)  # noqa: E731
+    __or__ = lambda self, o: R.logical_or(self, o)  # noqa: E731
+    __invert__ = lambda self: R.logical_not(self)  # noqa: E731
+
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        fn = _UFUNCS.get(ufunc)
+        if method != "__call__" or fn is None or kwargs:
+            if any(isinstance(a, Array) and a.requires_grad for a in inputs):
+                raise TypeError(
+                    f"numpy.{ufunc.__name__}.{method} on a traced Array is not differentiable;"
+                    " use the functions of core_ad.numpy"
+                )
+            vals = [a.value if isinstance(a, Array) else a for a in inputs]
+            return getattr(ufunc, method)(*vals, **kwargs)
+        return fn(*inputs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        fn = _ARRAY_FUNCTIONS.get(func)
+        if fn is not None:
+            return fn(*args, **kwargs)
+        if _any_traced(args) or _any_traced(kwargs.values()):
+            raise TypeError(
+                f"numpy.{func.__name__} on a traced Array is not differentiable;"
+                " use the functions of core_ad.numpy"
+            )
+        return func(*_strip(args), **{k: _strip([v])[0] for k, v in kwargs.items()})
+
+
+def _any_traced(xs):
+    for x in xs:
+        if isinstance(x, Array) and x.requires_grad:
+            return True
+        if isinstance(x, (list, tuple)) and _any_traced(x):
+            return True
+    return False
+
+
+def _strip(xs):
+    out = []
+    for x in xs:
+        if isinstance(x, Array):
+            out.append(x.value)
+        elif isinstance(x, (list, tuple)):
+            out.append(type(x)(_strip(x)))
+        else:
+            out.append(x)
+    return out
+
+
+_UFUNCS = {
+    np.add: R.add,
+    np.subtract: R.sub,
+    np.multiply: R.mul,
+    np.divide: R.div,
+    np.negative: R.neg,
+    np.power: R.pow,
+    np.exp: R.exp,
+    np.expm1: R.expm1,
+    np.log: R.log,
+    np.log1p: R.log1p,
+    np.sqrt: R.sqrt,
+    np.sin: R.sin,
+    np.cos: R.cos,
+    np.tan: R.tan,
+    np.arcsin: R.arcsin,
+    np.arccos: R.arccos,
+    np.arctan: R.arctan,
+    np.arctan2: R.arctan2,
+    np.sinh: R.sinh,
+    np.cosh: R.cosh,
+    np.tanh: R.tanh,
+    np.absolute: R.abs,
+    np.sign: R.sign,
+    np.floor: R.floor,
+    np.ceil: R.ceil,
+    np.rint: R.round,
+    np.trunc: R.trunc,
+    np.maximum: R.maximum,
+    np.minimum: R.minimum,
+    np.less: R.lt,
+    np.less_equal: R.le,
+    np.greater: R.gt,
+    np.greater_equal: R.ge,
+    np.equal: R.eq,
+    np.not_equal: R.ne,
+    np.logical_and: R.logical_and,
+    np.logical_or: R.logical_or,
+    np.logical_not: R.logical_not,
+    np.isfinite: R.isfinite,
+    np.isnan: R.isnan,
+    np.square: R.square,
+    np.reciprocal: R.reciprocal,
+    np.matmul: R.matmul,
+}
+
+_ARRAY_FUNCTIONS = {
+    np.sum: R.sum,
+    np.mean: R.mean,
+    np.max: R.max,
+    np.min: R.min,
+    np.prod: R.prod,
+    np.where: R.where,
+    np.reshape: R.reshape,
+    np.transpose: R.transpose,
+    np.concatenate: R.concatenate,
+    np.stack: R.stack,
+    np.dot: R.dot,
+    np.matmul: R.matmul,
+    np.cross: R.cross,
+    np.take: R.take,
+    np.broadcast_to: R.broadcast_to,
+    np.expand_dims: R.expand_dims,
+    np.squeeze: R.squeeze,
+    np.swapaxes: R.swapaxes,
+    np.clip: R.clamp,
+}
+
+
+def _process(prim: Primitive, args: tuple, params: dict):
+    vals = tuple(a.value if isinstance(a, Array) else a for a in args)
+    out = np.asarray(prim.impl(*vals, **params))
+    if (
+        prim.differentiable
+        and out.dtype.kind in "fc"
+        and _grad_enabled()
+        and any(isinstance(a, Array) and a._requires_grad for a in args)
+    ):
+        return Array._node(out, prim, args, params)
+    return Array(out)
+
+
+register_kind(Array, 10, _process, broadcasts=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# traversals
+
+
+def _toposort(roots, stop=frozenset()):
+    """Ancestors of ``roots`` that require gradients, parents before children.
+
+    Iterative (no recursion limit). Nodes whose id is in ``stop`` are treated as leaves.
+    """
+    order, visited = [], set()
+    stack = [(r, False) for r in roots if isinstance(r, Array) and r._requires_grad]
+    while stack:
+        node, done = stack.pop()
+        if done:
+            order.append(node)
+            continue
+        if id(node) in visited:
+            continue
+        visited.add(id(node))
+        stack.append((node, True))
+        if node._prim is None or id(node) in stop:
+            continue
+        if node._freed:
+            raise GraphFreedError(
+                "this graph was freed by an earlier backward pass; call backward(...,"
+                " retain_graph=True) the first time to traverse it again"
+            )
+        for a in node._args:
+            if isinstance(a, Array) and a._requires_grad and id(a) not in visited:
+                stack.append((a, False))
+    return order
+
+
+def _check_seed(out: Array, seed, what="seed"):
+    if seed is None:
+        return np.ones(out.shape, dtype=out.dtype)
+    if isinstance(seed, Array) and seed.requires_grad:
+        if seed.shape != out.shape:
+            raise ValueError(f"{what} has shape {seed.shape} but the output has shape {out.shape}")
+        return seed
+    seed = np.asarray(seed.value if isinstance(seed, Array) else seed)
+    if seed.shape != out.shape:
+        if seed.shape == () or seed.size == 1 and seed.ndim <= out.ndim:
+            seed = np.broadcast_to(seed.reshape(()), out.shape)
+        else:
+            raise ValueError(f"{what} has shape {seed.shape} but the output has shape {out.shape}")
+    if seed.dtype.kind not in "fc":
+        raise TypeError(f"{what} must be floating point, got dtype {seed.dtype}")
+    return seed.astype(out.dtype, copy=False)
+
+
+def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=False,
+              accumulate=True):
+    """Reverse sweep. Returns the cotangents reaching ``targets`` (dict id -> cotangent).
+
+    With ``accumulate`` leaf gradients (and retained gradients) are summed into ``.grad``.
+    Targets stop the traversal: nothing below a target is visited.
+    """
+    stop = frozenset(id(t) for t in targets) if targets is not None else frozenset()
+    order = _toposort(outputs, stop)
+    cts: dict[int, object] = {}
+    for o, s in zip(outputs, seeds):
+        if not (isinstance(o, Array) and o._requires_grad):
+            continue
+        prev = cts.get(id(o))
+        cts[id(o)] = s if prev is None else R.add(prev, s)
+    found = {}
+    # Local partials are evaluated on every lane, masked-off ones included (sqrt'(0) = inf);
+    # the safe multiply zeroes those lanes, so the floating-point warnings are expected noise.
+    with _grad_mode(create_graph), np.errstate(divide="ignore", invalid="ignore"):
+        for node in reversed(order):
+            ct = cts.pop(id(node), None)
+            if ct is None:
+                continue
+            if id(node) in stop:
+                found[id(node)] = ct
+                continue
+            if node._prim is None:
+                if accumulate:
+                    _accumulate(node, ct, create_graph)
+                continue
+            if node._retain and accumulate:
+                _accumulate(node, ct, create_graph)
+            args = node._args
+            wrt = tuple(isinstance(a, Array) and a._requires_grad for a in args)
+            if create_graph:
+                in_args, out = args, node
+                if not isinstance(ct, Array):
+                    ct = Array(ct)
+            else:
+                in_args = tuple(a.value if isinstance(a, Array) else a for a in args)
+                out = node.value
+                if isinstance(ct, Array):
+                    ct = ct.value
+            in_cts = R.apply_vjp(node._prim, ct, in_args, out, wrt, node._params)
+            for a, c in zip(args, in_cts):
+                if c is None:
+                    continue
+                prev = cts.get(id(a))
+                cts[id(a)] = c if prev is None else R.add(prev, c)
+    if not retain_graph:
+        for node in order:
+            if node._prim is not None and id(node) not in stop:
+                node._args = None
+                node._freed = True
+    return found
+
+
+def _accumulate(node: Array, ct, create_graph):
+    if create_graph:
+        g = ct if isinstance(ct, Array) else Array(ct)
+        if g.dtype != node.dtype:
+            g = R.astype(g, node.dtype)
+    else:
+        g = np.array(ct.value if isinstance(ct, Array) else ct, dtype=node.dtype)
+        if g.shape != node.shape:
+            g = np.broadcast_to(g, node.shape).copy()
+    if node.grad is None:
+        node.grad = g
+    else:
+        node.grad = R.add(node.grad, g)
+
+
+def _as_list(x):
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def backward(outputs, seeds=None, retain_graph: bool = False, create_graph: bool = False):
+    """Reverse mode from ``outputs`` (one array or a list), seeded with ``seeds``.
+
+    A missing seed is all ones (Enoki's convention: for a non-scalar output this back-propagates
+    the sum of its lanes). Seeds may be per-lane weights of the output's shape. Leaf gradients
+    accumulate in ``.grad`` across calls until :func:`clear_grads`. The graph is freed unless
+    ``retain_graph`` (or ``create_graph``, which also records the derivative computation so
+    that the resulting ``.grad`` arrays can be differentiated again).
+    """
+    outs = _as_list(outputs)
+    for o in outs:
+        if not isinstance(o, Array):
+            raise TypeError(f"backward: expected an Array output, got {type(o).__name__}")
+    seeds = [None] * len(outs) if seeds is None else _as_list(seeds)
+    if len(seeds) != len(outs):
+        raise ValueError(f"backward: {len(outs)} outputs but {len(seeds)} seeds")
+    seeds = [_check_seed(o, s) for o, s in zip(outs, seeds)]
+    if not any(o.requires_grad for o in outs):
+        raise ValueError("backward: the output does not depend on any array that requires grad")
+    _backprop(outs, seeds, create_graph=create_graph,
+              retain_graph=retain_graph or create_graph)
+
+
+def _push_tangents(outputs, seeds: dict, nb: int = 0, create_graph: bool = False,
+                   store: bool = False):
+    """Forward sweep from seeded arrays (dict id -> tangent) to ``outputs``."""
+    order = _toposort(outputs)
+    tan = dict(seeds)
+    with _grad_mode(create_graph), np.errstate(divide="ignore", invalid="ignore"):
+        for node in order:
+            if node._prim is None or id(node) in seeds:
+                continue
+            ts = [tan.get(id(a)) if isinstance(a, Array) else None for a in node._args]
+            if all(t is None for t in ts):
+                continue
+            if create_graph:
+                args, out = node._args, node
+            else:
+                args = tuple(a.value if isinstance(a, Array) else a for a in node._args)
+                out = node.value
+                ts = [t.value if isinstance(t, Array) else t for t in ts]
+            t = R.apply_jvp(node._prim, ts, args, out, nb, node._params)
+            tan[id(node)] = t
+            if store:
+                node.tangent = t
+    return [tan.get(id(o)) for o in outputs]
+
+
+def forward(inputs, seeds=None, create_graph: bool = False):
+    """Enoki-style forward mode: push tangents from ``inputs`` to every array depending on them.
+
+    Sets ``.tangent`` on every reached array (a slot separate from ``.grad``). A missing seed is
+    all ones.
+    """
+    ins = _as_list(inputs)
+    seeds = [None] * len(ins) if seeds is None else _as_list(seeds)
+    seed_map = {}
+    for x, s in zip(ins, seeds):
+        if not (isinstance(x, Array) and x.requires_grad):
+            raise ValueError("forward: seeded arrays must require grad")
+        seed_map[id(x)] = _check_seed(x, s, "tangent")
+        x.tangent = seed_map[id(x)]
+    live = [n for n in _TAPE.live() if not n._freed]
+    _push_tangents(live, seed_map, 0, create_graph, store=True)
+
+
+def clear_grads(*arrays):
+    for a in arrays:
+        a.grad = None
+        a.tangent = None
+
+
+def detach(x):
+    """The primal value as a constant Array (no graph)."""
+    return Array(x.value) if isinstance(x, Array) else Array(x)
+
+
+def label(x: Array, name: str) -> Array:
+    """Name an array (used in error messages and diagnostics)."""
+    x.name = name
+    return x
