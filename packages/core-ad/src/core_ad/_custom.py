@@ -228,8 +228,7 @@ class custom_jvp:
                 touts = tangent_rule(node_args, leaves)
             touts = [t if isinstance(t, Array) else Array(t) for t in touts]
             targets = [lf for lf in leaves if lf is not None]
-            stops = targets + [a for a in node_args if isinstance(a, Array)]
-            found = _backprop(touts, list(cts), targets=stops, create_graph=recording,
+            found = _backprop(touts, list(cts), targets=targets, create_graph=recording,
                               retain_graph=recording, accumulate=False)
             return tuple(None if lf is None else found.get(id(lf)) for lf in leaves)
 

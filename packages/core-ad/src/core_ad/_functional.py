@@ -310,7 +310,7 @@ def _gradient_node(out: Array, node: Array):
     """The gradient of ``out`` at ``node`` as a recorded (differentiable) array, or None."""
     if not out.requires_grad:
         return None
-    found = _backprop([out], [np.ones((), out.dtype)], targets=[node], create_graph=True,
+    found = _backprop([out], [np.ones(out.shape, out.dtype)], targets=[node], create_graph=True,
                       retain_graph=True, accumulate=False)
     g = found.get(id(node))
     if g is not None and not isinstance(g, Array):

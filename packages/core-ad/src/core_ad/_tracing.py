@@ -455,6 +455,16 @@ def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=Fal
     """
     stop = frozenset(id(t) for t in targets) if targets is not None else frozenset()
     order = _toposort(outputs, stop)
+    reach = None
+    if targets is not None:
+        # Only nodes with a path to a target matter: prune the rest (cheaper, and it keeps
+        # recorded sweeps from re-entering custom rules that do not lead to the targets).
+        reach = set(stop)
+        for node in order:
+            if node._prim is not None and id(node) not in stop and any(
+                isinstance(a, Array) and id(a) in reach for a in node._args
+            ):
+                reach.add(id(node))
     cts: dict[int, object] = {}
     for o, s in zip(outputs, seeds):
         if not (isinstance(o, Array) and o._requires_grad):
@@ -467,7 +477,7 @@ def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=Fal
     with _grad_mode(create_graph), np.errstate(divide="ignore", invalid="ignore"):
         for node in reversed(order):
             ct = cts.pop(id(node), None)
-            if ct is None:
+            if ct is None or (reach is not None and id(node) not in reach):
                 continue
             if id(node) in stop:
                 found[id(node)] = ct
@@ -479,7 +489,10 @@ def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=Fal
             if node._retain and accumulate:
                 _accumulate(node, ct, create_graph)
             args = node._args
-            wrt = tuple(isinstance(a, Array) and a._requires_grad for a in args)
+            wrt = tuple(
+                isinstance(a, Array) and a._requires_grad and (reach is None or id(a) in reach)
+                for a in args
+            )
             if create_graph:
                 in_args, out = args, node
                 if not isinstance(ct, Array):
@@ -497,7 +510,9 @@ def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=Fal
                 cts[id(a)] = c if prev is None else R.add(prev, c)
     if not retain_graph:
         for node in order:
-            if node._prim is not None and id(node) not in stop:
+            if node._prim is not None and id(node) not in stop and (
+                reach is None or id(node) in reach
+            ):
                 node._args = None
                 node._freed = True
     return found
