@@ -169,16 +169,33 @@ def _safe_mul_impl(a, p):
     return r
 
 
+def _safe_mul_jvp(ts, args, out, nb, **_):
+    a, p = args
+    ta, tp = ts
+    # where a == 0 the result is 0 whatever p is, so the p-term is safe in a (not in tp): a
+    # NaN tangent of a masked partial (second order through a NaN-trap lane) stays out
+    terms = ([] if ta is None else [safe_mul(ta, p)]) + ([] if tp is None else [safe_mul(a, tp)])
+    return terms[0] if len(terms) == 1 else add(*terms)
+
+
+def _safe_mul_vjp(ct, args, out, **_):
+    a, p = args
+    return (safe_mul(ct, p), safe_mul(a, ct))
+
+
 safe_mul_p = _elementwise(
     "safe_mul",
     _safe_mul_impl,
     lambda args, out, wrt: (args[1], args[0]),
     cspell="(({0}) == 0 ? 0 : ({0}) * ({1}))",
-    doc="a*p, but exactly 0 where a == 0 (even if p is inf or NaN)",
+    doc="a*p, but exactly 0 where a == 0 (even if p is inf or NaN); its derivative in p is 0"
+    " there too",
+    jvp=_safe_mul_jvp,
+    vjp=_safe_mul_vjp,
 )
 add_p = _elementwise(
     "add",
-    lambda *xs: xs[0] + xs[1] if len(xs) == 2 else sum(xs[1:], xs[0]),
+    lambda *xs: xs[0] + xs[1] if len(xs) == 2 else builtins.sum(xs[1:], xs[0]),
     lambda args, out, wrt: (ONE,) * len(args),
     cspell="+",
     variadic=True,
@@ -230,12 +247,14 @@ def _pow_partials(args, out, wrt):
     px = py = None
     if wrt[0]:
         if isinstance(y, (int, float)) and not kind_of(y):
-            px = mul(_const(x, y), pow(x, y - 1)) if y != 2 else mul(_const(x, 2.0), x)
+            px = safe_mul(_const(x, y), pow(x, y - 1)) if y != 2 else mul(_const(x, 2.0), x)
         else:
-            px = mul(y, pow(x, sub(y, _const(y, 1.0))))
+            # safe_mul: d/dx x**0 = 0 also at x = 0, where x**(y - 1) = inf
+            px = safe_mul(y, pow(x, sub(y, _const(y, 1.0))))
     if wrt[1]:
         positive = gt(x, _const(x, 0.0))
-        py = mul(out, log(where(positive, x, _const(x, 1.0))))
+        # safe_mul: exactly 0 where x <= 0, even where out is inf or NaN (x = 0 with y < 0)
+        py = safe_mul(log(where(positive, x, _const(x, 1.0))), out)
     return (px, py)
 
 
@@ -841,7 +860,9 @@ reduce_sum_p = register(
 
 
 def reduce_sum(x, axes, keepdims=False):
-    return bind(reduce_sum_p, x, axes=tuple(axes), keepdims=keepdims)
+    # negative axes, so that the rules also apply to tangents with leading direction axes
+    axes = _norm_axes(tuple(axes), len(shape_of(x)), "reduce_sum") if len(axes) else ()
+    return bind(reduce_sum_p, x, axes=axes, keepdims=keepdims)
 
 
 def _extremum_weights(x, out, axes, keepdims):
@@ -963,9 +984,25 @@ def _is_basic(index):
     return not builtins.any(isinstance(i, np.ndarray) for i in index)
 
 
+def _prefix_ok(index):
+    """Whether ``(slice(None),) * nb + index`` indexes each direction like ``index`` does.
+
+    True unless advanced indices (arrays, and integers combined with arrays) are separated by a
+    slice, ``Ellipsis`` or ``None``: numpy then moves their axes to the front, ahead of the
+    direction axes.
+    """
+    if _is_basic(index):
+        return True
+    pos = [
+        k for k, i in enumerate(index)
+        if isinstance(i, (np.ndarray, int, np.integer)) and not isinstance(i, bool)
+    ]
+    return pos[-1] - pos[0] == len(pos) - 1
+
+
 def _getitem_jvp(ts, args, out, nb, index):
     t = ts[0]
-    if nb == 0 or _is_basic(index) or builtins.sum(isinstance(i, np.ndarray) for i in index) == 1:
+    if nb == 0 or _prefix_ok(index):
         return getitem(t, (slice(None),) * nb + index)
     return stack([getitem(getitem(t, k), index) for k in range(shape_of(t)[0])])
 
@@ -997,7 +1034,7 @@ def _index_add_impl(ct, index, shape):
 def _index_add_jvp(ts, args, out, nb, index, shape):
     t = ts[0]
     lead = shape_of(t)[:nb]
-    if nb == 0 or _is_basic(index) or builtins.sum(isinstance(i, np.ndarray) for i in index) == 1:
+    if nb == 0 or _prefix_ok(index):
         return index_add(t, (slice(None),) * nb + index, lead + shape)
     return stack([index_add(getitem(t, k), index, shape) for k in range(lead[0])])
 
@@ -1019,6 +1056,8 @@ def index_add(ct, index, shape):
 
 def _check_indices(indices, size, opname, name):
     idx = np.asarray(indices)
+    if idx.size == 0 and idx.dtype.kind == "f":  # an empty list: no entries to type-check
+        idx = idx.astype(np.int64)
     if idx.dtype.kind not in "iu":
         raise TypeError(f"{opname}: indices must be an integer array, got dtype {idx.dtype}")
     if idx.size:
@@ -1101,15 +1140,28 @@ def _values_shape(tshape, ax, idx_shape):
     return tshape[:a] + idx_shape + tshape[a + 1 :]
 
 
+def _values_to(values, want, opname):
+    """``values`` broadcast to the indexed shape ``want``; a ValueError naming both otherwise."""
+    if kind_of(values) is None:
+        values = np.asarray(values)
+    if shape_of(values) == want:
+        return values
+    try:
+        return broadcast_to(values, want) if kind_of(values) else np.broadcast_to(values, want)
+    except ValueError:
+        raise ValueError(
+            f"{opname}: values of shape {shape_of(values)} do not broadcast to the indexed shape"
+            f" {want}"
+        ) from None
+
+
 def scatter_add(target, indices, values, axis=0, name=None):
     """``target`` with ``values`` accumulated at ``indices`` along ``axis`` (new array)."""
     s = shape_of(target)
     ax = _norm_axes(axis, len(s), "scatter_add")[0]
     name = name or getattr(target, "name", None)
     idx = _check_indices(_value(indices), s[ax], "scatter_add", name)
-    want = _values_shape(s, ax, idx.shape)
-    if shape_of(values) != want:
-        values = broadcast_to(values, want) if kind_of(values) else np.broadcast_to(values, want)
+    values = _values_to(values, _values_shape(s, ax, idx.shape), "scatter_add")
     return bind(scatter_add_p, target, values, indices=idx, axis=ax, name=name)
 
 
@@ -1176,9 +1228,7 @@ def scatter(target, indices, values, axis=0, name=None):
     idx = _check_indices(_value(indices), s[ax], "scatter", name)
     if idx.ndim != 1:
         raise ValueError(f"scatter: indices must be 1-D, got shape {idx.shape}")
-    want = _values_shape(s, ax, idx.shape)
-    if shape_of(values) != want:
-        values = broadcast_to(values, want) if kind_of(values) else np.broadcast_to(values, want)
+    values = _values_to(values, _values_shape(s, ax, idx.shape), "scatter")
     return bind(scatter_p, target, values, indices=idx, axis=ax, name=name)
 
 

@@ -537,11 +537,12 @@ def _as_list(x):
     return list(x) if isinstance(x, (list, tuple)) else [x]
 
 
-def backward(outputs, seeds=None, retain_graph: bool = False, create_graph: bool = False):
-    """Reverse mode from ``outputs`` (one array or a list), seeded with ``seeds``.
+def backward(outputs, seed=None, retain_graph: bool = False, create_graph: bool = False):
+    """Reverse mode from ``outputs`` (one array or a list), seeded with ``seed``.
 
     A missing seed is all ones (Enoki's convention: for a non-scalar output this back-propagates
-    the sum of its lanes). Seeds may be per-lane weights of the output's shape. Leaf gradients
+    the sum of its lanes). Seeds may be per-lane weights of the output's shape; with several
+    outputs pass one seed per output (Enoki's static, multi-seed backward). Leaf gradients
     accumulate in ``.grad`` across calls until :func:`clear_grads`. The graph is freed unless
     ``retain_graph`` (or ``create_graph``, which also records the derivative computation so
     that the resulting ``.grad`` arrays can be differentiated again).
@@ -550,7 +551,12 @@ def backward(outputs, seeds=None, retain_graph: bool = False, create_graph: bool
     for o in outs:
         if not isinstance(o, Array):
             raise TypeError(f"backward: expected an Array output, got {type(o).__name__}")
-    seeds = [None] * len(outs) if seeds is None else _as_list(seeds)
+    if seed is None:
+        seeds = [None] * len(outs)
+    elif isinstance(outputs, (list, tuple)):
+        seeds = _as_list(seed)
+    else:
+        seeds = [seed]
     if len(seeds) != len(outs):
         raise ValueError(f"backward: {len(outs)} outputs but {len(seeds)} seeds")
     seeds = [_check_seed(o, s) for o, s in zip(outs, seeds)]
