@@ -12,7 +12,7 @@
 All of it derives from one rule table of primitives (:func:`primitives`).
 """
 
-from . import numpy  # noqa: F401
+from . import numpy, sym  # noqa: F401
 from ._check import check_grads
 from ._checkpoint import LoopStats, checkpointed_loop
 from ._custom import (
@@ -82,6 +82,7 @@ __all__ = [
     "primitives",
     "register",
     "revolve_schedule",
+    "sym",
     "value_and_grad",
     "vjp",
 ]

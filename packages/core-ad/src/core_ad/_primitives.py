@@ -48,9 +48,9 @@ class Primitive:
     Attributes:
         name: unique name.
         impl: ``impl(*values, **params)`` on numpy arrays / Python scalars.
-        partials: lane-wise primitives only. ``partials(args, out, **params)`` returns one
+        partials: lane-wise primitives only. ``partials(args, out, wrt, **params)`` returns one
             entry per argument: an expression for the local partial, ``ONE``/``NEG_ONE``, or
-            ``None`` when the argument receives no derivative.
+            ``None`` when the argument receives no derivative (or ``wrt`` is false for it).
         jvp: structural primitives: ``jvp(tangents, args, out, nb, **params)``; ``tangents``
             holds ``None`` for zero tangents; ``nb`` is the number of leading direction axes
             the tangents carry (vector forward mode).

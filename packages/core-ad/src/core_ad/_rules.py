@@ -316,7 +316,8 @@ tanh_p = _unary("tanh", np.tanh, lambda x, y: sub(_const(x, 1.0), mul(y, y)), "t
 
 def _erf_impl(x):
     r = _sp.erf(x)
-    return r.astype(np.result_type(x, np.float32), copy=False) if hasattr(r, "astype") else r
+    dt = np.result_type(np.asarray(x).dtype, np.float32)  # Python floats are float64 here
+    return r.astype(dt, copy=False) if hasattr(r, "astype") else r
 
 
 erf_p = _unary(

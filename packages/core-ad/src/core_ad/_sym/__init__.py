@@ -1,0 +1,76 @@
+"""Private implementation of :mod:`core_ad.sym` (one concept per module):
+
+* :mod:`.expr` -- node types, hash-consing, constants / vars / leaves;
+* :mod:`.simplify` -- construction: folding, dtypes, canonical n-ary add/mul, identities, and
+  the symbolic kind registered with the primitive registry;
+* :mod:`.graph` -- iterative traversals and queries;
+* :mod:`.ops` -- the public math lifted to expressions;
+* :mod:`.diff` -- OnePass forward and reverse symbolic derivatives, Hessians;
+* :mod:`.compile` -- ``cse`` and compilation to numpy callables.
+"""
+
+from .compile import Program, compile, cse, evaluate  # noqa: A004
+from .diff import DiffMemo, diff, grad, hessian, hvp, jacobian, jvp, vjp
+from .expr import (
+    Apply,
+    Const,
+    Expr,
+    Leaf,
+    Var,
+    as_expr,
+    const,
+    intern_table_size,
+    is_const,
+    leaf,
+    var,
+)
+from .graph import (
+    SymbolicCycleError,
+    calls,
+    count_nodes,
+    free_leaves,
+    free_vars,
+    substitute,
+    to_str,
+    toposort,
+    tree_size,
+)
+from .ops import *  # noqa: F403
+from .ops import __all__ as _ops_all
+from .simplify import call
+
+__all__ = [
+    "Apply",
+    "Const",
+    "DiffMemo",
+    "Expr",
+    "Leaf",
+    "Program",
+    "SymbolicCycleError",
+    "Var",
+    "as_expr",
+    "call",
+    "calls",
+    "compile",
+    "const",
+    "count_nodes",
+    "cse",
+    "diff",
+    "evaluate",
+    "free_leaves",
+    "free_vars",
+    "grad",
+    "hessian",
+    "hvp",
+    "intern_table_size",
+    "is_const",
+    "jacobian",
+    "jvp",
+    "leaf",
+    "substitute",
+    "to_str",
+    "toposort",
+    "tree_size",
+    "var",
+    "vjp",
+] + list(_ops_all)
