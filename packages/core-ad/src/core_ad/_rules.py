@@ -1234,6 +1234,81 @@ def scatter(target, indices, values, axis=0, name=None):
 
 
 # --------------------------------------------------------------------------------------------
+# kernel indexing: per-lane reads from and accumulations into whole buffers
+#
+# In lane-wise kernels (core_ad.sym) a *buffer* is an input that is not a lane: an array read
+# at a per-lane integer index (``lane_gather``) or accumulated into at one
+# (``lane_scatter_add``). Their ``extra["buffer_args"]`` names the buffer operands so code
+# generators pass them whole; indices are bounds-checked, never wrapped. Differentiate an
+# expression with respect to a gather node itself (``sym.diff(e, g)``): its adjoint is an
+# accumulation at the same index, which the DSL built on top schedules (Halide's
+# scatter-to-gather). Derivatives with respect to the buffer operand raise.
+
+
+def _buffer_derivative(*_, **__):
+    raise NotImplementedError(
+        "lane_gather / lane_scatter_add: no derivative with respect to a whole buffer;"
+        " differentiate with respect to the gather node (sym.diff(e, gather_node)), or use"
+        " core_ad.numpy.take / scatter_add on traced arrays"
+    )
+
+
+def _lane_gather_jvp(ts, args, out, nb, name=None):
+    if ts[0] is not None:
+        _buffer_derivative()
+    return None
+
+
+def _lane_gather_impl(buffer, index, name=None):
+    b = np.asarray(buffer)
+    if b.ndim != 1:
+        raise ValueError(f"lane_gather: buffer must be 1-D, got shape {b.shape}")
+    idx = _check_indices(index, b.shape[0], "gather", name)
+    return b[idx]
+
+
+lane_gather_p = _elementwise(
+    "lane_gather",
+    _lane_gather_impl,
+    jvp=_lane_gather_jvp,
+    vjp=lambda ct, args, out, name=None: _buffer_derivative(),
+    doc="per-lane read buffer[index] (bounds-checked)",
+    extra={"buffer_args": (0,), "out_dtype": lambda dts, **_: dts[0], "fold": False},
+)
+
+
+def _lane_scatter_add_impl(buffer, index, value, name=None):
+    b = np.asarray(buffer)
+    if b.ndim != 1:
+        raise ValueError(f"lane_scatter_add: buffer must be 1-D, got shape {b.shape}")
+    idx = _check_indices(index, b.shape[0], "scatter_add", name)
+    out = b.copy()
+    np.add.at(out, idx, np.broadcast_to(np.asarray(value, dtype=b.dtype), idx.shape))
+    return out
+
+
+lane_scatter_add_p = _elementwise(
+    "lane_scatter_add",
+    _lane_scatter_add_impl,
+    jvp=lambda ts, args, out, nb, name=None: _buffer_derivative(),
+    vjp=lambda ct, args, out, name=None: _buffer_derivative(),
+    doc="a copy of buffer with every lane's value added at its index (duplicates accumulate)",
+    extra={"buffer_args": (0,), "scatter": True, "out_dtype": lambda dts, **_: dts[0],
+           "fold": False},
+)
+
+
+def lane_gather(buffer, index, name=None):
+    """Per-lane ``buffer[index]`` in a kernel; out-of-range indices raise IndexError."""
+    return bind(lane_gather_p, buffer, index, name=name)
+
+
+def lane_scatter_add(buffer, index, value, name=None):
+    """A copy of ``buffer`` with each lane's ``value`` added at its ``index`` (a kernel output)."""
+    return bind(lane_scatter_add_p, buffer, index, value, name=name)
+
+
+# --------------------------------------------------------------------------------------------
 # linear algebra
 
 

@@ -9,6 +9,7 @@
 * :mod:`.compile` -- ``cse`` and compilation to numpy callables.
 """
 
+from .buffers import buffer, gather, scatter_add
 from .compile import Program, compile, cse, evaluate  # noqa: A004
 from .diff import DiffMemo, diff, grad, hessian, hvp, jacobian, jvp, vjp
 from .expr import (
@@ -49,6 +50,7 @@ __all__ = [
     "SymbolicCycleError",
     "Var",
     "as_expr",
+    "buffer",
     "call",
     "calls",
     "compile",
@@ -59,6 +61,7 @@ __all__ = [
     "evaluate",
     "free_leaves",
     "free_vars",
+    "gather",
     "grad",
     "hessian",
     "hvp",
@@ -67,6 +70,7 @@ __all__ = [
     "jacobian",
     "jvp",
     "leaf",
+    "scatter_add",
     "substitute",
     "to_str",
     "toposort",

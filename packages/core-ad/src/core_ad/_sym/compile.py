@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import _rules as R
 from .expr import Apply, Const, Expr, Leaf
+from .buffers import check_scatter_outputs, is_buffer, is_scatter
 from .graph import as_expr_list, toposort
 from .simplify import impl_of
 
@@ -193,6 +194,7 @@ def compile(outputs, inputs, backend: str = "numpy"):  # noqa: A001 - public nam
         dup = next(v for i, v in enumerate(inputs) if any(v is w for w in inputs[:i]))
         raise ValueError(f"compile: input {dup.name!r} is listed twice")
     prog = cse(roots)
+    check_scatter_outputs(prog, roots)
     in_ids = {id(v): i for i, v in enumerate(inputs)}
     missing = [n.name for _, n in prog.assignments if isinstance(n, Leaf) and id(n) not in in_ids]
     if missing:
@@ -231,9 +233,10 @@ def _compile_numpy(prog: Program, roots, inputs):
         lines.append(f"    a{i} = _asarray(args[{i}], _dt{i})")
         slot[id(v)] = f"a{i}"
     arrays = ", ".join(f"a{i}" for i in range(n_in))
+    lanes = [i for i, v in enumerate(inputs) if not is_buffer(v)]  # buffers are not lanes
     lines += [
         "    try:",
-        f"        shape = _bshapes({''.join(f'a{i}.shape, ' for i in range(n_in))})",
+        f"        shape = _bshapes({''.join(f'a{i}.shape, ' for i in lanes)})",
         "    except ValueError:",
         f"        raise _shape_error(({arrays}{',' if n_in == 1 else ''})) from None",
         "    with _errstate(all='ignore'):",
@@ -284,7 +287,10 @@ def _compile_numpy(prog: Program, roots, inputs):
         ns[k] = r.dtype
         copy = isinstance(r, Leaf) or id(r) in seen
         seen.add(id(r))
-        outs.append(f"_finish({slot[id(r)]}, shape, {k}, {copy})")
+        if is_scatter(r):  # a whole buffer, not lanes
+            outs.append(slot[id(r)])
+        else:
+            outs.append(f"_finish({slot[id(r)]}, shape, {k}, {copy})")
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
     source = "\n".join(lines) + "\n"
     code = builtins.compile(source, "<core_ad.sym.compile>", "exec")
