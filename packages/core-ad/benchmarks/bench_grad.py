@@ -1,0 +1,307 @@
+"""Reverse-mode gradient of a large elementwise-then-sum function: core_ad vs PyTorch vs JAX.
+
+    f(x) = sum(sin(x) * exp(-x*x) + x**3),   x: n float64 values (default n = 10**6)
+
+Timed (same process, alternating, same float64 input, median of --repeats runs after warm-up):
+
+* core_ad: primal (f on plain numpy through ``core_ad.numpy``) and ``value_and_grad``;
+* PyTorch eager: primal (under ``torch.no_grad``) and forward + ``torch.autograd.grad``;
+* ``torch.compile`` (Inductor): primal and forward + backward (compile time reported apart);
+* JAX: ``jax.jit(f)`` and ``jax.jit(jax.value_and_grad(f))`` with ``block_until_ready``
+  (x64 enabled; compile time reported apart).
+
+Every gradient is checked against the closed form before anything is timed. The headline is
+the gradient/primal cost ratio of core_ad against PyTorch eager's (the goal: ours is no worse).
+
+Run from the repository root:  python3 packages/core-ad/benchmarks/bench_grad.py [--n N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+try:
+    import core_ad as ad
+except ImportError:  # not pip-installed: use the source tree next to this script
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
+    import core_ad as ad
+import core_ad.numpy as anp
+
+from _timing import (
+    apply_thread_count,
+    compare,
+    error_reason,
+    fmt_time,
+    load_note,
+    machine_info,
+    max_rel_diff,
+    print_table,
+    time_first_call,
+)
+
+TOL = 1e-10  # float64: all systems evaluate the same closed-form expression
+
+
+# ---- the function, once per system ------------------------------------------------------------
+
+def f_core(x):
+    return anp.sum(anp.sin(x) * anp.exp(-x * x) + x**3)
+
+
+def grad_exact(x):
+    e = np.exp(-x * x)
+    return np.cos(x) * e - 2.0 * x * np.sin(x) * e + 3.0 * x * x
+
+
+def f_torch(x):
+    import torch
+
+    return torch.sum(torch.sin(x) * torch.exp(-x * x) + x**3)
+
+
+def f_jax(x):
+    import jax.numpy as jnp
+
+    return jnp.sum(jnp.sin(x) * jnp.exp(-x * x) + x**3)
+
+
+# ---- setup of each system ---------------------------------------------------------------------
+
+def setup_core(x):
+    vg = ad.value_and_grad(f_core)
+    return {
+        "core_ad primal": lambda: f_core(x),
+        "core_ad value_and_grad": lambda: vg(x),
+    }, lambda: vg(x)
+
+
+def setup_torch_eager(x):
+    import torch
+
+    xt = torch.from_numpy(x)
+
+    def primal():
+        with torch.no_grad():
+            return f_torch(xt)
+
+    def fwd_bwd():
+        xr = xt.detach().requires_grad_(True)
+        y = f_torch(xr)
+        (g,) = torch.autograd.grad(y, xr)
+        return y.detach(), g
+
+    return {"torch eager primal": primal, "torch eager fwd+bwd": fwd_bwd}, fwd_bwd
+
+
+def setup_torch_compile(x, notes):
+    """Compiled primal and fwd+bwd; returns (cases, check_fn, compile_times) or Nones on failure."""
+    import torch
+
+    xt = torch.from_numpy(x)
+    try:
+        cf_primal = torch.compile(f_torch)
+        cf_grad = torch.compile(f_torch)  # separate object: compiled with autograd (fwd + bwd)
+
+        def primal():
+            with torch.no_grad():
+                return cf_primal(xt)
+
+        def fwd_bwd():
+            xr = xt.detach().requires_grad_(True)
+            y = cf_grad(xr)
+            (g,) = torch.autograd.grad(y, xr)
+            return y.detach(), g
+
+        t_p, _ = time_first_call(primal)
+        t_g, _ = time_first_call(fwd_bwd)
+        # A second call must not recompile (would signal a guard failure); time it as a check.
+        primal()
+        fwd_bwd()
+    except Exception as e:  # noqa: BLE001 - report the reason and carry on without it
+        notes.append(f"torch.compile skipped: {error_reason(e)}")
+        return None, None, None
+    return (
+        {"torch.compile primal": primal, "torch.compile fwd+bwd": fwd_bwd},
+        fwd_bwd,
+        {"torch.compile primal": t_p, "torch.compile fwd+bwd": t_g},
+    )
+
+
+def setup_jax(x):
+    import jax
+
+    xj = jax.device_put(x)
+    jf = jax.jit(f_jax)
+    jvg = jax.jit(jax.value_and_grad(f_jax))
+
+    def primal():
+        return jf(xj).block_until_ready()
+
+    def vg():
+        v, g = jvg(xj)
+        return v.block_until_ready(), g.block_until_ready()
+
+    t_p, _ = time_first_call(primal)
+    t_g, _ = time_first_call(vg)
+    return (
+        {"jax.jit primal": primal, "jax.jit value_and_grad": vg},
+        vg,
+        {"jax.jit primal": t_p, "jax.jit value_and_grad": t_g},
+    )
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--n", type=int, default=10**6, help="number of float64 inputs (10**6)")
+    p.add_argument("--repeats", type=int, default=15, help="timed runs per case (>= 5; 15)")
+    p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    p.add_argument("--no-torch", action="store_true", help="skip PyTorch entirely")
+    p.add_argument("--no-jax", action="store_true", help="skip JAX entirely")
+    p.add_argument("--threads", type=int, default=2,
+                   help="torch.set_num_threads (2 = all cores here); 1 also limits JAX to one"
+                        " thread via XLA_FLAGS. core_ad/numpy always runs on 1 thread")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    if args.repeats < 5:
+        p.error("--repeats must be >= 5 (median of at least 5 runs)")
+
+    notes = []
+    jax_threads = apply_thread_count(args.threads)
+    torch = jax = None
+    if not args.no_torch:
+        try:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        except ImportError as e:
+            notes.append(f"PyTorch not available ({e}); skipping the PyTorch cases")
+            torch = None
+    if not args.no_jax:
+        try:
+            import jax
+
+            jax.config.update("jax_enable_x64", True)
+        except ImportError as e:
+            notes.append(f"JAX not available ({e}); skipping the JAX cases")
+            jax = None
+    else:
+        notes.append("JAX skipped (--no-jax)")
+    if args.no_torch:
+        notes.append("PyTorch skipped (--no-torch)")
+
+    rng = np.random.default_rng(args.seed)
+    x = rng.uniform(-2.0, 2.0, args.n)  # float64
+
+    print("bench_grad: f(x) = sum(sin(x) * exp(-x*x) + x**3)")
+    print(f"n = {args.n} float64 values, uniform(-2, 2), seed {args.seed};"
+          f" median of {args.repeats} alternating runs after 1 warm-up round")
+    print(machine_info(f"thread count: torch {args.threads}; {jax_threads}"))
+    print()
+
+    # ---- set up every system, then check that they agree before timing anything
+    g_ref = grad_exact(x)
+    v_ref = float(np.sum(np.sin(x) * np.exp(-x * x) + x**3))
+    cases, checks, compile_times = {}, {}, {}
+
+    c, chk = setup_core(x)
+    cases.update(c)
+    checks["core_ad"] = chk
+    if torch is not None:
+        c, chk = setup_torch_eager(x)
+        cases.update(c)
+        checks["torch eager"] = chk
+        if not args.no_compile:
+            print("compiling with torch.compile (the first compile on a cold Inductor cache can"
+                  " take ~20 s) ...", flush=True)
+            c, chk, ct = setup_torch_compile(x, notes)
+            if c is not None:
+                cases.update(c)
+                checks["torch.compile"] = chk
+                compile_times.update(ct)
+        else:
+            notes.append("torch.compile skipped (--no-compile)")
+    if jax is not None:
+        c, chk, ct = setup_jax(x)
+        cases.update(c)
+        checks["jax.jit"] = chk
+        compile_times.update(ct)
+
+    print("correctness (primal and value against numpy; gradient against the closed form,"
+          " normwise max|a-b|/max|b|):")
+    ok = True
+    primal_of = {"core_ad": "core_ad primal", "torch eager": "torch eager primal",
+                 "torch.compile": "torch.compile primal", "jax.jit": "jax.jit primal"}
+    for name, fn in checks.items():
+        vp = float(np.asarray(cases[primal_of[name]]()))
+        dp = abs(vp - v_ref) / abs(v_ref)
+        v, g = fn()
+        v = float(np.asarray(v))
+        g = np.asarray(g.numpy() if hasattr(g, "numpy") and not isinstance(g, np.ndarray) else g)
+        dv = abs(v - v_ref) / abs(v_ref)
+        dg = max_rel_diff(g, g_ref)
+        good = dp < TOL and dv < TOL and dg < TOL and g.dtype == np.float64
+        ok &= good
+        print(f"  {name:14s} primal rel diff {dp:.2e}  value rel diff {dv:.2e}"
+              f"  grad rel diff {dg:.2e}"
+              f"  dtype {g.dtype}  {'OK' if good else 'MISMATCH'}")
+    if not ok:
+        print(f"gradients disagree beyond {TOL:g}; not timing")
+        return 1
+    print()
+
+    if compile_times:
+        print("first call (trace + compile + one run), not included in the medians:")
+        for name, t in compile_times.items():
+            print(f"  {name:26s} {fmt_time(t)}")
+        print()
+
+    res = compare(cases, repeats=args.repeats, warmup=1)
+    med = {k: v["median"] for k, v in res.items()}
+    print(load_note("on average during the timed runs", compare.other_load))
+
+    print("all runs (median [min .. max]):")
+    for name, r in res.items():
+        print(f"  {name:26s} {fmt_time(r['median']):>10s}  [{fmt_time(r['min'])} .."
+              f" {fmt_time(r['max'])}]")
+    print()
+
+    systems = [
+        ("core_ad", "core_ad primal", "core_ad value_and_grad"),
+        ("torch eager", "torch eager primal", "torch eager fwd+bwd"),
+        ("torch.compile", "torch.compile primal", "torch.compile fwd+bwd"),
+        ("jax.jit", "jax.jit primal", "jax.jit value_and_grad"),
+    ]
+    systems = [s for s in systems if s[1] in med]
+    ours_grad = med["core_ad value_and_grad"]
+    ratios = {s: med[g] / med[p] for s, p, g in systems}
+    for n in notes:
+        print("note:", n)
+    if "torch eager" in ratios:
+        r_ours, r_torch = ratios["core_ad"], ratios["torch eager"]
+        verdict = "no worse than" if r_ours <= r_torch else "WORSE than"
+        print(f"headline: core_ad grad/primal ratio {r_ours:.2f} vs PyTorch eager grad/primal"
+              f" ratio {r_torch:.2f}  -> core_ad is {verdict} PyTorch eager"
+              f" ({r_ours / r_torch:.2f}x)")
+    print()
+    rows = []
+    for s, pk, gk in systems:
+        rows.append([s, fmt_time(med[pk]), fmt_time(med[gk]), f"{ratios[s]:.2f}",
+                     f"{ours_grad / med[gk]:.2f}",
+                     fmt_time(compile_times.get(gk)) if gk in compile_times else "-"])
+    tthreads = args.threads if torch is not None else "no"
+    print_table(
+        ["system", "primal", "value+grad", "grad/primal", "core_ad grad / this grad",
+         "first call (grad)"],
+        rows,
+        title=f"summary: n = {args.n} float64, {tthreads} torch threads, median of"
+              f" {args.repeats}",
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
