@@ -362,3 +362,17 @@ def test_deblur_descent_is_ill_posed():  # CA-APP-2 behaviour, the spec's exact 
     assert losses[-1] <= 1e-3 * losses[0]  # spec observed 3.4e-4
     rel_err = np.linalg.norm(g - gt) / np.linalg.norm(gt - 127)
     assert rel_err > 0.5  # spec observed 0.72: the blur's near-null space is not recovered
+
+
+def test_column_of_stacked_columns_is_the_column():
+    cols = [leaf(np.arange(3.0) + j) for j in range(4)]
+    x = anp.stack(cols, axis=1)
+    assert x[:, 2] is cols[2]  # tracer peephole: no scatter in the derivative
+    assert x[:, -1] is cols[3]
+    np.testing.assert_array_equal(x[1].value, [1.0, 2.0, 3.0, 4.0])  # other indexing unchanged
+    with pytest.raises(IndexError):
+        x[:, 4]
+    y = anp.sum(x[:, 1] * x[:, 2] + x[0, 3])
+    y.backward()
+    np.testing.assert_array_equal(cols[1].grad, cols[2].value)
+    np.testing.assert_array_equal(cols[3].grad, [3.0, 0.0, 0.0])  # broadcast to 3 lanes

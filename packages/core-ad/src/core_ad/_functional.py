@@ -354,20 +354,24 @@ def batch_hessian(f, x, *, seed: int = 0):
     if xv.ndim != 2:
         raise ValueError(f"batch_hessian: x must have shape (B, n), got {xv.shape}")
     B, n = xv.shape
-    node = Array(xv, requires_grad=True)
+    # One leaf per column: x[:, j] inside f is then column j itself (a peephole in the tracer),
+    # so derivatives stay (B,)-sized per column instead of dense (B, n) scatters.
+    cols = [Array(np.ascontiguousarray(xv[:, j]), requires_grad=True) for j in range(n)]
     with _grad_mode(True):
+        node = R.stack(cols, axis=1)
         out = f(node)
     if not isinstance(out, Array):
         out = Array(out)
     if out.shape != (B,):
         raise ValueError(f"batch_hessian: f must map shape {(B, n)} to {(B,)}, got {out.shape}")
+    zeros_g, zeros_h = np.zeros((B, n), xv.dtype), np.zeros((B, n, n), xv.dtype)
     if not out.requires_grad:
-        return np.zeros((B, n), xv.dtype), np.zeros((B, n, n), xv.dtype)
+        return zeros_g, zeros_h
 
     rng = np.random.default_rng(seed)
     lanes = rng.random(B) < 0.5
     probe = rng.standard_normal((B, n)).astype(xv.dtype) * lanes[:, None]
-    (t_probe,) = _push_tangents([out], {id(node): probe}, 0)
+    (t_probe,) = _push_tangents([out], {id(c): probe[:, j] for j, c in enumerate(cols)}, 0)
     if t_probe is not None:
         leaked = np.flatnonzero((np.asarray(t_probe) != 0) & ~lanes)
         if leaked.size:
@@ -376,14 +380,23 @@ def batch_hessian(f, x, *, seed: int = 0):
                 " f must map each row of x to its own output lane (no reductions across lanes)"
             )
 
-    g = _gradient_node(out, node)
-    if g is None:
-        return np.zeros((B, n), xv.dtype), np.zeros((B, n, n), xv.dtype)
-    seeds = np.zeros((n, B, n), dtype=xv.dtype)
-    seeds[np.arange(n), :, np.arange(n)] = 1
-    (t,) = _push_tangents([g], {id(node): seeds}, 1)
-    if t is None:
-        return np.array(g.value), np.zeros((B, n, n), xv.dtype)
-    H = np.transpose(np.asarray(t), (1, 2, 0))
-    H = _symmetrize(H)
-    return np.array(g.value), H
+    found = _backprop([out], [np.ones(B, xv.dtype)], targets=cols, create_graph=True,
+                      retain_graph=True, accumulate=False)
+    grads = [found.get(id(c)) for c in cols]
+    live = [i for i, g in enumerate(grads) if isinstance(g, Array) and g.requires_grad]
+    for i, g in enumerate(grads):
+        if g is not None:
+            zeros_g[:, i] = np.asarray(g.value if isinstance(g, Array) else g)
+    if not live:
+        return zeros_g, zeros_h
+    seeds = {}
+    for j, c in enumerate(cols):
+        t = np.zeros((n, B), xv.dtype)
+        t[j] = 1
+        seeds[id(c)] = t
+    tangents = _push_tangents([grads[i] for i in live], seeds, 1)
+    H = zeros_h
+    for i, t in zip(live, tangents):
+        if t is not None:
+            H[:, i, :] = np.asarray(t).T  # t[j, b] = d g_i[b] / d x[b, j]
+    return zeros_g, _symmetrize(H)

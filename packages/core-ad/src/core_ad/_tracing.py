@@ -379,7 +379,55 @@ _ARRAY_FUNCTIONS = {
 }
 
 
+def _producer(x, prim):
+    """The recorded arguments of ``x`` if it is a live node of ``prim``, else None."""
+    if isinstance(x, Array) and x._prim is prim and not x._freed:
+        return x._args
+    return None
+
+
+def _reshape_back(args, params):
+    """reshape(reshape(y, s), y.shape) is y."""
+    inner = _producer(args[0], R.reshape_p)
+    if inner is not None and isinstance(inner[0], Array) and inner[0].shape == params["shape"]:
+        return inner[0]
+    return None
+
+
+def _take_stacked_slice(args, params):
+    """getitem(concatenate(parts of width 1, axis=a), [:, ..., k, ...]) is part k, squeezed.
+
+    This is how ``x[:, j]`` of a stacked set of columns returns the column itself, so its
+    derivative is not a scatter into a dense zero matrix (batch_hessian depends on it).
+    """
+    parts = _producer(args[0], R.concatenate_p)
+    if parts is None:
+        return None
+    x, index = args[0], params["index"]
+    axis = x.ndim + x._params["axis"]
+    if len(index) != axis + 1 or not all(
+        isinstance(i, slice) and i == slice(None) for i in index[:axis]
+    ):
+        return None
+    k = index[axis]
+    if not isinstance(k, (int, np.integer)) or not -x.shape[axis] <= k < x.shape[axis]:
+        return None
+    if not all(isinstance(p, Array) and p.shape[axis] == 1 for p in parts):
+        return None
+    k = int(k) % x.shape[axis]
+    part = parts[k]
+    return R.reshape(part, part.shape[:axis] + part.shape[axis + 1 :])
+
+
+_PEEPHOLES = {R.reshape_p: _reshape_back, R.getitem_p: _take_stacked_slice}
+
+
 def _process(prim: Primitive, args: tuple, params: dict):
+    rewrite = _PEEPHOLES.get(prim)
+    if rewrite is not None and _grad_enabled():
+        hit = rewrite(args, params)
+        if hit is not None:
+            return hit
     vals = tuple(a.value if isinstance(a, Array) else a for a in args)
     out = np.asarray(prim.impl(*vals, **params))
     if (
