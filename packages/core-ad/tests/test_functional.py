@@ -217,3 +217,32 @@ def test_check_grads_on_composite():
     rng = np.random.default_rng(8)
     ad.check_grads(lambda x, y: anp.sin(x) * anp.exp(y) / (1 + x * x), (rng.normal(size=3),
                                                                        rng.normal(size=3)))
+
+
+def test_compiled_batch_hessian_matches_traced():
+    x = np.random.default_rng(3).uniform(-1, 1, (200, 5))
+    g1, H1 = ad.batch_hessian(throughput_cols, x, compiled=True)
+    g2, H2 = ad.batch_hessian(throughput_cols, x)
+    np.testing.assert_allclose(g1, g2, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(H1, H2, rtol=1e-12, atol=1e-15)
+    assert np.array_equal(H1, np.swapaxes(H1, 1, 2))
+    hess = ad.compiled_batch_hessian(throughput_cols, 5, "float32")
+    g32, H32 = hess(x.astype(np.float32))
+    assert H32.dtype == np.float32
+    np.testing.assert_allclose(H32, H2, rtol=2e-4, atol=1e-5)  # float32 round-off
+    with pytest.raises(TypeError, match="compiled for float32"):
+        hess(x)
+
+
+def throughput_cols(x):
+    n = x.shape[1]
+    c, r = 1.0, 1.0
+    for i in range(n):
+        c = c * anp.cos(0.3 * (i + 1) * x[:, i])
+        r = r + 0.25 * x[:, i] * x[:, i]
+    return c * anp.exp(-0.1 * x[:, 0] * x[:, 1]) / r
+
+
+def test_compiled_batch_hessian_rejects_whole_array_code():
+    with pytest.raises(ad.SymbolicTraceError, match="columns"):
+        ad.compiled_batch_hessian(lambda v: anp.sum(v * v, axis=1), 3)

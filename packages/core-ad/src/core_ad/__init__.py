@@ -15,6 +15,7 @@ All of it derives from one rule table of primitives (:func:`primitives`).
 from . import numpy, sym  # noqa: F401
 from ._check import check_grads
 from ._checkpoint import LoopStats, checkpointed_loop
+from ._compiled_hessian import CompiledBatchHessian, SymbolicTraceError, compiled_batch_hessian
 from ._custom import (
     CheckpointClosureError,
     Function,
@@ -53,18 +54,21 @@ __version__ = "0.1.0"
 __all__ = [
     "Array",
     "CheckpointClosureError",
+    "CompiledBatchHessian",
     "Function",
     "FunctionCtx",
     "GraphFreedError",
     "LaneMixingError",
     "LoopStats",
     "Primitive",
+    "SymbolicTraceError",
     "backward",
     "batch_hessian",
     "check_grads",
     "checkpoint",
     "checkpointed_loop",
     "clear_grads",
+    "compiled_batch_hessian",
     "custom_jvp",
     "custom_vjp",
     "detach",

@@ -340,7 +340,7 @@ class LaneMixingError(ValueError):
     """``batch_hessian`` was given a function whose output lanes depend on other lanes."""
 
 
-def batch_hessian(f, x, *, seed: int = 0):
+def batch_hessian(f, x, *, compiled: bool = False, seed: int = 0):
     """Per-lane gradients ``(B, n)`` and exactly symmetric Hessians ``(B, n, n)``.
 
     ``f`` maps ``x`` of shape ``(B, n)`` lane-wise to ``(B,)``: lane ``b`` of the output may
@@ -349,10 +349,19 @@ def batch_hessian(f, x, *, seed: int = 0):
     evaluations of ``f`` on all lanes at once. A randomized lane-support test (one extra forward
     pass with a tangent on a random half of the lanes) rejects functions that mix lanes with a
     :class:`LaneMixingError`.
+
+    ``compiled=True`` instead traces ``f`` once symbolically on its columns (``x[:, j]``) and
+    evaluates a compiled kernel of the gradient and Hessian (see
+    :func:`core_ad.compiled_batch_hessian`; like ``jax.jit``, values ``f`` closes over are
+    baked in on the first call for a given ``(f, n, dtype)``).
     """
     xv = _float_input(x, "batch_hessian")
     if xv.ndim != 2:
         raise ValueError(f"batch_hessian: x must have shape (B, n), got {xv.shape}")
+    if compiled:
+        from ._compiled_hessian import cached_batch_hessian
+
+        return cached_batch_hessian(f, xv.shape[1], xv.dtype)(xv)
     B, n = xv.shape
     # One leaf per column: x[:, j] inside f is then column j itself (a peephole in the tracer),
     # so derivatives stay (B,)-sized per column instead of dense (B, n) scatters.
