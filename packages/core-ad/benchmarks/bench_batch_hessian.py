@@ -13,6 +13,8 @@ Timed (same process, alternating, same float64 input, median of --repeats runs a
 
 * core_ad: ``core_ad.batch_hessian(f, x)`` -> (grad (B, n), hessian (B, n, n)); this includes
   its randomized lane-mixing check (one extra forward pass);
+* core_ad compiled: ``core_ad.compiled_batch_hessian(f, n)`` traced once (first-call time
+  reported separately), then one compiled lane-wise kernel per call;
 * JAX (x64), one jitted function returning both, in two forms:
   "separate": ``jit(X -> (vmap(grad(f))(X), vmap(hessian(f))(X)))`` and
   "fused": ``jit(vmap(jacfwd(x -> (grad(f)(x), grad(f)(x)), has_aux=True)))`` (the gradient
@@ -239,6 +241,10 @@ def main(argv=None):
     f_core, core_bh = setup_core(x, n)
     cases = {"core_ad primal (numpy)": lambda: f_core(x), "core_ad batch_hessian": core_bh}
     compile_times = {}
+    # The compiled path: symbolic gradient + Hessian traced once, one lane-wise kernel.
+    compile_times["core_ad compiled"], hess = time_first_call(
+        lambda: ad.compiled_batch_hessian(f_core, n, x.dtype))
+    cases["core_ad compiled"] = lambda: hess(x)
     if jax is not None:
         c, ct = setup_jax(x, n)
         cases.update(c)
