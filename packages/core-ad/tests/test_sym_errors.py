@@ -220,10 +220,11 @@ def test_compile_call_errors(xy):
 
 def test_compile_backends(xy):
     x, _ = xy
-    for b in ("llvm", "cuda"):
-        with pytest.raises(NotImplementedError,
-                           match=f"backend '{b}' arrives with the code-generation issue"):
-            sym.compile([x], [x], backend=b)
+    from core_ad._codegen.cuda import available
+
+    if not available():  # no CuPy / CUDA device here: asking for it says so
+        with pytest.raises(NotImplementedError, match="backend 'cuda' is not available here"):
+            sym.compile([x], [x], backend="cuda")
     with pytest.raises(ValueError, match="unknown backend 'jax'"):
         sym.compile([x], [x], backend="jax")
 

@@ -53,10 +53,18 @@ every other product is a plain multiply, so simplification stays effective. So
 :mod:`core_ad._sym.diff`.
 
 Code: ``cse(outputs)`` -> :class:`Program` (``assignments``: ``(name, node)`` in topological
-order; ``outputs``: names). ``compile(outputs, inputs, backend="numpy")`` -> ``fn(*arrays)``
-returning a tuple of arrays, one per output, vectorised over broadcast lanes
-(``backend="llvm"`` / ``"cuda"`` arrive with the code-generation issue). ``evaluate(e, env)``
-for one-off evaluation.
+order; ``outputs``: names). ``compile(outputs, inputs, backend=None, **options)`` ->
+``fn(*arrays)`` returning a tuple of arrays, one per output:
+
+* ``"llvm"`` (the default when llvmlite imports): vectorised (libmvec), multi-threaded
+  (``CORE_AD_NUM_THREADS``), cached by graph structure; strict inputs: exact dtypes, 1-D arrays
+  of lanes or 0-d scalars; programs it cannot lower fall back to numpy when no backend is named;
+* ``"numpy"``: the reference evaluator (numpy broadcasting and dtype conversion);
+* ``"cuda"``: CUDA C through CuPy on CuPy arrays (needs CuPy and a device).
+
+Kernel buffers: ``buffer(name, dtype)``, ``gather(buf, index)``, ``scatter_add(buf, index,
+value)`` (an output), bounds-checked in every backend. ``evaluate(e, env)`` for one-off
+evaluation.
 
 All traversals are iterative (chains of 10^4+ nested nodes are fine); a cyclic graph (only
 constructible by force) raises :class:`SymbolicCycleError`.

@@ -159,25 +159,30 @@ def _schedule(nodes):
     return order, via
 
 
-def compile(outputs, inputs, backend: str = "numpy"):  # noqa: A001 - public name
+def compile(outputs, inputs, backend: str | None = None, **options):  # noqa: A001
     """Compile ``outputs`` into ``fn(*arrays)`` evaluating them over arrays of lanes.
 
     ``inputs``: the vars / leaves, in the order ``fn`` takes its arrays. Every leaf the
-    outputs depend on must be listed (extra inputs are allowed). At call time the arrays are
-    converted to their leaf's dtype and broadcast together into the lane shape; ``fn`` returns
-    a tuple with one numpy array of that shape per output (constant outputs are broadcast),
-    of the output's dtype. The callable is generated once, as Python source over the
-    topologically ordered program (``fn.source``, ``fn.program``), not by walking the DAG per
-    call; floating-point warnings of masked-off lanes are silenced.
+    outputs depend on must be listed (extra inputs are allowed). ``fn`` returns a tuple with
+    one numpy array per output, of the output's dtype (constant outputs are broadcast).
 
-    ``backend``: ``"numpy"`` now; ``"llvm"`` and ``"cuda"`` arrive with the code-generation
-    issue behind this same call.
+    ``backend`` (see :mod:`core_ad._codegen`): ``None`` -- the default, ``"llvm"`` when
+    llvmlite imports (else ``"numpy"``; ``CORE_AD_BACKEND`` overrides), falling back to numpy
+    for programs LLVM cannot lower (user primitives without a lowering);
+
+    * ``"numpy"``: the reference evaluator. At call time the arrays are converted to their
+      leaf's dtype and broadcast together into the lane shape. The callable is generated
+      once, as Python source over the topologically ordered program (``fn.source``,
+      ``fn.program``); floating-point warnings of masked-off lanes are silenced.
+    * ``"llvm"``: a vectorised, multi-threaded kernel (:mod:`core_ad._codegen.llvm`), cached
+      by graph structure (a second compile returns the same object). Strict inputs: exact
+      dtypes, 1-D arrays of N lanes or 0-d scalars; ``fn.compile_time``; ``options``:
+      ``vectorize``, ``libmvec``, ``scatter``.
+    * ``"cuda"``: not available yet.
     """
-    if backend in ("llvm", "cuda"):
-        raise NotImplementedError(f"backend {backend!r} arrives with the code-generation issue")
-    if backend != "numpy":
-        raise ValueError(f"compile: unknown backend {backend!r}; expected 'numpy', 'llvm' or"
-                         " 'cuda'")
+    from .. import _codegen
+
+    backend, auto = _codegen.resolve_backend(backend)
     roots, _ = as_expr_list(outputs, "compile")
     if isinstance(inputs, Expr):
         inputs = [inputs]
@@ -193,6 +198,10 @@ def compile(outputs, inputs, backend: str = "numpy"):  # noqa: A001 - public nam
     if len({id(v) for v in inputs}) != len(inputs):
         dup = next(v for i, v in enumerate(inputs) if any(v is w for w in inputs[:i]))
         raise ValueError(f"compile: input {dup.name!r} is listed twice")
+    if backend != "numpy":
+        hit = _codegen.lookup(backend, roots, inputs, options)
+        if hit is not None:
+            return hit
     prog = cse(roots)
     check_scatter_outputs(prog, roots)
     in_ids = {id(v): i for i, v in enumerate(inputs)}
@@ -202,7 +211,8 @@ def compile(outputs, inputs, backend: str = "numpy"):  # noqa: A001 - public nam
             "compile: the outputs depend on leaves that are not among the inputs: "
             + ", ".join(missing)
         )
-    return _compile_numpy(prog, roots, inputs)
+    return _codegen.compile_program(backend, prog, roots, inputs, options, auto=auto,
+                                    fallback=lambda: _compile_numpy(prog, roots, inputs))
 
 
 def _compile_numpy(prog: Program, roots, inputs):
@@ -310,6 +320,6 @@ def evaluate(outputs, env: dict):
     ``outputs``."""
     roots, single = as_expr_list(outputs, "evaluate")
     leaves = list(env.keys())
-    fn = compile(roots, leaves)
+    fn = compile(roots, leaves, backend="numpy")  # one-off: no kernel compilation
     res = fn(*[env[k] for k in leaves])
     return res[0] if single else list(res)

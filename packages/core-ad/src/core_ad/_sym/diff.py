@@ -335,9 +335,18 @@ def vjp(outputs, vars, cotangents):  # noqa: A002
     if len(cts) != len(outs):
         raise ValueError(f"vjp: {len(outs)} outputs but {len(cts)} cotangents")
     seeds = [(o, as_expr(c, "vjp cotangent")) for o, c in zip(outs, cts)]
-    total = _reverse(seeds, vs)
-    dt = np.result_type(*[o.dtype if o.dtype.kind in "fc" else np.float64 for o in outs])
-    res = [total[id(v)] if id(v) in total else zero(dt) for v in vs]
+    total = _reverse(seeds, vs) if seeds else {}
+    res = []
+    for v in vs:
+        # A cotangent has its input's dtype; integer and bool inputs have none (zero).
+        if v.dtype.kind not in "fc":
+            res.append(zero(np.dtype(np.float64)))
+            continue
+        g = total.get(id(v))
+        if g is None:
+            res.append(zero(v.dtype))
+        else:
+            res.append(g if g.dtype == v.dtype else R.astype(g, v.dtype))
     return res[0] if single else res
 
 

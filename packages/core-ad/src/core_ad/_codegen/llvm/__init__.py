@@ -1,0 +1,130 @@
+"""The LLVM backend of ``sym.compile``: vectorised, multi-threaded lane-wise kernels.
+
+Modules (one concept each):
+
+* :mod:`.emitter` -- the scalar-expression emitter (one per project: the kernel builder,
+  halide_ad and lsq_opt all call it) and the per-primitive lowering table;
+* :mod:`.vecmath` -- transcendentals: libmvec vector variants, libm scalars, accuracy table;
+* :mod:`.kernel` -- a cse Program to one LLVM function over a lane range (vector main loop,
+  scalar remainder, bounds checks, scatter targets);
+* :mod:`.jit` -- target machine (host CPU, O3), the MCJIT engine, the on-disk object cache;
+* :mod:`.runtime` -- the callable: argument checks, thread pool, error slots.
+
+Options of ``sym.compile(..., backend="llvm", **options)``:
+
+* ``vectorize=True`` -- ``False`` emits the scalar loop only (libm everywhere);
+* ``libmvec=None`` -- ``False`` scalarises vector calls to libm even where libmvec exists
+  (default: use it when available and ``CORE_AD_LIBMVEC`` is not ``0``);
+* ``scatter="auto"`` -- ``"partials"`` or ``"atomic"``: how threads share scatter_add outputs.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+from .emitter import (
+    LOWERINGS,
+    BoundsFailure,
+    BufferArg,
+    Emitter,
+    Unsupported,
+    emit,
+    emit_program,
+    emit_with_grad,
+    llvm_type,
+    lowering_for,
+    register_lowering,
+)
+from .vecmath import VecMath
+
+__all__ = [
+    "LOWERINGS",
+    "BoundsFailure",
+    "BufferArg",
+    "Emitter",
+    "Unsupported",
+    "VecMath",
+    "compile_program",
+    "check_options",
+    "emit",
+    "emit_program",
+    "emit_with_grad",
+    "llvm_type",
+    "lowering_for",
+    "register_lowering",
+    "available",
+]
+
+_OPTIONS = {"vectorize": (True, False), "libmvec": (None, True, False),
+            "scatter": ("auto", "partials", "atomic")}
+
+
+def available() -> bool:
+    try:
+        import llvmlite.binding  # noqa: F401
+    except Exception:  # noqa: BLE001 - any import failure means: not available
+        return False
+    return True
+
+
+def check_options(options: dict) -> tuple:
+    """Validated options as a hashable, sorted tuple (defaults filled in)."""
+    out = {k: v[0] for k, v in _OPTIONS.items()}
+    for k, v in options.items():
+        if k not in _OPTIONS:
+            raise TypeError(
+                f"compile: unknown option {k!r} for backend 'llvm'; expected one of"
+                f" {', '.join(sorted(_OPTIONS))}"
+            )
+        if not any(v is x or (isinstance(x, str) and v == x) for x in _OPTIONS[k]):
+            raise ValueError(
+                f"compile: option {k}={v!r} is invalid; expected one of"
+                f" {', '.join(map(repr, _OPTIONS[k]))}"
+            )
+        out[k] = v
+    return tuple(sorted(out.items()))
+
+
+_CODE: dict = {}  # code key -> (address, KernelIR, compile seconds); machine code is never freed
+_CODE_LOCK = threading.RLock()  # one compile per code key, even from concurrent threads
+
+
+def compile_program(prog, roots, inputs, options: tuple, key: str):
+    """Build the :class:`~.runtime.LLVMKernel` of a checked program (raises
+    :class:`~.emitter.Unsupported` when a primitive or dtype cannot be lowered)."""
+    from ..cache import code_key
+    from .jit import host_signature, jit
+    from .kernel import build_kernel, check_supported
+    from .runtime import LLVMKernel, report_compile
+
+    check_supported(prog, roots, inputs)
+    opts = dict(options)
+    math = VecMath(libmvec=opts["libmvec"])
+    host = host_signature()
+    n_nodes = len(prog.assignments)
+
+    def builder(mask, atomic):
+        with _CODE_LOCK:
+            return _build(mask, atomic)
+
+    def _build(mask, atomic):
+        t0 = time.perf_counter()
+        ckey = code_key(prog, roots, inputs, mask, atomic, opts["vectorize"], math.key, host)
+        hit = _CODE.get(ckey)
+        if hit is not None:
+            return hit[0], hit[1], time.perf_counter() - t0
+        name = f"core_ad_k{ckey[:24]}"
+        kir = build_kernel(prog, roots, inputs, name=name, math=math, scalar_mask=mask,
+                           vectorize=opts["vectorize"], atomic=atomic)
+        t1 = time.perf_counter()
+        addr, times = jit().compile(kir.text, name, name)
+        secs = time.perf_counter() - t0
+        times["ir"] = t1 - t0
+        _CODE[ckey] = (addr, kir, secs)
+        report_compile(key, n_nodes, kir.width, secs, times,
+                       f"scalar inputs {[j for j, m in enumerate(mask) if m]}"
+                       f"{', atomic' if atomic else ''}")
+        return addr, kir, secs
+
+    return LLVMKernel(prog, roots, inputs, opts, key, builder)

@@ -1,0 +1,181 @@
+"""The JIT: one MCJIT engine per process, a host target machine at O3, an optional on-disk
+object cache.
+
+* ``llvm.initialize()`` is deprecated in llvmlite 0.50 and not called; the native target and
+  asm printer are initialised once.
+* The target machine is the host CPU with its features (``znver3``: AVX2 + FMA here), ``-O3``;
+  modules are optimised with the new pass manager's O3 pipeline (``speed_level=3``; the loop
+  vectoriser is off because kernels are emitted in vector form already, SLP is on) before
+  code generation.
+* Every kernel module is added to the one engine (names are unique: they carry the code key).
+* On-disk object cache: with ``CORE_AD_CACHE_DIR`` set (read at each compile), the engine's
+  object cache hooks store each module's object code as ``<dir>/<code key>.o`` and load it
+  back instead of optimising and compiling again (in a later process). The code key hashes
+  the kernel's IR inputs *and* the host CPU name, features and LLVM version, so an object is
+  only reused on a matching host.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+
+import llvmlite
+import llvmlite.binding as llvm
+
+__all__ = ["jit", "Jit", "host_signature"]
+
+_INIT_LOCK = threading.RLock()
+_JIT = None
+
+
+def host_signature() -> str:
+    """CPU name, features and LLVM / llvmlite versions: part of every code key."""
+    _init_llvm()
+    return "|".join([
+        llvm.get_process_triple(),
+        llvm.get_host_cpu_name(),
+        llvm.get_host_cpu_features().flatten(),
+        ".".join(map(str, llvm.llvm_version_info)),
+        llvmlite.__version__,
+    ])
+
+
+_INITIALISED = False
+
+
+def _init_llvm():
+    global _INITIALISED
+    if _INITIALISED:
+        return
+    with _INIT_LOCK:
+        if not _INITIALISED:
+            llvm.initialize_native_target()
+            llvm.initialize_native_asmprinter()
+            _INITIALISED = True
+
+
+class Jit:
+    """The process-wide engine (use :func:`jit`)."""
+
+    def __init__(self):
+        _init_llvm()
+        target = llvm.Target.from_triple(llvm.get_process_triple())
+        self.cpu = llvm.get_host_cpu_name()
+        self.features = llvm.get_host_cpu_features().flatten()
+        self.tm = target.create_target_machine(
+            cpu=self.cpu, features=self.features, opt=3, jit=True
+        )
+        self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.tm)
+        self.engine.set_object_cache(self._notify, self._getbuffer)
+        self.lock = threading.RLock()
+        self.modules = []  # keep the ModuleRefs alive
+        self._pending_dir = None
+        self.stats = {"compiled": 0, "disk_hits": 0}
+
+    # ---- object cache hooks ------------------------------------------------------------
+    @staticmethod
+    def cache_dir() -> str | None:
+        d = os.environ.get("CORE_AD_CACHE_DIR")
+        return d or None
+
+    def _path(self, module) -> str | None:
+        d = self._pending_dir
+        if d is None:
+            return None
+        return os.path.join(d, module.name + ".o")
+
+    def _notify(self, module, buf: bytes):
+        path = self._path(module)
+        if path is None:
+            return
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+            with open(tmp, "wb") as f:
+                f.write(buf)
+            os.replace(tmp, path)  # atomic: a concurrent reader sees all or nothing
+        except OSError:
+            pass  # a read-only or full cache directory only costs the cache
+
+    def _getbuffer(self, module):
+        path = self._path(module)
+        if path is None or not os.path.exists(path):
+            return None
+        try:
+            with open(path, "rb") as f:
+                data = f.read()
+        except OSError:
+            return None
+        self.stats["disk_hits"] += 1
+        return data
+
+    # ---- compile -----------------------------------------------------------------------
+    def compile(self, ir_text: str, module_name: str, fn_name: str) -> tuple[int, dict]:
+        """Parse, optimise (O3), compile and link ``ir_text``; returns (address of
+        ``fn_name``, timings {"parse", "opt", "codegen", "disk_hit"} in seconds)."""
+        times = {}
+        with self.lock:
+            t0 = time.perf_counter()
+            mod = llvm.parse_assembly(ir_text)
+            mod.name = module_name
+            mod.triple = self.tm.triple
+            mod.data_layout = str(self.tm.target_data)
+            mod.verify()
+            t1 = time.perf_counter()
+            d = self.cache_dir()
+            self._pending_dir = d
+            hit = d is not None and os.path.exists(os.path.join(d, module_name + ".o"))
+            if not hit:  # the object cache supplies the machine code: no need to optimise
+                pto = llvm.create_pipeline_tuning_options(speed_level=3)
+                # the main loop is already in vector form and the remainder runs < W times:
+                # the loop vectoriser has nothing to gain (and costs compile time); SLP stays
+                pto.loop_vectorization = False
+                pto.slp_vectorization = True
+                pb = llvm.create_pass_builder(self.tm, pto)
+                pb.getModulePassManager().run(mod, pb)
+            t2 = time.perf_counter()
+            try:
+                self.engine.add_module(mod)
+                self.engine.finalize_object()
+            finally:
+                self._pending_dir = None
+            addr = self.engine.get_function_address(fn_name)
+            t3 = time.perf_counter()
+            self.modules.append(mod)
+            self.stats["compiled"] += 1
+        if not addr:
+            raise RuntimeError(f"LLVM backend: function {fn_name!r} not found after linking")
+        times.update(parse=t1 - t0, opt=t2 - t1, codegen=t3 - t2, disk_hit=hit)
+        return addr, times
+
+    def assembly(self, ir_text: str) -> str:
+        """Optimised assembly of ``ir_text`` (for inspection and tests; not linked)."""
+        with self.lock:
+            mod = llvm.parse_assembly(ir_text)
+            mod.triple = self.tm.triple
+            mod.data_layout = str(self.tm.target_data)
+            pto = llvm.create_pipeline_tuning_options(speed_level=3)
+            pb = llvm.create_pass_builder(self.tm, pto)
+            pb.getModulePassManager().run(mod, pb)
+            return self.tm.emit_assembly(mod)
+
+
+def jit() -> Jit:
+    """The process-wide :class:`Jit` (created on first use)."""
+    global _JIT
+    if _JIT is None:
+        with _INIT_LOCK:
+            if _JIT is None:
+                _JIT = Jit()
+    return _JIT
+
+
+def digest(*parts) -> str:
+    h = hashlib.sha256()
+    for p in parts:
+        h.update(str(p).encode())
+        h.update(b"\0")
+    return h.hexdigest()

@@ -1,0 +1,271 @@
+"""The lane-wise kernel builder: a cse Program to one LLVM function over a range of lanes.
+
+Signature of the generated function (C ABI)::
+
+    int32 kernel(int64 start, int64 end, int8 **ptrs, int64 *lens, int64 *err)
+
+``ptrs`` holds one data pointer per input (in input order), then one per output; ``lens`` the
+length of each buffer input at the same positions and of each scatter output's target after
+them. Lanes ``[start, end)`` are computed: a main loop in explicit vector form, ``W`` lanes at a
+time (``<W x T>`` values; transcendentals through libmvec, see :mod:`.vecmath`), then a scalar
+remainder loop (libm). ``W`` is the ISA's width for the widest float type of the program
+(AVX2: 4 if any float64 / int64 value is present, else 8; AVX-512: 8 / 16; SSE: 2 / 4); the
+emitter pads or splits libmvec calls of the other float type. Inputs marked scalar in the
+*variant* (0-d arrays broadcast to every lane) are loaded once before the loops.
+
+A failed bounds check of a gather / scatter_add stores ``err[0] = 1``, ``err[1]`` = the
+check's ordinal, ``err[2]`` = the lane, ``err[3]`` = the index, and returns 1 before any
+out-of-range access; the Python side raises IndexError (:mod:`.runtime`).
+
+``lane_scatter_add`` outputs accumulate into ``ptrs[output]`` (a copy of the buffer or a
+per-thread partial, plain load/add/store in lane order) or, in the ``atomic`` variant, into one
+shared copy with ``atomicrmw``.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import numpy as np
+from llvmlite import ir
+
+from ..._sym.buffers import is_buffer, is_scatter
+from ..._sym.compile import Program
+from ..._sym.expr import Apply
+from .emitter import BufferArg, Emitter, Unsupported, llvm_type, lowering_for
+from .vecmath import VecMath
+
+__all__ = ["KernelIR", "build_kernel", "check_supported", "vector_width", "CHECKED_PRIMS"]
+
+_I8P = ir.IntType(8).as_pointer()
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+
+CHECKED_PRIMS = ("lane_gather", "lane_scatter_add")
+
+
+class KernelIR(NamedTuple):
+    """The IR text, the function name, the vector width, and per bounds check (by ordinal)
+    ``(op name, buffer name, input position of the buffer or output position of the
+    target)``."""
+
+    text: str
+    name: str
+    width: int
+    checks: list
+
+
+def check_supported(prog: Program, roots, inputs) -> None:
+    """Raise :class:`~.emitter.Unsupported` if the LLVM backend cannot compile ``prog``."""
+    for _, n in prog.assignments:
+        llvm_type(n.dtype)  # raises for complex, float16, ...
+        if isinstance(n, Apply) and lowering_for(n.prim) is None:
+            raise Unsupported(
+                f"primitive {n.prim.name!r} has no LLVM lowering (register one with"
+                " core_ad.codegen.register_lowering, or compile with backend='numpy')"
+            )
+        if isinstance(n, Apply):
+            ba = n.prim.extra.get("buffer_args", ())
+            for k, a in enumerate(n.args):
+                if (k in ba) != is_buffer(a):
+                    raise Unsupported(
+                        f"{n.prim.name}: operand {k} must {'' if k in ba else 'not '}be a"
+                        " sym.buffer"
+                    )
+    for r in roots:
+        if is_buffer(r):
+            raise Unsupported(
+                f"buffer {str(r.key)!r} cannot be an output of a lane-wise kernel (outputs are"
+                " lanes or scatter_add results)"
+            )
+
+
+def vector_width(prog: Program, math: VecMath) -> int:
+    """Lanes per vector iteration: the ISA's width for 64-bit elements if the program has any
+    64-bit value (float64, int64), else for 32-bit elements."""
+    if any(n.dtype.itemsize >= 8 for _, n in prog.assignments if not is_buffer(n)):
+        return math.width(np.float64)
+    return math.width(np.float32)
+
+
+def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
+                 scalar_mask=(), vectorize: bool = True, atomic: bool = False) -> KernelIR:
+    """The IR of the kernel computing ``roots`` over ``inputs`` (see the module docstring).
+
+    ``scalar_mask[j]``: input ``j`` is one value broadcast to every lane; ``vectorize=False``
+    gives a scalar loop only; ``atomic``: scatter_add with atomic adds.
+    """
+    n_in = len(inputs)
+    mask = tuple(scalar_mask) or (False,) * n_in
+    width = vector_width(prog, math) if vectorize else 1
+    module = ir.Module(name=name)
+    fnty = ir.FunctionType(_I32, [_I64, _I64, _I8P.as_pointer(), _I64.as_pointer(),
+                                  _I64.as_pointer()])
+    fn = ir.Function(module, fnty, name)
+    start, end, ptrs, lens, err = fn.args
+    for a, nm in zip(fn.args, ("start", "end", "ptrs", "lens", "err")):
+        a.name = nm
+    for a in (ptrs, lens, err):
+        a.add_attribute("noalias")
+    fn.attributes.add("nounwind")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+
+    # ---- pointers, lengths, hoisted scalars ----------------------------------------------
+    def data_ptr(pos, dtype):
+        p = b.load(b.gep(ptrs, [_I64(pos)]), align=8)
+        return b.bitcast(p, llvm_type(dtype, storage=True).as_pointer())
+
+    def length(pos):
+        return b.load(b.gep(lens, [_I64(pos)]), align=8)
+
+    in_ptrs, buffers, scalars = {}, {}, {}
+    for j, v in enumerate(inputs):
+        p = data_ptr(j, v.dtype)
+        if is_buffer(v):
+            buffers[v] = BufferArg(p, length(j))
+        elif mask[j]:
+            scalars[v] = _load(b, p, _I64(0), v.dtype, None)
+        else:
+            in_ptrs[v] = p
+    out_ptrs = []
+    targets = {}
+    seen_scatter = set()
+    for k, r in enumerate(roots):
+        p = data_ptr(n_in + k, r.dtype)
+        out_ptrs.append(p)
+        if is_scatter(r) and id(r) not in seen_scatter:
+            seen_scatter.add(id(r))
+            targets[r] = BufferArg(p, length(n_in + k))
+    span = b.sub(end, start)
+    if width > 1:
+        vend = b.add(start, b.mul(b.sdiv(span, _I64(width)), _I64(width)))
+    else:
+        vend = start
+    entry = b.block
+    vhead = fn.append_basic_block("vec.head") if width > 1 else None
+    vbody = fn.append_basic_block("vec.body") if width > 1 else None
+    shead = fn.append_basic_block("rem.head")
+    sbody = fn.append_basic_block("rem.body")
+    exit_ok = fn.append_basic_block("exit")
+    exit_err = fn.append_basic_block("error")
+    failures = []  # (block, ordinal, lane, index) of every bounds-check failure branch
+    checked = []
+
+    def body(i, w):
+        """Loads at lane ``i``, the program at width ``w``, stores."""
+        env = dict(scalars)
+        for v, p in in_ptrs.items():
+            env[v] = _load(b, p, i, v.dtype, w)
+
+        def on_error(bld, failure):
+            lane = bld.add(i, failure.lane)
+            failures.append((bld.block, _I64(failure.ordinal), lane, failure.index))
+            bld.branch(exit_err)
+
+        em = Emitter(b, w, math=math, buffers=buffers, scatter_targets=targets,
+                     on_bounds_error=on_error, atomic_scatter=atomic)
+        vals = em.emit_program(prog, env)
+        for k, (r, v) in enumerate(zip(roots, vals)):
+            if not is_scatter(r):
+                _store(b, out_ptrs[k], i, v, r.dtype, w, em)
+        if not checked:
+            checked.extend(em.checked)
+
+    # ---- vector main loop: lanes [start, vend), W at a time ------------------------------
+    if width > 1:
+        b.branch(vhead)
+        b.position_at_end(vhead)
+        i = b.phi(_I64, name="i")
+        i.add_incoming(start, entry)
+        b.cbranch(b.icmp_signed("<", i, vend), vbody, shead)
+        b.position_at_end(vbody)
+        body(i, width)
+        i.add_incoming(b.add(i, _I64(width)), b.block)
+        b.branch(vhead)
+        pred = vhead
+    else:
+        b.branch(shead)
+        pred = entry
+
+    # ---- scalar remainder loop: lanes [vend, end) ----------------------------------------
+    b.position_at_end(shead)
+    j = b.phi(_I64, name="j")
+    j.add_incoming(vend, pred)
+    b.cbranch(b.icmp_signed("<", j, end), sbody, exit_ok)
+    b.position_at_end(sbody)
+    body(j, None)
+    j.add_incoming(b.add(j, _I64(1)), b.block)
+    b.branch(shead)
+
+    b.position_at_end(exit_ok)
+    b.ret(_I32(0))
+
+    b.position_at_end(exit_err)
+    if failures:
+        phis = [b.phi(_I64) for _ in range(3)]
+        for blk, ordv, lane, idx in failures:
+            for ph, v in zip(phis, (ordv, lane, idx)):
+                ph.add_incoming(v, blk)
+        b.store(_I64(1), b.gep(err, [_I64(0)]), align=8)
+        for k, ph in enumerate(phis):
+            b.store(ph, b.gep(err, [_I64(k + 1)]), align=8)
+        b.ret(_I32(1))
+    else:
+        b.unreachable()
+    checks = []
+    for n in checked:
+        buf = n.args[0]
+        if n.prim.name == "lane_gather":
+            pos = next(k for k, v in enumerate(inputs) if v is buf)
+        else:
+            pos = n_in + next(k for k, r in enumerate(roots) if r is n)
+        checks.append((n.prim.name, str(buf.key), pos))
+    text = str(module)
+    if width > 1 and width * max(llvm_type_bytes(prog)) > 32:
+        # 512-bit vectors (AVX-512): make the backend pass them in zmm registers, as libmvec's
+        # 'e' variants expect, even on CPUs that prefer 256-bit vectors
+        text = _add_fn_attr(text, name, '"min-legal-vector-width"="512"')
+    return KernelIR(text, name, width, checks)
+
+
+def llvm_type_bytes(prog):
+    return [n.dtype.itemsize for _, n in prog.assignments] or [8]
+
+
+def _add_fn_attr(text: str, name: str, attr: str) -> str:
+    """Append a string attribute to the definition line of function ``name``."""
+    lines = text.split("\n")
+    for k, line in enumerate(lines):
+        if line.startswith("define ") and f'@"{name}"(' in line:
+            head, brace = line.rsplit("{", 1) if line.rstrip().endswith("{") else (line, None)
+            lines[k] = f"{head.rstrip()} {attr}" + (" {" + brace if brace is not None else "")
+            break
+    return "\n".join(lines)
+
+
+def _load(b, ptr, i, dtype, w):
+    st = llvm_type(dtype, storage=True)
+    align = max(1, np.dtype(dtype).itemsize)
+    p = b.gep(ptr, [i])
+    if w is None:
+        v = b.load(p, align=align)
+    else:
+        vt = ir.VectorType(st, w)
+        v = b.load(b.bitcast(p, vt.as_pointer()), align=align)
+    if np.dtype(dtype).kind == "b":
+        v = b.icmp_unsigned("!=", v, ir.Constant(v.type, None))
+    return v
+
+
+def _store(b, ptr, i, v, dtype, w, em):
+    st = llvm_type(dtype, storage=True)
+    align = max(1, np.dtype(dtype).itemsize)
+    if w is not None:
+        v = em.splat(v)
+    if np.dtype(dtype).kind == "b":
+        v = b.zext(v, ir.VectorType(st, w) if w is not None else st)
+    p = b.gep(ptr, [i])
+    if w is None:
+        b.store(v, p, align=align)
+    else:
+        b.store(v, b.bitcast(p, ir.VectorType(st, w).as_pointer()), align=align)

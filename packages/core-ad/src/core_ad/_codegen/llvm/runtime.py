@@ -1,0 +1,390 @@
+"""Calling compiled kernels: argument checks, a thread pool over lane ranges, error slots.
+
+Call contract of an :class:`LLVMKernel` ``fn(*arrays, num_threads=None)`` (the numpy
+backend's, made strict):
+
+* one argument per input, in input order (TypeError naming the count and the inputs);
+* lane inputs are 1-D arrays of N lanes or 0-d scalars (numpy 0-d arrays, numpy scalars,
+  Python scalars) broadcast to every lane; buffers are whole 1-D arrays; other shapes raise
+  ValueError, as do 1-D inputs of different lengths (naming each input's shape);
+* the dtype must be the leaf's exactly (TypeError naming the input, the expected and the
+  given dtype): no silent casts. Python scalars are accepted where numpy would keep the leaf
+  dtype (NEP 50 weak scalars: a ``float`` for a float32 leaf, an ``int`` for any numeric
+  leaf, a ``bool`` for a bool leaf);
+* arrays must be contiguous and aligned (ValueError suggesting ``np.ascontiguousarray``);
+* returns a tuple with one new array per output: N lanes (0-d when every lane input is
+  0-d); a scatter_add output is the whole updated copy of its buffer;
+* an out-of-range gather / scatter_add index raises IndexError naming the operation, the
+  buffer, the index and the lane, before any out-of-range access.
+
+Threads: ``num_threads`` (keyword), else ``CORE_AD_NUM_THREADS``, else the CPUs available; a
+call uses at most one thread per :attr:`LLVMKernel.min_lanes` lanes. Lane ranges are
+multiples of the vector width, so every lane is computed by the same code path whatever the
+thread count (results are bitwise identical for 1 and N threads). ctypes releases the GIL
+during the call, so the pool's threads run truly in parallel.
+
+scatter_add under threads (option ``scatter``): ``"partials"`` -- thread 0 accumulates into the
+output copy, every other thread into a private zeroed buffer, summed afterwards (deterministic
+for a given thread count; costs (T-1) x buffer length); ``"atomic"`` -- every thread
+accumulates into the output copy with ``atomicrmw`` (no extra memory; order-dependent
+rounding); ``"auto"`` (default) -- partials when (T-1) x buffer length <= the lane count, else
+atomic.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
+
+from ..._sym.buffers import is_buffer, is_scatter
+from ..._sym.expr import Apply
+
+__all__ = ["LLVMKernel", "num_threads", "thread_pool"]
+
+_KFUNC = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                          ctypes.c_void_p, ctypes.c_void_p)
+
+_POOL = None
+_POOL_LOCK = threading.Lock()
+
+
+def thread_pool() -> ThreadPoolExecutor:
+    """The shared pool (``os.cpu_count()`` workers, created on first use)."""
+    global _POOL
+    if _POOL is None:
+        with _POOL_LOCK:
+            if _POOL is None:
+                _POOL = ThreadPoolExecutor(max_workers=cpu_count(),
+                                           thread_name_prefix="core_ad")
+    return _POOL
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+_CPUS = None
+
+
+def cpu_count() -> int:
+    """CPUs this process may run on (affinity-aware; computed once)."""
+    global _CPUS
+    if _CPUS is None:
+        try:
+            _CPUS = len(os.sched_getaffinity(0))
+        except (AttributeError, OSError):
+            _CPUS = os.cpu_count() or 1
+    return max(1, _CPUS)
+
+
+def num_threads(requested=None) -> int:
+    """Thread count: ``requested``, else ``CORE_AD_NUM_THREADS``, else ``os.cpu_count()``."""
+    if requested is None:
+        env = os.environ.get("CORE_AD_NUM_THREADS")
+        if env:
+            try:
+                requested = int(env)
+            except ValueError:
+                raise ValueError(
+                    f"CORE_AD_NUM_THREADS must be a positive integer, got {env!r}"
+                ) from None
+            if requested < 1:
+                raise ValueError(f"CORE_AD_NUM_THREADS must be a positive integer, got {env!r}")
+        else:
+            return cpu_count()
+    requested = int(requested)
+    if requested < 1:
+        raise ValueError(f"num_threads must be a positive integer, got {requested}")
+    return requested
+
+
+def _debug() -> bool:
+    return os.environ.get("CORE_AD_DEBUG", "") not in ("", "0")
+
+
+_WEAK_OK = {bool: "b", int: "iuf", float: "f"}
+
+
+def _plural(n, word):
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+class LLVMKernel:
+    """A compiled lane-wise kernel (returned by ``sym.compile(..., backend="llvm")``).
+
+    Attributes: ``program`` (the cse Program), ``inputs``, ``outputs``, ``backend``
+    (``"llvm"``), ``key`` (structural hash), ``compile_time`` (seconds to build the first
+    variant: IR, O3, machine code), ``width`` (lanes per vector iteration), ``ir`` (the
+    LLVM IR of the all-array variant), ``options``. Variants for 0-d (broadcast) inputs and the
+    atomic-scatter variant are compiled on first use.
+    """
+
+    backend = "llvm"
+
+    def __init__(self, prog, roots, inputs, options: dict, key: str, builder):
+        self.program = prog
+        self.outputs = list(roots)
+        self.inputs = list(inputs)
+        self.options = dict(options)
+        self.key = key
+        self._builder = builder  # builder(mask, atomic) -> (address, KernelIR, seconds)
+        self._variants: dict = {}
+        self._lock = threading.Lock()
+        self.names = [str(v.key) if is_buffer(v) else v.name for v in self.inputs]
+        self.in_dtypes = [v.dtype for v in self.inputs]
+        self.is_buf = [is_buffer(v) for v in self.inputs]
+        self.scatter_out = [is_scatter(r) for r in self.outputs]
+        self.n_in = len(self.inputs)
+        self.buf_pos = [j for j, bf in enumerate(self.is_buf) if bf]
+        self.compile_times: dict = {}
+        self.last_call: dict = {}  # diagnostics: threads, atomic, variant of the last call
+        # scatter outputs: the input position of their buffer; duplicates copy the first
+        self.scatter_src = {}
+        first = {}
+        self.dup_of = {}
+        for k, r in enumerate(self.outputs):
+            if self.scatter_out[k]:
+                self.scatter_src[k] = next(j for j, v in enumerate(self.inputs)
+                                           if v is r.args[0])
+                if id(r) in first:
+                    self.dup_of[k] = first[id(r)]
+                else:
+                    first[id(r)] = k
+        self.scatter_first = [k for k in range(len(self.outputs))
+                              if self.scatter_out[k] and k not in self.dup_of]
+        self._argmsg = (
+            f"compiled function takes {_plural(self.n_in, 'array')}"
+            f" ({', '.join(self.names)}), got %d"
+        )
+        n_ops = sum(1 for _, n in prog.assignments if isinstance(n, Apply))
+        n_calls = sum(1 for _, n in prog.assignments if isinstance(n, Apply)
+                      and n.prim.name in _EXPENSIVE)
+        cost = 1 + n_ops + 20 * n_calls  # ~ns per lane, roughly
+        self.min_lanes = int(min(65536, max(2048, 400_000 // cost)))
+        addr, kir, secs = self._build((False,) * self.n_in, False)
+        self.width = kir.width
+        self.ir = kir.text
+        self.compile_time = secs
+
+    # ---- variants ----------------------------------------------------------------------
+    def _build(self, mask, atomic):
+        addr, kir, secs = self._builder(mask, atomic)
+        cfunc = _KFUNC(addr)
+        self._variants[(mask, atomic)] = (cfunc, kir)
+        self.compile_times[(mask, atomic)] = secs
+        return addr, kir, secs
+
+    def _variant(self, mask, atomic):
+        v = self._variants.get((mask, atomic))
+        if v is None:
+            with self._lock:
+                v = self._variants.get((mask, atomic))
+                if v is None:
+                    self._build(mask, atomic)
+                    v = self._variants[(mask, atomic)]
+        return v
+
+    def assembly(self) -> str:
+        """Optimised machine code of the all-array variant (for inspection)."""
+        from .jit import jit
+
+        return jit().assembly(self.ir)
+
+    # ---- argument checks ---------------------------------------------------------------
+    def _arg(self, j, a):
+        name, dt = self.names[j], self.in_dtypes[j]
+        what = f"input {j} ({name!r})"
+        t = type(a)
+        if t in _WEAK_OK:
+            if dt.kind not in _WEAK_OK[t]:
+                raise TypeError(
+                    f"{what}: expected dtype {dt}, got a Python {t.__name__} (no implicit"
+                    f" casts; pass np.{dt}(value) or an array of dtype {dt})"
+                )
+            try:
+                with np.errstate(over="raise"):
+                    arr = np.array(a, dtype=dt)
+            except (OverflowError, FloatingPointError):
+                raise ValueError(f"{what}: the value {a!r} does not fit dtype {dt}") from None
+            if is_buffer(self.inputs[j]):
+                raise ValueError(f"{what} is a buffer: expected a 1-D array, got a scalar")
+            return arr
+        if not isinstance(a, np.ndarray):
+            if isinstance(a, np.generic):
+                a = np.asarray(a)
+            else:
+                try:
+                    a = np.asarray(a)
+                except Exception:  # noqa: BLE001
+                    raise TypeError(
+                        f"{what}: expected an array of dtype {dt}, got {t.__name__}"
+                    ) from None
+        if a.dtype != dt:
+            raise TypeError(
+                f"{what}: expected dtype {dt}, got {a.dtype} (the LLVM backend does not cast"
+                f" inputs; convert with .astype(np.{dt}))"
+            )
+        if self.is_buf[j]:
+            if a.ndim != 1:
+                raise ValueError(f"{what} is a buffer: expected a 1-D array, got shape {a.shape}")
+        elif a.ndim > 1:
+            raise ValueError(
+                f"{what}: expected a 1-D array of lanes or a 0-d scalar, got shape {a.shape}"
+                " (flatten it: the LLVM backend does not broadcast)"
+            )
+        if a.ndim == 1 and a.shape[0] > 1 and a.strides[0] != a.itemsize:
+            raise ValueError(
+                f"{what} is not contiguous (stride {a.strides[0]} bytes for itemsize"
+                f" {a.itemsize}); pass np.ascontiguousarray(...)"
+            )
+        if not a.flags.aligned:
+            raise ValueError(f"{what} is not aligned; pass a copy (np.array(..., copy=True))")
+        return a
+
+    def _lanes(self, arrays):
+        n = None
+        for j, a in enumerate(arrays):
+            if self.is_buf[j] or a.ndim == 0:
+                continue
+            if n is None:
+                n = a.shape[0]
+            elif a.shape[0] != n:
+                shapes = ", ".join(
+                    f"{nm}: {x.shape}" for nm, x, bf in zip(self.names, arrays, self.is_buf)
+                    if not bf
+                )
+                raise ValueError(
+                    f"compiled function: lane counts do not match: input shapes do not"
+                    f" broadcast ({shapes}); inputs are 1-D arrays of N lanes or 0-d scalars"
+                )
+        return n
+
+    # ---- call --------------------------------------------------------------------------
+    def __call__(self, *args, num_threads=None):
+        if len(args) != self.n_in:
+            raise TypeError(self._argmsg % len(args))
+        arrays = [self._arg(j, a) for j, a in enumerate(args)]
+        n = self._lanes(arrays)
+        scalar_shape = n is None
+        if n is None:
+            n = 1
+        mask = tuple(
+            (not self.is_buf[j]) and a.ndim == 0 and n > 1 for j, a in enumerate(arrays)
+        )
+        outs = []
+        for k, r in enumerate(self.outputs):
+            if self.scatter_out[k]:
+                outs.append(np.array(arrays[self.scatter_src[k]], copy=True))
+            else:
+                outs.append(np.empty(n, dtype=r.dtype))
+        if n > 0:
+            self._run(arrays, outs, n, mask, num_threads)
+        for k, src in self.dup_of.items():
+            outs[k] = outs[src].copy()
+        if scalar_shape:
+            outs = [o if self.scatter_out[k] else o.reshape(())
+                    for k, o in enumerate(outs)]
+        return tuple(outs)
+
+    def _run(self, arrays, outs, n, mask, requested):
+        width = self.width
+        t = num_threads(requested)
+        if t > 1:
+            t = max(1, min(t, -(-n // self.min_lanes)))
+        scatter_ks = self.scatter_first
+        atomic = False
+        if t > 1 and scatter_ks:
+            mode = self.options.get("scatter", "auto")
+            if mode == "atomic":
+                atomic = True
+            elif mode == "auto":
+                size = sum(outs[k].shape[0] for k in scatter_ks)
+                atomic = (t - 1) * size > n
+        cfunc, kir = self._variant(mask, atomic)
+        self.last_call = {"threads": t, "atomic": atomic, "variant": mask}
+        n_in = self.n_in
+        n_ptr = n_in + len(outs)
+        lens = (ctypes.c_int64 * n_ptr)()
+        for j in self.buf_pos:
+            lens[j] = arrays[j].shape[0]
+        for k in scatter_ks:
+            lens[n_in + k] = outs[k].shape[0]
+        addrs = [_addr(a) for a in arrays] + [_addr(o) for o in outs]
+        lens_p = ctypes.addressof(lens)
+        if t == 1:
+            err = (ctypes.c_int64 * 4)()
+            ptrs = (ctypes.c_void_p * n_ptr)(*addrs)
+            if cfunc(0, n, ctypes.addressof(ptrs), lens_p, ctypes.addressof(err)):
+                self._raise(kir, arrays, outs, [err])
+            return
+        # lane ranges: multiples of the vector width, so every lane takes the same code path
+        per = -(-n // t)
+        per = -(-per // width) * width
+        bounds = [(s, min(n, s + per)) for s in range(0, n, per)]
+        t = len(bounds)
+        self.last_call["threads"] = t
+        partials = []
+        errs = [(ctypes.c_int64 * 4)() for _ in range(t)]
+        ptr_arrays = []
+        for c in range(t):
+            a_c = list(addrs)
+            if c > 0 and not atomic:
+                for k in scatter_ks:
+                    p = np.zeros_like(outs[k])
+                    partials.append((k, p))
+                    a_c[n_in + k] = _addr(p)
+            ptr_arrays.append((ctypes.c_void_p * n_ptr)(*a_c))
+        pool = thread_pool()
+        futs = [
+            pool.submit(cfunc, s, e, ctypes.addressof(ptr_arrays[c]), lens_p,
+                        ctypes.addressof(errs[c]))
+            for c, (s, e) in enumerate(bounds[1:], start=1)
+        ]
+        s, e = bounds[0]
+        rcs = [cfunc(s, e, ctypes.addressof(ptr_arrays[0]), lens_p, ctypes.addressof(errs[0]))]
+        rcs += [f.result() for f in futs]
+        if any(rcs):
+            self._raise(kir, arrays, outs, [er for er, rc in zip(errs, rcs) if rc])
+        for k, p in partials:
+            np.add(outs[k], p, out=outs[k])
+
+    def _raise(self, kir, arrays, outs, errs):
+        e = min(errs, key=lambda x: x[2])  # the first failing lane (slots: 1, ordinal, lane,
+        # index)
+        ordinal, lane, index = int(e[1]), int(e[2]), int(e[3])
+        op, bufname, pos = kir.checks[ordinal]
+        if pos < self.n_in:
+            length = arrays[pos].shape[0]
+        else:
+            length = outs[pos - self.n_in].shape[0]
+        opname = "gather" if op == "lane_gather" else "scatter_add"
+        raise IndexError(
+            f"{opname}: index {index} at lane {lane} is out of range for buffer {bufname!r}"
+            f" of length {length}"
+        )
+
+
+_EXPENSIVE = frozenset(
+    "exp expm1 log log1p sin cos tan asin acos atan sinh cosh tanh erf pow atan2".split()
+)
+
+
+def report_compile(kernel_key: str, n_nodes: int, width: int, secs: float, times: dict,
+                   variant) -> None:
+    """The ``CORE_AD_DEBUG=1`` line for one compiled variant (on stderr)."""
+    if not _debug():
+        return
+    src = "disk cache" if times.get("disk_hit") else "compiled"
+    print(
+        f"core_ad llvm: kernel {kernel_key[:12]} ({n_nodes} nodes, {width} lanes/vector,"
+        f" variant {variant}) {src} in {secs * 1e3:.1f} ms (IR {times.get('ir', 0) * 1e3:.1f},"
+        f" parse {times.get('parse', 0) * 1e3:.1f}, O3 {times.get('opt', 0) * 1e3:.1f},"
+        f" codegen {times.get('codegen', 0) * 1e3:.1f} ms)",
+        file=sys.stderr,
+    )
+
