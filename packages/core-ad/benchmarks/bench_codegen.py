@@ -20,11 +20,10 @@ import time
 import numpy as np
 
 try:
-    import core_ad as ad
+    from core_ad import sym
 except ImportError:  # not pip-installed: use the source tree next to this script
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-    import core_ad as ad
-from core_ad import sym
+    from core_ad import sym
 
 from _timing import (
     apply_thread_count,

@@ -36,7 +36,6 @@ from ._primitives import (
     Primitive,
     bind,
     dtype_of,
-    is_sentinel,
     kind_of,
     register,
     shape_of,

@@ -15,8 +15,8 @@ import numpy as np
 
 from .. import sym
 from .._sym.buffers import is_buffer, is_scatter
-from .._sym.expr import Expr, Leaf
-from .._sym.graph import as_expr_list, free_leaves
+from .._sym.compile import check_inputs
+from .._sym.graph import free_leaves
 
 __all__ = ["SymKernel", "lane_shape", "reduce_axes", "run_lanes"]
 
@@ -45,21 +45,8 @@ class SymKernel:
     """
 
     def __init__(self, outputs, inputs, backend=None, *, where="interop", level=0):
-        roots, single = as_expr_list(outputs, where)
-        if isinstance(inputs, Expr):
-            inputs = [inputs]
-        if not isinstance(inputs, list | tuple):
-            raise TypeError(
-                f"{where}: inputs must be a sym var or a list of sym vars, got"
-                f" {type(inputs).__name__}"
-            )
-        inputs = list(inputs)
-        for j, v in enumerate(inputs):
-            if not isinstance(v, Leaf):
-                raise TypeError(
-                    f"{where}: input {j} must be a sym var (or leaf), got"
-                    f" {type(v).__name__} {v!r}"
-                )
+        roots, single, inputs = check_inputs(outputs, inputs, where)
+        for v in inputs:
             if is_buffer(v):
                 raise NotImplementedError(
                     f"{where}: input {v.name!r} is a sym.buffer; the interop bridges wrap"

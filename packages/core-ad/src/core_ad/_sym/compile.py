@@ -159,6 +159,38 @@ def _schedule(nodes):
     return order, via
 
 
+def check_inputs(outputs, inputs, where: str):
+    """``(roots, single, inputs)``: the outputs as a list (and whether one Expr was given) and
+    the inputs as a list of distinct vars / leaves, or a TypeError / ValueError naming the
+    problem. Every backend (and the interop bridges) validates this way."""
+    roots, single = as_expr_list(outputs, where)
+    if isinstance(inputs, Expr):
+        inputs = [inputs]
+    if not isinstance(inputs, list | tuple):
+        raise TypeError(f"{where}: inputs must be a list of vars/leaves, got"
+                        f" {type(inputs).__name__}")
+    inputs = list(inputs)
+    for i, v in enumerate(inputs):
+        if not isinstance(v, Leaf):
+            raise TypeError(f"{where}: input {i} must be a var or leaf, got {_describe(v)}")
+    if len({id(v) for v in inputs}) != len(inputs):
+        dup = next(v for i, v in enumerate(inputs) if any(v is w for w in inputs[:i]))
+        raise ValueError(f"{where}: input {dup.name!r} is listed twice")
+    return roots, single, inputs
+
+
+def check_program(prog: Program, roots, inputs, where: str) -> None:
+    """Scatter outputs only as outputs, and every leaf the outputs use among the inputs."""
+    check_scatter_outputs(prog, roots)
+    in_ids = {id(v) for v in inputs}
+    missing = [n.name for _, n in prog.assignments if isinstance(n, Leaf) and id(n) not in in_ids]
+    if missing:
+        raise ValueError(
+            f"{where}: the outputs depend on leaves that are not among the inputs: "
+            + ", ".join(missing)
+        )
+
+
 def compile(outputs, inputs, backend: str | None = None, **options):  # noqa: A001
     """Compile ``outputs`` into ``fn(*arrays)`` evaluating them over arrays of lanes.
 
@@ -183,34 +215,13 @@ def compile(outputs, inputs, backend: str | None = None, **options):  # noqa: A0
     from .. import _codegen
 
     backend, auto = _codegen.resolve_backend(backend)
-    roots, _ = as_expr_list(outputs, "compile")
-    if isinstance(inputs, Expr):
-        inputs = [inputs]
-    if not isinstance(inputs, list | tuple):
-        raise TypeError(f"compile: inputs must be a list of vars/leaves, got"
-                        f" {type(inputs).__name__}")
-    inputs = list(inputs)
-    for i, v in enumerate(inputs):
-        if not isinstance(v, Leaf):
-            raise TypeError(
-                f"compile: input {i} must be a var or leaf, got {_describe(v)}"
-            )
-    if len({id(v) for v in inputs}) != len(inputs):
-        dup = next(v for i, v in enumerate(inputs) if any(v is w for w in inputs[:i]))
-        raise ValueError(f"compile: input {dup.name!r} is listed twice")
+    roots, _, inputs = check_inputs(outputs, inputs, "compile")
     if backend != "numpy":
         hit = _codegen.lookup(backend, roots, inputs, options)
         if hit is not None:
             return hit
     prog = cse(roots)
-    check_scatter_outputs(prog, roots)
-    in_ids = {id(v): i for i, v in enumerate(inputs)}
-    missing = [n.name for _, n in prog.assignments if isinstance(n, Leaf) and id(n) not in in_ids]
-    if missing:
-        raise ValueError(
-            "compile: the outputs depend on leaves that are not among the inputs: "
-            + ", ".join(missing)
-        )
+    check_program(prog, roots, inputs, "compile")
     return _codegen.compile_program(backend, prog, roots, inputs, options, auto=auto,
                                     fallback=lambda: _compile_numpy(prog, roots, inputs))
 

@@ -37,10 +37,9 @@ import numpy as np
 
 from ... import _rules as R
 from ..._primitives import Primitive
-from ..._sym.buffers import check_scatter_outputs, is_buffer, is_scatter
-from ..._sym.compile import Program, cse
-from ..._sym.expr import Apply, Const, Expr, Leaf
-from ..._sym.graph import as_expr_list
+from ..._sym.buffers import is_buffer, is_scatter
+from ..._sym.compile import Program, _describe, check_inputs, check_program, cse
+from ..._sym.expr import Apply, Const, Leaf
 from ..._sym.simplify import CORE_PRIMITIVES
 
 __all__ = [
@@ -359,37 +358,11 @@ def _comment(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_ ,.:'()\[\]+-]", "?", str(text))[:80]
 
 
-def _describe(x) -> str:
-    if isinstance(x, Expr):
-        return f"a {type(x).__name__} node {x!r}"
-    return f"an object of type {type(x).__name__}"
-
-
 def prepare(outputs, inputs, where: str = "compile_cuda"):
     """Validate like :func:`core_ad.sym.compile`: (roots, inputs, program)."""
-    roots, _ = as_expr_list(outputs, where)
-    if isinstance(inputs, Expr):
-        inputs = [inputs]
-    if not isinstance(inputs, list | tuple):
-        raise TypeError(
-            f"{where}: inputs must be a list of vars/leaves, got {type(inputs).__name__}"
-        )
-    inputs = list(inputs)
-    for i, v in enumerate(inputs):
-        if not isinstance(v, Leaf):
-            raise TypeError(f"{where}: input {i} must be a var or leaf, got {_describe(v)}")
-    if len({id(v) for v in inputs}) != len(inputs):
-        dup = next(v for i, v in enumerate(inputs) if any(v is w for w in inputs[:i]))
-        raise ValueError(f"{where}: input {dup.name!r} is listed twice")
+    roots, _, inputs = check_inputs(outputs, inputs, where)
     prog = cse(roots)
-    check_scatter_outputs(prog, roots)
-    in_ids = {id(v) for v in inputs}
-    missing = [n.name for _, n in prog.assignments if isinstance(n, Leaf) and id(n) not in in_ids]
-    if missing:
-        raise ValueError(
-            f"{where}: the outputs depend on leaves that are not among the inputs: "
-            + ", ".join(missing)
-        )
+    check_program(prog, roots, inputs, where)
     return roots, inputs, prog
 
 
