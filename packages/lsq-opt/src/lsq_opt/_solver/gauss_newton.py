@@ -1,0 +1,97 @@
+"""Gauss-Newton (spec §4.1): every step is accepted; no line search.
+
+Per iteration: ``linearize(x)``; ``g = J^T F``; PCG on ``J^T J delta = -g`` from 0 with
+``M^-1 = inv(diag(J^T J))`` (spec §4.4: no Q early exit, no residual reset); ``x += delta``.
+Stops: ``max_iterations``; ``max|g| <= gradient_tolerance`` (default 0: exactly zero gradient);
+``||delta|| <= ptol (||x|| + ptol)``; ``|cost(x) - cost(x+delta)| <= function_tolerance * cost(x)``
+(Ceres-style; set ``function_tolerance=0`` for the [R] behaviour of always running max_iterations);
+a non-finite trial cost or step stops with "diverged: ..." and returns the last finite iterate.
+"""
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import numpy as np
+
+from .levenberg_marquardt import _emit
+from .options import SolverOptions
+from .pcg import inverse_diagonal, pcg
+from .problem import call_linearize
+from .report import IterationLog, SolveResult
+
+__all__ = ["gauss_newton"]
+
+
+def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResult:
+    t_start = time.perf_counter()
+    dt = np.dtype(problem.dtype)
+    x = np.array(x0, dtype=dt).reshape(-1)
+    if x.shape[0] != problem.n:
+        raise ValueError(f"x0 has length {x.shape[0]}, expected problem.n = {problem.n}")
+    cost = float(problem.cost(x))
+    if not math.isfinite(cost):
+        raise ValueError(f"initial cost is not finite: {cost}")
+    initial_cost = cost
+    log: list[IterationLog] = []
+    _emit(opts, f"GN ({dt.name}): initial cost {cost:.10e}")
+    _emit(opts, IterationLog.header())
+    reason = None
+    it = 0
+    while reason is None:
+        if it >= opts.max_iterations:
+            reason = "max iterations"
+            break
+        call_linearize(problem, x)
+        g = np.asarray(problem.jtf(x), dtype=dt).reshape(-1)
+        diag = np.asarray(problem.jtj_diag(x), dtype=dt).reshape(-1)
+        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(diag))):
+            reason = "diverged: non-finite gradient or J^T J diagonal at the current iterate"
+            break
+        gmax = float(np.max(np.abs(g))) if g.size else 0.0
+        if gmax <= opts.gradient_tolerance:
+            reason = "gradient tolerance"
+            break
+        it += 1
+        t0 = time.perf_counter()
+        m_inv = inverse_diagonal(diag, opts.preconditioner)
+        res = pcg(lambda p: problem.jtjp(x, p), -g, m_inv, max_iterations=opts.pcg_max_iterations,
+                  tolerance=opts.pcg_tolerance, q_tolerance=None, residual_reset_period=0)
+        delta = res.x
+        step_norm = float(np.linalg.norm(delta))
+        dm = dc = rho = trial_cost = float("nan")
+        accepted = False
+        if not math.isfinite(step_norm):
+            reason = f"diverged: non-finite step at iteration {it}"
+        elif step_norm <= opts.parameter_tolerance * (float(np.linalg.norm(x)) + opts.parameter_tolerance):
+            reason = "parameter tolerance"
+        else:
+            jd = np.asarray(problem.jtjp(x, delta), dtype=dt)
+            dm = -(float(np.dot(g, delta)) + 0.5 * float(np.dot(delta, jd)))
+            x_trial = x + delta
+            trial_cost = float(problem.cost(x_trial))
+            if not math.isfinite(trial_cost):
+                reason = f"diverged: non-finite cost {trial_cost} at iteration {it}"
+            else:
+                dc = cost - trial_cost
+                rho = dc / dm if dm != 0 else float("nan")
+                accepted = True
+                cost_before = cost
+                x, cost = x_trial, trial_cost
+                if abs(dc) <= opts.function_tolerance * cost_before:
+                    reason = "function tolerance"
+        entry = IterationLog(
+            iteration=it, cost=cost, trial_cost=trial_cost, cost_change=dc, model_cost_change=dm,
+            rho=rho, accepted=accepted, mu=float("nan"), lam=0.0, step_norm=step_norm,
+            gradient_max_norm=gmax, pcg_iterations=res.iterations, pcg_reason=res.reason,
+            wall_time=time.perf_counter() - t0)
+        log.append(entry)
+        _emit(opts, entry.line())
+        if opts.callback is not None and opts.callback(entry, x) is True and reason is None:
+            reason = "user callback"
+    result = SolveResult(x=x, cost=cost, initial_cost=initial_cost, iterations=it,
+                         termination_reason=reason, method="gn", log=log,
+                         wall_time=time.perf_counter() - t_start, dtype=dt.name)
+    _emit(opts, f"GN done: {reason}; cost {initial_cost:.6e} -> {cost:.6e} in {it} iterations")
+    return result

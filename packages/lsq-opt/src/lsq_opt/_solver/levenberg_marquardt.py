@@ -1,0 +1,177 @@
+"""Levenberg-Marquardt with the Ceres-derived strategy of spec §4.3.
+
+Rules (spec §4.3 steps 1-9; numbers refer to that list):
+
+1. ``diag_i = diag(J^T J)_i`` at the current iterate.
+2. On the first iteration only: ``s_i = (1 + sqrt(diag_i))**2`` (Ceres ONCE_PER_SOLVE Jacobi
+   scaling; with ``jacobi_scaling=False``, ``s_i = 1``).
+3. ``D_i = clamp(diag_i, min_lm_diagonal * s_i, max_lm_diagonal * s_i) / mu``  (:func:`lm_damping`).
+4. PCG on ``(J^T J + D) delta = -J^T F`` from 0, ``M^-1 = inv(diag_i + D_i)`` (:func:`.pcg.inverse_diagonal`),
+   Q-based early exit (q_tolerance) and residual reset every ``residual_reset_period`` iterations.
+5. Predicted decrease ``dm = cost(x) - 1/2||F + J delta||^2 = -(g.delta + 1/2 delta.J^T J delta)``
+   (evaluated in this cancellation-free form with one extra ``jtjp``).
+6. ``dc = cost(x) - cost(x + delta)``, ``rho = dc / dm``.
+7. Accept iff ``dc >= 0 and rho > min_relative_decrease`` (:func:`lm_step_accepted`); on accept stop
+   if ``dc <= function_tolerance * cost(x)``, else ``mu = min(mu / max(1/3, 1 - (2 rho - 1)**3),
+   max_trust_region_radius)``, ``nu = 2`` (:func:`lm_update_radius`).
+8. Reject: keep x, ``mu = mu / nu``, ``nu = 2 nu``; stop if ``mu <= min_trust_region_radius``.
+9. Stop after ``max_iterations`` iterations (rejected trial steps count as iterations).
+
+Additions (documented, Ceres-like): a step with non-finite trial cost, non-finite delta, or
+``dm <= 0`` is rejected (rule 8) and ``rho`` is logged as nan; the gradient test
+``max|J^T F| <= gradient_tolerance`` is checked at the start and after every accepted step (with
+the default 0 it only fires for an exactly zero gradient, which would make PCG meaningless);
+the parameter test ``||delta|| <= ptol (||x|| + ptol)`` is checked on every finite step (default 0:
+only an exactly zero step).  A non-finite gradient/diagonal at the current (finite-cost) iterate
+stops with "diverged: ...".  The returned x is always the last accepted (finite-cost) iterate.
+"""
+from __future__ import annotations
+
+import math
+import sys
+import time
+from typing import Any
+
+import numpy as np
+
+from .options import SolverOptions
+from .pcg import inverse_diagonal, pcg
+from .problem import call_linearize
+from .report import IterationLog, SolveResult
+
+__all__ = ["levenberg_marquardt", "lm_damping", "lm_step_accepted", "lm_update_radius"]
+
+
+def lm_damping(diag, scale, mu, min_lm_diagonal, max_lm_diagonal):
+    """Rule 3: ``D = clamp(diag, min*scale, max*scale) / mu`` (in the dtype of ``diag``)."""
+    diag = np.asarray(diag)
+    dt = diag.dtype.type
+    lo = dt(min_lm_diagonal) * scale
+    hi = dt(max_lm_diagonal) * scale
+    return (np.minimum(np.maximum(diag, lo), hi) / dt(mu)).astype(diag.dtype, copy=False)
+
+
+def lm_step_accepted(cost_change, model_cost_change, min_relative_decrease) -> bool:
+    """Rule 7 acceptance test (+ rejection of non-finite / non-positive-model steps)."""
+    if not (math.isfinite(cost_change) and math.isfinite(model_cost_change)) or model_cost_change <= 0:
+        return False
+    rho = cost_change / model_cost_change
+    return cost_change >= 0 and rho > min_relative_decrease
+
+
+def lm_update_radius(mu, nu, rho, accepted, max_trust_region_radius):
+    """Rules 7/8: the (mu, nu) update after an accepted or rejected step."""
+    if accepted:
+        mu = min(mu / max(1.0 / 3.0, 1.0 - (2.0 * rho - 1.0) ** 3), max_trust_region_radius)
+        return mu, 2.0
+    return mu / nu, 2.0 * nu
+
+
+def _emit(opts: SolverOptions, line: str) -> None:
+    if opts.verbose:
+        print(line, flush=True)
+        sys.stdout.flush()
+    if opts.progress is not None:
+        opts.progress(line)
+
+
+def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResult:
+    t_start = time.perf_counter()
+    dt = np.dtype(problem.dtype)
+    x = np.array(x0, dtype=dt).reshape(-1)
+    if x.shape[0] != problem.n:
+        raise ValueError(f"x0 has length {x.shape[0]}, expected problem.n = {problem.n}")
+    cost = float(problem.cost(x))
+    if not math.isfinite(cost):
+        raise ValueError(f"initial cost is not finite: {cost}")
+    initial_cost = cost
+    log: list[IterationLog] = []
+    mu = float(opts.initial_trust_region_radius)
+    nu = float(opts.radius_decrease_factor)
+
+    def linearize():
+        call_linearize(problem, x)
+        g = np.asarray(problem.jtf(x), dtype=dt).reshape(-1)
+        d = np.asarray(problem.jtj_diag(x), dtype=dt).reshape(-1)
+        return g, d
+
+    g, diag = linearize()
+    if opts.jacobi_scaling:
+        s = (dt.type(1) + np.sqrt(np.maximum(diag, 0))) ** 2  # rule 2, first iteration only
+    else:
+        s = np.ones_like(diag)
+    _emit(opts, f"LM ({dt.name}): initial cost {cost:.10e}")
+    _emit(opts, IterationLog.header())
+
+    reason = None
+    it = 0
+    while reason is None:
+        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(diag))):
+            reason = "diverged: non-finite gradient or J^T J diagonal at the current iterate"
+            break
+        gmax = float(np.max(np.abs(g))) if g.size else 0.0
+        if gmax <= opts.gradient_tolerance:
+            reason = "gradient tolerance"
+            break
+        if it >= opts.max_iterations:
+            reason = "max iterations"
+            break
+        it += 1
+        t0 = time.perf_counter()
+        mu_used = mu
+        D = lm_damping(diag, s, mu, opts.min_lm_diagonal, opts.max_lm_diagonal)
+        m_inv = inverse_diagonal(diag + D, opts.preconditioner)
+
+        def apply_A(p, D=D):
+            return np.asarray(problem.jtjp(x, p), dtype=dt) + D * p
+
+        res = pcg(apply_A, -g, m_inv, max_iterations=opts.pcg_max_iterations,
+                  tolerance=opts.pcg_tolerance, q_tolerance=opts.q_tolerance,
+                  residual_reset_period=opts.residual_reset_period)
+        delta = res.x
+        step_norm = float(np.linalg.norm(delta))
+        dm = dc = rho = float("nan")
+        trial_cost = float("nan")
+        stop_param = False
+        if math.isfinite(step_norm):
+            if step_norm <= opts.parameter_tolerance * (float(np.linalg.norm(x)) + opts.parameter_tolerance):
+                stop_param = True
+            else:
+                jd = np.asarray(problem.jtjp(x, delta), dtype=dt)
+                dm = -(float(np.dot(g, delta)) + 0.5 * float(np.dot(delta, jd)))
+                x_trial = x + delta
+                trial_cost = float(problem.cost(x_trial))
+                dc = cost - trial_cost if math.isfinite(trial_cost) else float("-inf")
+                if math.isfinite(dm) and dm > 0 and math.isfinite(dc):
+                    rho = dc / dm
+        accepted = (not stop_param) and lm_step_accepted(dc, dm, opts.min_relative_decrease)
+        cost_before = cost
+        if stop_param:
+            reason = "parameter tolerance"
+        elif accepted:
+            x = x_trial
+            cost = trial_cost
+            if dc <= opts.function_tolerance * cost_before:
+                reason = "function tolerance"
+            mu, nu = lm_update_radius(mu, nu, rho, True, opts.max_trust_region_radius)
+        else:
+            mu, nu = lm_update_radius(mu, nu, rho, False, opts.max_trust_region_radius)
+            if mu <= opts.min_trust_region_radius:
+                reason = "min trust region radius"
+        entry = IterationLog(
+            iteration=it, cost=cost, trial_cost=trial_cost, cost_change=dc, model_cost_change=dm,
+            rho=rho, accepted=accepted, mu=mu_used, lam=1.0 / mu_used, step_norm=step_norm,
+            gradient_max_norm=gmax, pcg_iterations=res.iterations, pcg_reason=res.reason,
+            wall_time=time.perf_counter() - t0)
+        log.append(entry)
+        _emit(opts, entry.line())
+        if opts.callback is not None and opts.callback(entry, x) is True and reason is None:
+            reason = "user callback"
+        if accepted and reason is None:
+            g, diag = linearize()
+
+    result = SolveResult(x=x, cost=cost, initial_cost=initial_cost, iterations=it,
+                         termination_reason=reason, method="lm", log=log,
+                         wall_time=time.perf_counter() - t_start, dtype=dt.name)
+    _emit(opts, f"LM done: {reason}; cost {initial_cost:.6e} -> {cost:.6e} in {it} iterations")
+    return result

@@ -1,0 +1,155 @@
+"""Preconditioned conjugate gradients, as in spec §4.4 (with the LM early exit of §4.3).
+
+Solves ``A delta = b`` for SPD ``A`` given only ``apply_A(p)`` (matrix-free), starting from
+``delta = 0``, with a diagonal (Jacobi) preconditioner ``M^-1`` given as a vector.  All work
+vectors stay in the dtype of ``b``.
+
+Loop (spec §4.4, 1-based iteration counter i)::
+
+    delta = 0; r = b; z = M^-1 r; p = z; rho_old = r.z
+    repeat:
+        q = A p; alpha_den = p.q
+        alpha = rho_old / alpha_den                (breakdown stop if alpha_den <= 0, see below)
+        delta += alpha p
+        r = b - A delta   if reset_period and i % reset_period == 0   (explicit residual reset)
+        r -= alpha q      otherwise
+        z = M^-1 r; rho_new = z.r
+        beta = rho_new / rho_old (0 if rho_old <= 0); p = z + beta p; rho_old = rho_new
+        stop if ||r|| <= tolerance * ||b||                         ("tolerance")
+        stop if q_tolerance is not None and
+                i * (Q_i - Q_{i-1}) / Q_i < q_tolerance,
+                Q_i = 1/2 delta_i.(r_i + b), Q_0 = 0               ("q tolerance", spec §4.3)
+        stop if i == max_iterations                                ("max iterations")
+
+Deviation from the literal spec text (documented): where the spec sets ``alpha = 0`` when
+``p.Ap <= 0`` and carries on, we stop with reason "breakdown" instead; continuing with alpha = 0
+cannot change delta any more, so the returned step is the same.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+
+__all__ = ["PCGResult", "pcg", "inverse_diagonal", "PRECONDITIONERS"]
+
+PRECONDITIONERS = ("jacobi", "none", "ceres", "modified_ceres", "epsilon")
+
+
+def inverse_diagonal(diag: np.ndarray, kind: str = "jacobi", epsilon: float = 1e-12) -> np.ndarray:
+    """The Jacobi preconditioner ``M^-1`` from the diagonal of the system matrix (spec §4.4, §10.6).
+
+    * ``"jacobi"`` (default, the paper's form): ``1/d``, with ``1`` where ``d == 0`` (zero guard
+      for unknowns that no residual touches) or ``d`` is not finite/positive.
+    * ``"none"``: ``1`` (plain CG; the paper's ``UsePreconditioner(false)``).
+    * ``"ceres"``: ``1/(1 + sqrt(d))**2`` (the Ceres-guarded form used by [R]'s GN).
+    * ``"modified_ceres"``: ``1/(1 + d)``.
+    * ``"epsilon"``: ``1/(epsilon + d)``.
+    """
+    d = np.asarray(diag)
+    one = d.dtype.type(1)
+    if kind == "jacobi":
+        ok = np.isfinite(d) & (d > 0)
+        out = np.ones_like(d)
+        out[ok] = one / d[ok]
+        return out
+    if kind == "none":
+        return np.ones_like(d)
+    if kind == "ceres":
+        s = one + np.sqrt(np.maximum(d, 0))
+        return one / (s * s)
+    if kind == "modified_ceres":
+        return one / (one + np.maximum(d, 0))
+    if kind == "epsilon":
+        return one / (d.dtype.type(epsilon) + np.maximum(d, 0))
+    raise ValueError(f"unknown preconditioner {kind!r}; expected one of {PRECONDITIONERS}")
+
+
+@dataclass
+class PCGResult:
+    x: np.ndarray  # the step delta
+    iterations: int  # PCG iterations performed
+    reason: str  # "tolerance" | "q tolerance" | "max iterations" | "breakdown" | "zero rhs" | "non-finite"
+    residual_norm: float  # ||r|| of the (recursively updated or reset) residual at exit
+    rhs_norm: float  # ||b||
+    n_apply: int  # number of apply_A calls (iterations + residual resets)
+    q_history: list = field(default_factory=list)  # Q_1..Q_i (only when q_tolerance is used)
+
+
+def pcg(
+    apply_A: Callable[[np.ndarray], np.ndarray],
+    b: np.ndarray,
+    m_inv: np.ndarray | None = None,
+    *,
+    max_iterations: int = 100,
+    tolerance: float = 1e-10,
+    q_tolerance: float | None = None,
+    residual_reset_period: int = 0,
+) -> PCGResult:
+    """Solve ``A x = b`` by PCG from ``x = 0`` (see the module docstring for the exact loop).
+
+    ``m_inv``: the inverse diagonal preconditioner (vector), or ``None`` for plain CG.
+    ``tolerance``: relative residual ``||r|| / ||b||`` stop (0 disables).
+    ``q_tolerance``: Nash-Sofer / Ceres early exit (None disables; LM uses 1e-4).
+    ``residual_reset_period``: recompute ``r = b - A x`` every that many iterations (0 disables).
+    """
+    b = np.asarray(b)
+    dt = b.dtype
+    x = np.zeros_like(b)
+    b_norm = float(np.linalg.norm(b))
+    if b_norm == 0.0:
+        return PCGResult(x, 0, "zero rhs", 0.0, 0.0, 0)
+    if not np.isfinite(b_norm):
+        return PCGResult(x, 0, "non-finite", float("nan"), b_norm, 0)
+    minv = np.ones_like(b) if m_inv is None else np.asarray(m_inv, dtype=dt)
+    r = b.copy()
+    z = minv * r
+    p = z.copy()
+    rho_old = dt.type(np.dot(r, z))
+    Q_prev = 0.0
+    q_hist: list = []
+    n_apply = 0
+    reason = "max iterations"
+    i = 0
+    r_norm = b_norm
+    while i < max_iterations:
+        i += 1
+        q = np.asarray(apply_A(p), dtype=dt)
+        n_apply += 1
+        alpha_den = dt.type(np.dot(p, q))
+        if not np.isfinite(alpha_den):
+            reason = "non-finite"
+            i -= 1
+            break
+        if alpha_den <= 0:
+            reason = "breakdown"
+            i -= 1
+            break
+        alpha = dt.type(rho_old / alpha_den)
+        x += alpha * p
+        if residual_reset_period and i % residual_reset_period == 0:
+            r = b - np.asarray(apply_A(x), dtype=dt)
+            n_apply += 1
+        else:
+            r -= alpha * q
+        z = minv * r
+        rho_new = dt.type(np.dot(z, r))
+        beta = dt.type(rho_new / rho_old) if rho_old > 0 else dt.type(0)
+        p = z + beta * p
+        rho_old = rho_new
+        r_norm = float(np.linalg.norm(r))
+        if not np.isfinite(r_norm):
+            reason = "non-finite"
+            break
+        if r_norm <= tolerance * b_norm:
+            reason = "tolerance"
+            break
+        if q_tolerance is not None:
+            Q = 0.5 * float(np.dot(x, r + b))
+            q_hist.append(Q)
+            if Q != 0.0 and i * (Q - Q_prev) / Q < q_tolerance:
+                reason = "q tolerance"
+                break
+            Q_prev = Q
+    return PCGResult(x, i, reason, r_norm, b_norm, n_apply, q_hist)

@@ -1,0 +1,43 @@
+"""The public entry point :func:`solve`."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .gauss_newton import gauss_newton
+from .levenberg_marquardt import levenberg_marquardt
+from .options import SolverOptions
+from .report import SolveResult
+
+__all__ = ["solve"]
+
+
+def solve(problem: Any, x0: np.ndarray, method: str = "lm", *, options: SolverOptions | None = None,
+          **kwargs: Any) -> SolveResult:
+    """Minimise ``cost(x) = 1/2 sum F(x)^2`` of ``problem`` from ``x0``.
+
+    ``method``: ``"lm"`` (Levenberg-Marquardt, spec §4.2/§4.3) or ``"gn"`` (Gauss-Newton, §4.1).
+    Keyword options (see :class:`SolverOptions` for defaults): ``max_iterations``,
+    ``pcg_max_iterations``, ``pcg_tolerance``, ``q_tolerance``, ``residual_reset_period``,
+    ``function_tolerance``, ``gradient_tolerance``, ``parameter_tolerance``,
+    ``initial_trust_region_radius`` (alias ``mu``), ``min_trust_region_radius``,
+    ``max_trust_region_radius``, ``radius_decrease_factor``, ``min_lm_diagonal`` /
+    ``max_lm_diagonal`` (aliases ``min_diagonal`` / ``max_diagonal``), ``min_relative_decrease``,
+    ``jacobi_scaling``, ``preconditioner`` ("jacobi" | "none" | "ceres" | "modified_ceres" |
+    "epsilon"), ``verbose``, ``progress`` (callable receiving each progress line), ``callback``
+    (``callback(entry, x)``; returning True stops with "user callback").
+
+    Work vectors are kept in ``problem.dtype``.  Raises ``ValueError`` if the initial cost is not
+    finite.  The returned ``x`` is always finite-cost (the last accepted iterate).
+    """
+    if options is None:
+        options = SolverOptions.from_kwargs(**kwargs)
+    elif kwargs:
+        options = SolverOptions.from_kwargs(**{**options.__dict__, **kwargs})
+    m = method.lower()
+    if m in ("lm", "levenberg-marquardt", "levenberg_marquardt"):
+        return levenberg_marquardt(problem, x0, options)
+    if m in ("gn", "gauss-newton", "gauss_newton"):
+        return gauss_newton(problem, x0, options)
+    raise ValueError(f"unknown method {method!r}; expected 'lm' or 'gn'")
