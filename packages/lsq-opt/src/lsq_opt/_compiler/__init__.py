@@ -1,0 +1,606 @@
+"""The lsq_opt compiler: an :class:`~lsq_opt._language.Energy` -> a :class:`Plan` implementing the
+``LeastSquaresProblem`` protocol (cost = 1/2 sum F^2; J^T F, diag(J^T J), J^T J p, sparse J).
+
+Per residual term (one ``Energy`` argument, K channels) the compiler builds, with
+:func:`core_ad.sym.compile`, two per-lane kernels:
+
+* ``f``: the K residual channels;
+* ``fj``: the K channels and, for every *unknown read* u_r the term contains (a stencil read
+  ``X(o, c)`` or a graph read ``X(G.v, c)``), the partials dr_k/du_r (OnePass ``sym.diff`` with one
+  memo per term). The user never writes a derivative.
+
+Lanes are the points of the term's domain (every pixel of its index space for a stencil term,
+every hyperedge for a graph term). Stencil leaves are fed with shifted copies of the images
+(zero outside); graph leaves with gathers ``A[idx_slot]``.
+
+Boundaries (spec 2.6 / 10.3): a stencil residual without ``InBounds`` is zero (value and
+partials) where any of its reads is out of bounds; with ``InBounds`` it is evaluated
+everywhere, out-of-bounds reads give 0, and partials with respect to out-of-bounds reads
+belong to no unknown (they are dropped).
+
+Linearisation: ``fj`` is evaluated once per distinct x (the values F and the J entries are
+cached against a copy of x), so ``jtf``, ``jtj_diag`` and every ``jtjp`` of one outer iteration
+share one kernel evaluation. ``jtjp`` is J^T (J p) from the cached entries.
+
+Products: J p per term is ``sum_r D_r * shift(P_u, o_r)``; J^T v and diag(J^T J) are GATHERS:
+the unknown at q accumulates ``D_r(q - o_r) * v(q - o_r)`` for every read r of u at offset
+o_r -- one shifted slice-add per (term, channel, read), no atomics. Graph terms scatter with
+``np.add.at``.
+
+Exclude (spec 2.6 [REC]): excluded unknowns are fixed (not in x); the energy is unchanged.
+"""
+
+from __future__ import annotations
+
+import numbers
+
+import numpy as np
+import scipy.sparse as sp
+from core_ad import sym
+
+from .._language import (
+    Energy,
+    InBoundsRef,
+    IndexRef,
+    ParamRef,
+    Read,
+    decode_leaf,
+)
+
+__all__ = ["LsqCompileError", "Plan", "compile_problem"]
+
+
+class LsqCompileError(ValueError):
+    """An energy that cannot be compiled (undeclared / unbound arrays, mixed domains ...)."""
+
+
+# --------------------------------------------------------------------------- shifting helpers
+def _shift_slices(shape, off):
+    """Slices (dst, src) so that dst_arr[dst] = src_arr[src] realises B[p] = A[p + off]."""
+    dst, src = [], []
+    for n, o in zip(shape, off):
+        lo, hi = max(0, -o), min(n, n - o)
+        if hi <= lo:
+            return None
+        dst.append(slice(lo, hi))
+        src.append(slice(lo + o, hi + o))
+    return tuple(dst), tuple(src)
+
+
+def _shifted(a, off, shape):
+    """B[p] = A[p + off] (0 where p + off is outside)."""
+    out = np.zeros(shape, a.dtype)
+    s = _shift_slices(shape, off)
+    if s is not None:
+        out[s[0]] = a[s[1]]
+    return out
+
+
+def _add_shifted(dst, v, off):
+    """dst[q] += v[q - off] where q - off is inside (the gather of a read at offset ``off``)."""
+    s = _shift_slices(dst.shape, tuple(-o for o in off))
+    if s is not None:
+        dst[s[0]] += v[s[1]]
+
+
+def _inbounds(shape, off):
+    m = np.zeros(shape, bool)
+    s = _shift_slices(shape, off)
+    if s is not None:
+        m[s[0]] = True
+    return m
+
+
+# --------------------------------------------------------------------------- terms
+class _Term:
+    def __init__(self, index, chans, dtype, backend):
+        self.index = index
+        self.K = len(chans)
+        leaves = sym.free_leaves(chans)
+        decoded = {}
+        for lf in leaves:
+            d = decode_leaf(lf)
+            if d is None:
+                raise LsqCompileError(
+                    f"residual term {index} reads {lf.kind!r} (key {lf.key!r}), which is not a "
+                    f"declared Unknown, Array or Param (undeclared array {lf.kind!r})")
+            decoded[lf] = d
+        # retype float leaves to the plan dtype
+        if np.dtype(dtype) != np.float64:
+            mapping = {lf: sym.leaf(lf.kind, lf.key, dtype) for lf in leaves if lf.dtype != np.bool_}
+            chans = [sym.substitute(c, mapping) for c in chans]
+            decoded = {mapping.get(lf, lf): d for lf, d in decoded.items()}
+            leaves = list(decoded)
+        self.chans = chans
+        self.leaves = leaves
+        self.decoded = decoded
+        reads = [(lf, d) for lf, d in decoded.items() if isinstance(d, Read)]
+        if not reads:
+            raise LsqCompileError(f"residual term {index} reads no array (a residual must read at least one array)")
+        kinds = {("g", d.graph) if d.graph is not None else ("s", d.dims) for _, d in reads}
+        if len(kinds) > 1:
+            raise LsqCompileError(
+                f"residual term {index} contains image reads from multiple domains: {sorted(map(str, kinds))}")
+        (k, dom), = kinds
+        self.is_graph = k == "g"
+        self.graph = dom if self.is_graph else None
+        self.dims = None if self.is_graph else dom
+        self.has_inbounds = any(isinstance(d, InBoundsRef) for d in decoded.values())
+        if self.is_graph and any(isinstance(d, (InBoundsRef, IndexRef)) for d in decoded.values()):
+            raise LsqCompileError(f"residual term {index}: InBounds/Index are not allowed in graph residuals")
+        for d in decoded.values():
+            if isinstance(d, InBoundsRef) and len(d.offset) != len(dom):
+                raise LsqCompileError(f"residual term {index}: InBounds{d.offset} has the wrong arity for dims {dom}")
+        self.reads = reads
+        self.ureads = [(lf, d) for lf, d in reads if d.role == "unknown"]
+        memo = sym.DiffMemo()
+        partials = [sym.diff(c, lf, memo) for c in chans for lf, _ in self.ureads]
+        self.R = len(self.ureads)
+        self.f = sym.compile(list(chans), leaves, backend=backend)
+        self.fj = sym.compile(list(chans) + partials, leaves, backend=backend)
+        self.L = None  # lanes, set at bind
+
+
+def _collect_decls(terms, excludes):
+    decls = {}
+    for t in terms:
+        for d in t.decoded.values():
+            if isinstance(d, Read):
+                prev = decls.setdefault(d.name, (d.role, d.dims, d.channels))
+                if prev != (d.role, d.dims, d.channels):
+                    raise LsqCompileError(
+                        f"array {d.name!r} is declared twice with different signatures: {prev} vs "
+                        f"{(d.role, d.dims, d.channels)}")
+    for ex in excludes:
+        for lf in sym.free_leaves(ex.cond):
+            d = decode_leaf(lf)
+            if isinstance(d, Read):
+                decls.setdefault(d.name, (d.role, d.dims, d.channels))
+    return decls
+
+
+# --------------------------------------------------------------------------- compile
+def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, graphs=None,
+                    dtype=np.float64, backend="llvm") -> Plan:
+    """Compile ``energy`` and bind it by name.
+
+    ``sizes``: ``{dim_name: int}`` (optional where a bound array fixes the dim); ``arrays``:
+    ``{name: ndarray}`` for every Array the energy reads and, optionally, initial / fixed values
+    of Unknowns (default 0); ``params``: ``{name: float}``; ``graphs``: ``{graph_name:
+    {slot: int array}}``; ``dtype``: float64 or float32; ``backend``: ``"llvm"`` or ``"numpy"``.
+    """
+    if not isinstance(energy, Energy):
+        raise TypeError(f"compile_problem: expected an Energy, got {type(energy).__name__}")
+    dtype = np.dtype(dtype)
+    if dtype not in (np.float32, np.float64):
+        raise TypeError(f"compile_problem: dtype must be float32 or float64, got {dtype}")
+    if not energy.terms:
+        raise LsqCompileError("compile_problem: the energy has no residual terms")
+    terms = [_Term(i, chans, dtype, backend) for i, chans in enumerate(energy.terms)]
+    return Plan(energy, terms, dict(sizes or {}), dict(arrays or {}), dict(params or {}),
+                dict(graphs or {}), dtype, backend)
+
+
+class Plan:
+    """A compiled, bound problem (the ``LeastSquaresProblem`` protocol). x is the flat vector of
+    the free unknown scalars (unknowns in declaration-discovery order, each raveled C-order over
+    ``dims + (channels,)``, excluded entries removed)."""
+
+    def __init__(self, energy, terms, sizes, arrays, params, graphs, dtype, backend):
+        self.energy, self.terms, self.dtype, self.backend = energy, terms, dtype, backend
+        self.decls = _collect_decls(terms, energy.excludes)
+        self.sizes = {}
+        for k, v in sizes.items():
+            if not isinstance(v, numbers.Integral) or v < 1:
+                raise ValueError(f"size of dim {k!r} must be a positive integer, got {v!r}")
+            self.sizes[k] = int(v)
+        self._size_src = {k: "sizes" for k in self.sizes}
+        # arrays the energy does not read are ignored (one data dict for several energies)
+        arrays = {k: v for k, v in arrays.items() if k in self.decls}
+        # resolve sizes from bound arrays
+        for name, (role, dims, ch) in self.decls.items():
+            if name in arrays:
+                self._infer_sizes(name, dims, ch, np.asarray(arrays[name]))
+        for name, (role, dims, ch) in self.decls.items():
+            if role == "array" and name not in arrays:
+                raise LsqCompileError(
+                    f"array {name!r} is read by the energy but not bound (pass arrays={{{name!r}: ...}})")
+            for d in dims:
+                if d not in self.sizes:
+                    raise LsqCompileError(f"the size of dim {d!r} (used by {name!r}) is unknown: pass sizes={{{d!r}: n}}")
+        self.data = {}
+        for name, (role, dims, ch) in self.decls.items():
+            if role == "array":
+                self.data[name] = self._check_shape(name, dims, ch, arrays[name])
+        # params
+        self.params = {}
+        needed = {d.name for t in terms for d in t.decoded.values() if isinstance(d, ParamRef)}
+        for p in sorted(needed):
+            if p not in params:
+                raise LsqCompileError(f"param {p!r} is used by the energy but not bound (pass params={{{p!r}: value}})")
+        for p, v in params.items():
+            self.set_param(p, v)
+        # unknown layout
+        self.unknowns = [n for n, (role, _, _) in self.decls.items() if role == "unknown"]
+        if not self.unknowns:
+            raise LsqCompileError("the energy reads no Unknown")
+        self._ushape, self._uoff = {}, {}
+        off = 0
+        for u in self.unknowns:
+            _, dims, ch = self.decls[u]
+            shp = tuple(self.sizes[d] for d in dims) + (ch,)
+            self._ushape[u], self._uoff[u] = shp, off
+            off += int(np.prod(shp))
+        self.n_full = off
+        self._fixed = np.zeros(off, dtype)
+        for u in self.unknowns:
+            if u in arrays:
+                _, dims, ch = self.decls[u]
+                self._uview(self._fixed, u)[...] = self._check_shape(u, dims, ch, arrays[u])
+        # graphs
+        self.graphs = {}
+        for t in terms:
+            if t.is_graph:
+                self._bind_graph(t, graphs)
+        # lanes and static masks
+        self.m = 0
+        for t in terms:
+            if t.is_graph:
+                t.L = len(next(iter(self.graphs[t.graph].values())))
+                t.valid = None
+            else:
+                t.shape = tuple(self.sizes[d] for d in t.dims)
+                t.L = int(np.prod(t.shape))
+                if t.has_inbounds:
+                    t.valid = None
+                else:
+                    v = np.ones(t.shape, bool)
+                    for _, d in t.reads:
+                        v &= _inbounds(t.shape, d.offset)
+                    t.valid = v.ravel()
+            t.row0 = self.m
+            self.m += t.K * t.L
+        # exclusion
+        free = np.ones(self.n_full, bool)
+        for ex in energy.excludes:
+            self._apply_exclude(ex, free)
+        self.free_idx = np.flatnonzero(free)
+        self.n = len(self.free_idx)
+        self._colmap = np.full(self.n_full, -1, np.int64)
+        self._colmap[self.free_idx] = np.arange(self.n)
+        self._lin_x = None
+        self._lin = None
+        self.x0 = self._fixed[self.free_idx].copy()
+
+    # ------------------------------------------------------------------ binding helpers
+    def _infer_sizes(self, name, dims, ch, a):
+        exp_nd = len(dims) + (1 if ch > 1 else 0)
+        if a.ndim != exp_nd:
+            raise ValueError(
+                f"array {name!r} has shape {a.shape} but its declaration {list(dims)} with {ch} "
+                f"channel(s) needs {exp_nd} axes")
+        for d, n in zip(dims, a.shape):
+            if d in self.sizes and self.sizes[d] != n:
+                src = self._size_src.get(d)
+                src_shape = self._size_shape.get(d) if hasattr(self, "_size_shape") else None
+                raise ValueError(
+                    f"mismatched image sizes: array {name!r} has shape {tuple(a.shape)} but dim {d!r} is "
+                    f"{self.sizes[d]} from {src!r}"
+                    + (f" of shape {tuple(src_shape)}" if src_shape is not None else ""))
+            if d not in self.sizes:
+                self.sizes[d] = int(n)
+                self._size_src[d] = name
+                if not hasattr(self, "_size_shape"):
+                    self._size_shape = {}
+                self._size_shape[d] = tuple(a.shape)
+        if ch > 1 and a.shape[-1] != ch:
+            raise ValueError(f"array {name!r} has shape {a.shape}: last axis must be its {ch} channels")
+
+    def _check_shape(self, name, dims, ch, a):
+        a = np.asarray(a)
+        if not np.issubdtype(a.dtype, np.number) and a.dtype != np.bool_:
+            raise TypeError(f"array {name!r}: expected numbers, got dtype {a.dtype}")
+        exp = tuple(self.sizes[d] for d in dims) + ((ch,) if ch > 1 else ())
+        if a.shape != exp:
+            raise ValueError(f"mismatched image sizes: array {name!r} has shape {a.shape}, expected {exp}")
+        return np.ascontiguousarray(a.reshape(exp[: len(dims)] + (ch,)), dtype=self.dtype)
+
+    def _uview(self, full, u):
+        o = self._uoff[u]
+        shp = self._ushape[u]
+        return full[o: o + int(np.prod(shp))].reshape(shp)
+
+    def _bind_graph(self, t, graphs):
+        g = t.graph
+        if g in self.graphs:
+            return
+        if g not in graphs:
+            raise LsqCompileError(f"graph {g!r} is read by the energy but not bound (pass graphs={{{g!r}: {{slot: idx}}}})")
+        slot_dims = {}
+        for _, d in t.reads:
+            slot_dims[d.slot] = d.dims
+        bound = graphs[g]
+        out, E = {}, None
+        for s, dims in slot_dims.items():
+            if s not in bound:
+                raise LsqCompileError(f"graph {g!r}: slot {s!r} is not bound")
+            idx = np.asarray(bound[s])
+            if not np.issubdtype(idx.dtype, np.integer):
+                raise TypeError(f"graph {g!r} slot {s!r}: indices must be integers, got {idx.dtype}")
+            shape = tuple(self.sizes[d] for d in dims)
+            size = int(np.prod(shape))
+            if idx.ndim == 2 and len(shape) > 1:
+                if idx.shape[1] != len(shape):
+                    raise ValueError(f"graph {g!r} slot {s!r}: coordinates need {len(shape)} columns, got {idx.shape}")
+                bad = np.flatnonzero(np.any((idx < 0) | (idx >= np.array(shape)), axis=1))
+                if len(bad):
+                    e = int(bad[0])
+                    raise IndexError(
+                        f"graph {g!r}: edge {e} slot {s!r} has index {tuple(idx[e])} outside the "
+                        f"index space {shape} of dims {list(dims)}")
+                idx = np.ravel_multi_index(tuple(idx.T), shape)
+            elif idx.ndim != 1:
+                raise ValueError(f"graph {g!r} slot {s!r}: expected a 1-D index array, got shape {idx.shape}")
+            bad = np.flatnonzero((idx < 0) | (idx >= size))
+            if len(bad):
+                e = int(bad[0])
+                raise IndexError(
+                    f"graph {g!r}: edge {e} slot {s!r} has index {int(idx[e])} outside the "
+                    f"index space of size {size} (dims {list(dims)})")
+            if E is None:
+                E = len(idx)
+            elif len(idx) != E:
+                raise ValueError(f"graph {g!r}: slots have different edge counts ({E} vs {len(idx)})")
+            out[s] = idx.astype(np.int64)
+        self.graphs[g] = out
+
+    def _apply_exclude(self, ex, free):
+        leaves = sym.free_leaves(ex.cond)
+        reads = [(lf, decode_leaf(lf)) for lf in leaves]
+        dims = {d.dims for _, d in reads if isinstance(d, Read)}
+        if len(dims) != 1 or any(isinstance(d, Read) and d.graph is not None for _, d in reads):
+            raise LsqCompileError("Exclude: the condition must read stencil arrays of one index space")
+        (dims,) = dims
+        shape = tuple(self.sizes[d] for d in dims)
+        feeds = []
+        for lf, d in reads:
+            if isinstance(d, Read):
+                if d.role == "unknown":
+                    src = self._uview(self._fixed, d.name)[..., d.channel]
+                else:
+                    src = self.data[d.name][..., d.channel]
+                feeds.append(_shifted(src, d.offset, shape))
+            elif isinstance(d, ParamRef):
+                feeds.append(np.asarray(self.params[d.name]))
+            elif isinstance(d, InBoundsRef):
+                feeds.append(_inbounds(shape, d.offset))
+            elif isinstance(d, IndexRef):
+                feeds.append(np.indices(shape)[d.dim].astype(np.float64))
+            else:
+                raise LsqCompileError(f"Exclude: undeclared leaf {lf.kind!r}")
+        (mask,) = sym.compile([ex.cond], leaves, backend="numpy")(*feeds)
+        mask = np.broadcast_to(np.asarray(mask, bool), shape)
+        for u in self.unknowns:
+            if self.decls[u][1] == dims:
+                v = self._uview(free, u)
+                v[mask] = False
+
+    # ------------------------------------------------------------------ public binding API
+    def set_param(self, name, value):
+        self.params[name] = np.asarray(value, dtype=self.dtype).reshape(())
+        self._lin_x = None
+
+    def set_array(self, name, value):
+        """Replace a data array between solves (same shape)."""
+        if name not in self.data:
+            raise KeyError(f"no data array {name!r}")
+        _, dims, ch = self.decls[name]
+        self.data[name] = self._check_shape(name, dims, ch, value)
+        self._lin_x = None
+
+    def unknowns_to_vector(self, values: dict) -> np.ndarray:
+        """x from ``{unknown_name: array}`` (unknowns not given keep their bound values). The
+        entries of excluded unknowns are taken as their new fixed values."""
+        full = self._fixed.copy()
+        for u, a in values.items():
+            if u not in self._ushape:
+                raise KeyError(f"{u!r} is not an unknown of this plan (unknowns: {self.unknowns})")
+            _, dims, ch = self.decls[u]
+            self._uview(full, u)[...] = self._check_shape(u, dims, ch, a)
+        self._fixed[...] = np.where(self._colmap < 0, full, self._fixed)
+        return full[self.free_idx].copy()
+
+    def vector_to_unknowns(self, x) -> dict:
+        full = self._full(x)
+        out = {}
+        for u in self.unknowns:
+            v = self._uview(full, u).copy()
+            out[u] = v[..., 0] if v.shape[-1] == 1 else v
+        return out
+
+    def _full(self, x):
+        x = np.asarray(x)
+        if x.shape != (self.n,):
+            raise ValueError(f"x must have shape ({self.n},), got {x.shape}")
+        full = self._fixed.copy()
+        full[self.free_idx] = x
+        return full
+
+    def _pfull(self, p):
+        p = np.asarray(p, self.dtype)
+        if p.shape != (self.n,):
+            raise ValueError(f"p must have shape ({self.n},), got {p.shape}")
+        full = np.zeros(self.n_full, self.dtype)
+        full[self.free_idx] = p
+        return full
+
+    # ------------------------------------------------------------------ evaluation
+    def _feeds(self, t, full):
+        feeds = []
+        for lf in t.leaves:
+            d = t.decoded[lf]
+            if isinstance(d, Read):
+                if d.role == "unknown":
+                    src = self._uview(full, d.name)
+                else:
+                    src = self.data[d.name]
+                if t.is_graph:
+                    flat = src.reshape(-1, src.shape[-1])
+                    a = flat[self.graphs[t.graph][d.slot], d.channel]
+                else:
+                    a = _shifted(src[..., d.channel], d.offset, t.shape)
+                feeds.append(np.ascontiguousarray(a.ravel(), self.dtype))
+            elif isinstance(d, ParamRef):
+                feeds.append(self.params[d.name])
+            elif isinstance(d, InBoundsRef):
+                feeds.append(np.ascontiguousarray(_inbounds(t.shape, d.offset).ravel()))
+            else:  # IndexRef
+                ix = np.indices(t.shape)[d.dim].astype(self.dtype)
+                feeds.append(np.ascontiguousarray(ix.ravel()))
+        return feeds
+
+    def _lanes(self, t, a):
+        a = np.asarray(a, self.dtype)
+        return np.broadcast_to(a, (t.L,)) if a.shape != (t.L,) else a
+
+    def _eval_term(self, t, full, with_j):
+        fn = t.fj if with_j else t.f
+        with np.errstate(all="ignore"):
+            outs = fn(*self._feeds(t, full))
+        F = np.stack([self._lanes(t, o) for o in outs[: t.K]])
+        D = None
+        if with_j:
+            D = np.stack([self._lanes(t, o) for o in outs[t.K:]]).reshape(t.K, t.R, t.L) if t.R else \
+                np.zeros((t.K, 0, t.L), self.dtype)
+        if t.valid is not None:
+            F = np.where(t.valid, F, 0).astype(self.dtype)
+            if D is not None:
+                D = np.where(t.valid, D, 0).astype(self.dtype)
+        return F, D
+
+    def _linearize(self, x):
+        x = np.asarray(x)
+        if self._lin_x is not None and self._lin_x.shape == x.shape and np.array_equal(self._lin_x, x):
+            return self._lin
+        full = self._full(x)
+        lin = [self._eval_term(t, full, True) for t in self.terms]
+        self._lin_x, self._lin = x.copy(), lin
+        return lin
+
+    def residuals(self, x) -> np.ndarray:
+        """F(x), flat: terms in order, each channel-major over its lanes (C-order pixels / edges)."""
+        x = np.asarray(x)
+        if self._lin_x is not None and self._lin_x.shape == x.shape and np.array_equal(self._lin_x, x):
+            Fs = [F for F, _ in self._lin]
+        else:
+            full = self._full(x)
+            Fs = [self._eval_term(t, full, False)[0] for t in self.terms]
+        return np.concatenate([F.ravel() for F in Fs])
+
+    def cost(self, x) -> float:
+        """0.5 * sum(F^2) (nan/inf when F is not finite)."""
+        F = self.residuals(x).astype(np.float64)
+        with np.errstate(all="ignore"):
+            return float(0.5 * np.dot(F, F))
+
+    def _transpose_apply(self, lin, V, square=False):
+        """J_full^T applied to per-term lane vectors V (list of (K, L)); square=True gives diag."""
+        g = np.zeros(self.n_full, self.dtype)
+        for t, (F, D), v in zip(self.terms, lin, V):
+            if square and t.is_graph:
+                self._graph_diag(t, D, g)
+                continue
+            for k in range(t.K):
+                for r, (_, d) in enumerate(t.ureads):
+                    w = D[k, r] * D[k, r] if square else D[k, r] * v[k]
+                    gu = self._uview(g, d.name)[..., d.channel]
+                    if t.is_graph:
+                        np.add.at(gu.reshape(-1), self.graphs[t.graph][d.slot], w)
+                    else:
+                        _add_shifted(gu, w.reshape(t.shape), d.offset)
+        return g
+
+    def _graph_diag(self, t, D, g):
+        """diag(J^T J) of a graph term: reads of one (unknown, channel) through different slots
+        may hit the same vertex on an edge; their partials then add before squaring."""
+        groups = {}
+        for r, (_, d) in enumerate(t.ureads):
+            groups.setdefault((d.name, d.channel), []).append((r, self.graphs[t.graph][d.slot]))
+        for (name, c), rs in groups.items():
+            gu = self._uview(g, name)[..., c].reshape(-1)
+            for k in range(t.K):
+                for a, (r, idx) in enumerate(rs):
+                    np.add.at(gu, idx, D[k, r] * D[k, r])
+                    for r2, idx2 in rs[a + 1:]:
+                        same = idx == idx2
+                        if same.any():
+                            np.add.at(gu, idx[same], 2 * D[k, r][same] * D[k, r2][same])
+
+    def jtf(self, x) -> np.ndarray:
+        lin = self._linearize(x)
+        return self._transpose_apply(lin, [F for F, _ in lin])[self.free_idx]
+
+    def jtj_diag(self, x) -> np.ndarray:
+        lin = self._linearize(x)
+        return self._transpose_apply(lin, [None] * len(lin), square=True)[self.free_idx]
+
+    def _jp_full(self, lin, pfull):
+        out = []
+        for t, (F, D) in zip(self.terms, lin):
+            jp = np.zeros((t.K, t.L), self.dtype)
+            for r, (_, d) in enumerate(t.ureads):
+                pu = self._uview(pfull, d.name)[..., d.channel]
+                if t.is_graph:
+                    ps = pu.reshape(-1)[self.graphs[t.graph][d.slot]]
+                else:
+                    ps = _shifted(pu, d.offset, t.shape).ravel()
+                jp += D[:, r, :] * ps
+            out.append(jp)
+        return out
+
+    def jp(self, x, p) -> np.ndarray:
+        """J p (flat, residual order)."""
+        lin = self._linearize(x)
+        return np.concatenate([v.ravel() for v in self._jp_full(lin, self._pfull(p))])
+
+    def jtjp(self, x, p) -> np.ndarray:
+        """J^T J p, matrix-free: J^T (J p) from the cached J entries."""
+        lin = self._linearize(x)
+        jp = self._jp_full(lin, self._pfull(p))
+        return self._transpose_apply(lin, jp)[self.free_idx]
+
+    def jacobian(self, x):
+        """The materialised J (scipy.sparse.csr_matrix, m x n) for checks and baselines."""
+        lin = self._linearize(x)
+        rows, cols, vals = [], [], []
+        for t, (F, D) in zip(self.terms, lin):
+            lanes = np.arange(t.L)
+            for r, (_, d) in enumerate(t.ureads):
+                base = self._uoff[d.name]
+                C = self._ushape[d.name][-1]
+                if t.is_graph:
+                    pix = self.graphs[t.graph][d.slot]
+                    ok = np.ones(t.L, bool)
+                else:
+                    coords = np.indices(t.shape).reshape(len(t.shape), -1) + np.array(d.offset)[:, None]
+                    ok = np.all((coords >= 0) & (coords < np.array(t.shape)[:, None]), axis=0)
+                    pix = np.zeros(t.L, np.int64)
+                    pix[ok] = np.ravel_multi_index(tuple(coords[:, ok]), t.shape)
+                col = self._colmap[base + pix * C + d.channel]
+                ok = ok & (col >= 0)
+                for k in range(t.K):
+                    rows.append(t.row0 + k * t.L + lanes[ok])
+                    cols.append(col[ok])
+                    vals.append(D[k, r][ok])
+        if rows:
+            rows, cols, vals = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
+        else:
+            rows = cols = np.zeros(0, np.int64)
+            vals = np.zeros(0, self.dtype)
+        J = sp.csr_matrix((vals, (rows, cols)), shape=(self.m, self.n), dtype=self.dtype)
+        J.sum_duplicates()
+        return J
+
+    def __repr__(self):
+        return (f"Plan(n={self.n}, m={self.m}, unknowns={self.unknowns}, terms={len(self.terms)}, "
+                f"dtype={self.dtype}, backend={self.backend!r})")

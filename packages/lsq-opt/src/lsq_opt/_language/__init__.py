@@ -1,0 +1,528 @@
+"""The lsq_opt language: declarations, stencil / graph reads, residual templates.
+
+Residual expressions are :mod:`core_ad.sym` expressions. Every read of a declared array is a
+``sym.leaf`` whose *kind* is the array's name and whose *key* describes the access, so that a
+residual is self-describing (the compiler needs no global registry):
+
+* stencil read ``X(dx, dy)`` channel ``c``: ``leaf("X", ("s", (dx, dy), c, decl))``
+* graph read ``X(G.v0)`` channel ``c``: ``leaf("X", ("g", "G", "v0", c, decl))``
+* parameter ``Param("w")``: ``leaf("w", ("param",))``
+* ``InBounds(dx, dy)``: ``leaf("__inbounds__", (dx, dy), "bool")``
+* ``Index(d)``: ``leaf("__index__", (d,))``
+
+where ``decl = (role, dim_names, channels)`` with role ``"unknown"`` or ``"array"``. Leaves are
+built as float64; the compiler re-types them to the plan's dtype.
+
+Layout convention: an array over dims ``(D0, D1, ...)`` with ``C`` channels binds to a numpy
+array of shape ``(size(D0), size(D1), ...)`` (``C == 1``) or ``(..., C)``. Offset ``k`` of a
+stencil read moves along axis ``k`` (``X(dx, dy)`` reads ``X[i + dx, j + dy]``).
+
+Vector values (multi-channel reads, :class:`Vec`) are small tuples of scalar expressions with
+element-wise arithmetic. Because ``sym.Expr`` operators do not defer to foreign types, a
+*scalar expression on the left of a vector* (``w * v`` with ``w`` a Param) is not supported by
+the operators; write ``v * w`` or use :func:`Vec.scale`/``mul(w, v)``.
+"""
+
+from __future__ import annotations
+
+import numbers
+from dataclasses import dataclass
+
+import numpy as np
+from core_ad import sym
+
+__all__ = [
+    "All",
+    "And",
+    "Any",
+    "Array",
+    "Dim",
+    "Dot",
+    "Energy",
+    "Exclude",
+    "Graph",
+    "GraphSlot",
+    "Image",
+    "InBounds",
+    "InBoundsRef",
+    "Index",
+    "IndexRef",
+    "Not",
+    "Or",
+    "Param",
+    "ParamRef",
+    "Read",
+    "Rotate2D",
+    "Select",
+    "Stencil",
+    "Unknown",
+    "Vec",
+    "Vector",
+    "abs_",
+    "atan2",
+    "cos",
+    "decode_leaf",
+    "eq",
+    "exp",
+    "greater",
+    "greatereq",
+    "less",
+    "lesseq",
+    "log",
+    "mul",
+    "ne",
+    "residual_channels",
+    "sin",
+    "sqrt",
+    "tan",
+]
+
+_F = "float64"
+
+
+# --------------------------------------------------------------------------- declarations
+@dataclass(frozen=True)
+class Dim:
+    """A symbolic extent, bound by name at compile time (``sizes={"W": 17}``) or inferred from
+    the shape of a bound array."""
+
+    name: str
+
+    def __repr__(self):
+        return f"Dim({self.name!r})"
+
+
+def _dims(dims) -> tuple[Dim, ...]:
+    if isinstance(dims, Dim):
+        dims = (dims,)
+    dims = tuple(dims)
+    if not dims or not all(isinstance(d, Dim) for d in dims):
+        raise TypeError(f"dims must be a non-empty sequence of Dim, got {dims!r}")
+    return dims
+
+
+class GraphSlot:
+    """``G.v0``: the vertex slot of a graph, used as the index of a graph read ``X(G.v0)``."""
+
+    def __init__(self, graph: Graph, name: str, dims: tuple[Dim, ...]):
+        self.graph, self.name, self.dims = graph, name, dims
+
+    def __repr__(self):
+        return f"{self.graph.name}.{self.name}"
+
+
+class Graph:
+    """``Graph(name, v0=dims, v1=dims, ...)`` (or ``Graph(name, ["v0", "v1"], dims)``): a set of
+    hyperedges; each slot holds, per edge, an index into ``dims``' index space (bound at
+    compile time as ``graphs={name: {slot: int_array}}``; for multi-dimensional index spaces
+    either flat row-major indices of shape (E,) or coordinates of shape (E, ndim))."""
+
+    def __init__(self, name: str, slots=None, dims=None, **slot_dims):
+        if not isinstance(name, str) or not name:
+            raise TypeError("Graph: name must be a non-empty string")
+        self.name = name
+        spec: dict[str, tuple[Dim, ...]] = {}
+        if slots is not None:
+            if dims is None:
+                raise TypeError("Graph: give dims with a list of slot names")
+            for s in slots:
+                spec[s] = _dims(dims)
+        for s, d in slot_dims.items():
+            spec[s] = _dims(d)
+        if not spec:
+            raise TypeError(f"Graph {name!r}: needs at least one vertex slot")
+        self.slots = {s: GraphSlot(self, s, d) for s, d in spec.items()}
+
+    def __getattr__(self, item):
+        slots = self.__dict__.get("slots", {})
+        if item in slots:
+            return slots[item]
+        raise AttributeError(f"graph {self.__dict__.get('name')!r} has no vertex slot {item!r}")
+
+    def __repr__(self):
+        return f"Graph({self.name!r}, slots={list(self.slots)})"
+
+
+class _ArrayDecl:
+    role = "array"
+
+    def __init__(self, name: str, dims, channels: int = 1):
+        if not isinstance(name, str) or not name or name.startswith("__"):
+            raise TypeError(f"{type(self).__name__}: invalid name {name!r}")
+        if not isinstance(channels, numbers.Integral) or channels < 1:
+            raise ValueError(f"{type(self).__name__} {name!r}: channels must be >= 1")
+        self.name, self.dims, self.channels = name, _dims(dims), int(channels)
+
+    @property
+    def decl(self):
+        return (self.role, tuple(d.name for d in self.dims), self.channels)
+
+    @property
+    def ndim(self):
+        return len(self.dims)
+
+    def _leaf(self, key):
+        return sym.leaf(self.name, key + (self.decl,), _F)
+
+    def __call__(self, *args):
+        """Stencil read ``X(dx, dy)`` / ``X(dx, dy, c)`` or graph read ``X(G.v)`` / ``X(G.v, c)``.
+        Multi-channel reads without a channel give a :class:`Vec`."""
+        if args and isinstance(args[0], GraphSlot):
+            slot = args[0]
+            if tuple(slot.dims) != tuple(self.dims):
+                raise ValueError(
+                    f"graph read {self.name}({slot!r}): slot index space "
+                    f"{[d.name for d in slot.dims]} does not match {self.name}'s dims "
+                    f"{[d.name for d in self.dims]}")
+            rest = args[1:]
+
+            def mk(c):
+                return self._leaf(("g", slot.graph.name, slot.name, c))
+        else:
+            if len(args) not in (self.ndim, self.ndim + 1):
+                raise TypeError(
+                    f"{self.name}: a stencil read takes {self.ndim} integer offsets (plus an "
+                    f"optional channel), got {args!r}")
+            for a in args:
+                if not isinstance(a, numbers.Integral):
+                    raise TypeError(f"{self.name}: stencil offsets must be constant integers, got {a!r}")
+            off = tuple(int(a) for a in args[: self.ndim])
+            rest = args[self.ndim:]
+
+            def mk(c):
+                return self._leaf(("s", off, c))
+        if rest:
+            c = int(rest[0])
+            if not 0 <= c < self.channels:
+                raise IndexError(f"{self.name}: channel {c} out of range (channels={self.channels})")
+            return mk(c)
+        if self.channels == 1:
+            return mk(0)
+        return Vec([mk(c) for c in range(self.channels)])
+
+    def __repr__(self):
+        return f"{type(self).__name__}({self.name!r}, {[d.name for d in self.dims]}, channels={self.channels})"
+
+
+class Unknown(_ArrayDecl):
+    """``Unknown(name, dims, channels=1)``: the unknown image / per-vertex array."""
+
+    role = "unknown"
+
+
+class Array(_ArrayDecl):
+    """``Array(name, dims, channels=1)`` (alias ``Image``): constant input data."""
+
+    role = "array"
+
+
+Image = Array
+
+
+def Param(name: str):
+    """A scalar parameter, bound by name at compile time (``params={"w": 0.3}``)."""
+    if not isinstance(name, str) or not name or name.startswith("__"):
+        raise TypeError(f"Param: invalid name {name!r}")
+    return sym.leaf(name, ("param",), _F)
+
+
+def InBounds(*offset):
+    """True (a bool expression) where centre + offset lies inside the residual's index space.
+    Using it in a residual turns off the default boundary mask for that residual."""
+    if not offset or not all(isinstance(o, numbers.Integral) for o in offset):
+        raise TypeError(f"InBounds: expected constant integer offsets, got {offset!r}")
+    return sym.leaf("__inbounds__", tuple(int(o) for o in offset), "bool")
+
+
+def Index(d: int):
+    """The integer coordinate of the residual's centre along dimension d (as a float)."""
+    return sym.leaf("__index__", (int(d),), _F)
+
+
+# --------------------------------------------------------------------------- vectors
+def _ex(v):
+    if isinstance(v, Vec):
+        raise TypeError("expected a scalar expression, got a Vec")
+    return v if isinstance(v, sym.Expr) else sym.const(v)
+
+
+class Vec:
+    """A small vector of scalar expressions (element-wise arithmetic, scalar broadcast)."""
+
+    __array_ufunc__ = None
+
+    def __init__(self, items):
+        items = list(items)
+        if not items:
+            raise ValueError("Vec: empty")
+        self.items = [(_ex(i) if not isinstance(i, sym.Expr) else i) for i in items]
+
+    def __len__(self):
+        return len(self.items)
+
+    def __iter__(self):
+        return iter(self.items)
+
+    def __getitem__(self, i):
+        return self.items[i]
+
+    def __call__(self, i):
+        return self.items[i]
+
+    def _bin(self, o, f):
+        if isinstance(o, Vec):
+            if len(o) != len(self):
+                raise ValueError(f"vector length mismatch: {len(self)} vs {len(o)}")
+            return Vec([f(a, b) for a, b in zip(self.items, o.items)])
+        return Vec([f(a, o) for a in self.items])
+
+    def _rbin(self, o, f):
+        return Vec([f(o, a) for a in self.items])
+
+    def __add__(self, o):
+        return self._bin(o, lambda a, b: a + b)
+
+    def __radd__(self, o):
+        return self._rbin(o, lambda a, b: _ex(a) + b)
+
+    def __sub__(self, o):
+        return self._bin(o, lambda a, b: a - b)
+
+    def __rsub__(self, o):
+        return self._rbin(o, lambda a, b: _ex(a) - b)
+
+    def __mul__(self, o):
+        return self._bin(o, lambda a, b: a * b)
+
+    def __rmul__(self, o):
+        return self._rbin(o, lambda a, b: _ex(a) * b)
+
+    def __truediv__(self, o):
+        return self._bin(o, lambda a, b: a / b)
+
+    def __rtruediv__(self, o):
+        return self._rbin(o, lambda a, b: _ex(a) / b)
+
+    def __neg__(self):
+        return Vec([-a for a in self.items])
+
+    def scale(self, s):
+        return Vec([_ex(s) * a for a in self.items])
+
+    def dot(self, o):
+        return Dot(self, o)
+
+    def sum(self):
+        out = self.items[0]
+        for a in self.items[1:]:
+            out = out + a
+        return out
+
+    def size(self):
+        return len(self.items)
+
+    def __repr__(self):
+        return f"Vec({self.items!r})"
+
+
+def Vector(*items):
+    return Vec(items)
+
+
+def mul(a, b):
+    """``a * b`` for any mix of scalars / Vecs (use for ``scalar_expr * Vec``)."""
+    if isinstance(b, Vec) and not isinstance(a, Vec):
+        return b.scale(a)
+    return a * b
+
+
+def _lift(f):
+    def g(*args):
+        vecs = [a for a in args if isinstance(a, Vec)]
+        if vecs:
+            n = len(vecs[0])
+            cols = [a.items if isinstance(a, Vec) else [a] * n for a in args]
+            return Vec([f(*[_ex(c) if not isinstance(c, sym.Expr) else c for c in row])
+                        for row in zip(*cols)])
+        return f(*[(_ex(a) if not isinstance(a, sym.Expr) else a) for a in args])
+    g.__name__ = getattr(f, "__name__", "lifted")
+    return g
+
+
+sqrt = _lift(sym.sqrt)
+exp = _lift(sym.exp)
+log = _lift(sym.log)
+sin = _lift(sym.sin)
+cos = _lift(sym.cos)
+tan = _lift(sym.tan)
+atan2 = _lift(sym.arctan2)
+abs_ = _lift(sym.abs)
+
+
+def _cmp(f):
+    return _lift(lambda a, b: f(a, b))
+
+
+eq = _cmp(sym.eq)
+ne = _cmp(sym.ne)
+greater = _cmp(sym.gt)
+greatereq = _cmp(sym.ge)
+less = _cmp(sym.lt)
+lesseq = _cmp(sym.le)
+
+
+def _as_bool(c):
+    c = _ex(c) if not isinstance(c, sym.Expr) else c
+    return c if c.dtype == np.bool_ else sym.ne(c, 0)
+
+
+Not = _lift(lambda c: sym.logical_not(_as_bool(c)))
+
+
+def And(*cs):
+    out = _as_bool(cs[0])
+    for c in cs[1:]:
+        out = sym.logical_and(out, _as_bool(c))
+    return out
+
+
+def Or(*cs):
+    out = _as_bool(cs[0])
+    for c in cs[1:]:
+        out = sym.logical_or(out, _as_bool(c))
+    return out
+
+
+def All(v):
+    return And(*v.items) if isinstance(v, Vec) else _as_bool(v)
+
+
+def Any(v):
+    return Or(*v.items) if isinstance(v, Vec) else _as_bool(v)
+
+
+def Select(cond, a, b):
+    """Lane-wise choice; ``cond`` a bool expression or a number-valued one (non-zero = true).
+    Vector conditions / values broadcast element-wise (spec 10.4)."""
+    return _lift(lambda c, x, y: sym.where(_as_bool(c), x, y))(cond, a, b)
+
+
+def Dot(a, b):
+    return (a * b).sum()
+
+
+def Rotate2D(angle, v):
+    """``[[cos a, -sin a], [sin a, cos a]] . v`` for a 2-vector v."""
+    if not isinstance(v, Vec) or len(v) != 2:
+        raise TypeError("Rotate2D: v must be a 2-channel Vec")
+    c, s = sym.cos(_ex(angle)), sym.sin(_ex(angle))
+    return Vec([c * v[0] - s * v[1], s * v[0] + c * v[1]])
+
+
+def Stencil(offsets):
+    """Metaprogramming iterator over offset tuples (``for x, y in Stencil([(1, 0), ...])``)."""
+    return [tuple(o) for o in offsets]
+
+
+# --------------------------------------------------------------------------- energy
+class Exclude:
+    """``Exclude(cond)``: unknowns at points where ``cond`` holds are fixed (not in x; the
+    optimised energy is unchanged -- spec 2.6 [REC]). ``cond`` reads data arrays at offset 0 on
+    the unknowns' index space. Pass it to :class:`Energy`."""
+
+    def __init__(self, cond):
+        if isinstance(cond, Vec):
+            cond = All(cond)
+        self.cond = _as_bool(cond)
+
+
+def residual_channels(term) -> list:
+    """The scalar residual expressions of one ``Energy`` argument (one per channel)."""
+    if isinstance(term, Vec):
+        return list(term.items)
+    if isinstance(term, sym.Expr):
+        return [term]
+    if isinstance(term, numbers.Number):
+        return [sym.const(term)]
+    raise TypeError(f"Energy: a residual term must be a scalar or vector expression, got {type(term).__name__}")
+
+
+class Energy:
+    """``Energy(*terms, Exclude(...)?)``: the sum over terms, channels and domain points of
+    ``r^2``; the plan's cost is ``1/2 * sum r^2`` (spec 10.1). Energies add with ``+``."""
+
+    def __init__(self, *terms):
+        self.terms: list[list] = []
+        self.excludes: list[Exclude] = []
+        for t in terms:
+            if isinstance(t, Exclude):
+                self.excludes.append(t)
+            elif isinstance(t, Energy):
+                self.terms += t.terms
+                self.excludes += t.excludes
+            else:
+                chans = residual_channels(t)
+                for c in chans:
+                    if c.dtype == np.bool_:
+                        raise TypeError("Energy: a residual must be numeric, got a bool expression")
+                self.terms.append(chans)
+
+    def __add__(self, other):
+        return Energy(self, other)
+
+    def __repr__(self):
+        return f"Energy({len(self.terms)} terms, {len(self.excludes)} excludes)"
+
+
+# --------------------------------------------------------------------------- leaf decoding
+@dataclass(frozen=True)
+class Read:
+    name: str
+    role: str            # "unknown" | "array"
+    dims: tuple          # dim names
+    channels: int
+    channel: int
+    offset: tuple | None = None   # stencil reads
+    graph: str | None = None      # graph reads
+    slot: str | None = None
+
+
+@dataclass(frozen=True)
+class ParamRef:
+    name: str
+
+
+@dataclass(frozen=True)
+class InBoundsRef:
+    offset: tuple
+
+
+@dataclass(frozen=True)
+class IndexRef:
+    dim: int
+
+
+def decode_leaf(leaf):
+    """What a leaf of a residual means (a Read, ParamRef, InBoundsRef, IndexRef), or None for
+    a leaf that no lsq_opt declaration made."""
+    kind, key = leaf.kind, leaf.key
+    if kind == "__inbounds__":
+        return InBoundsRef(tuple(key))
+    if kind == "__index__":
+        return IndexRef(int(key[0]))
+    if not isinstance(key, tuple) or not key:
+        return None
+    if key == ("param",):
+        return ParamRef(kind)
+    try:
+        if key[0] == "s" and len(key) == 4:
+            _, off, c, (role, dims, ch) = key
+            return Read(kind, role, tuple(dims), int(ch), int(c), offset=tuple(off))
+        if key[0] == "g" and len(key) == 5:
+            _, g, s, c, (role, dims, ch) = key
+            return Read(kind, role, tuple(dims), int(ch), int(c), graph=g, slot=s)
+    except (TypeError, ValueError):
+        return None
+    return None
+
+
