@@ -142,3 +142,15 @@ def test_a_user_energy_as_written():
     assert len(E.terms) == 3
     reg = E.terms[1][0]
     assert sym.diff(reg, X(1, 0)) is sym.const(-0.9) or float(sym.evaluate(sym.diff(reg, X(1, 0)), {})) == -0.9
+
+
+def test_scalar_weight_on_the_left_of_a_vector_residual():
+    # The paper writes w_regSqrt * (vector residual); the scalar defers to the vector type.
+    from lsq_opt import Dim, Param, Unknown, Vec
+
+    W, H = Dim("W"), Dim("H")
+    U = Unknown("U", (W, H), channels=2)
+    w = Param("w")
+    left, right = w * U(0, 0), U(0, 0) * w
+    assert isinstance(left, Vec)
+    assert all(a is b for a, b in zip(left.items, right.items))

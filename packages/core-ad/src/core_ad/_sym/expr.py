@@ -75,6 +75,16 @@ def intern_table_size() -> int:
     return len(_TABLE)
 
 
+def _operand(o, where):
+    """``o`` as an expression, or None for a type that handles its own arithmetic (it sets
+    ``__array_ufunc__ = None``, numpy's convention, like a DSL vector): the operator then
+    returns NotImplemented so that type's reflected operator gets its turn. Anything else that
+    is not a scalar raises a TypeError naming its type."""
+    if getattr(type(o), "__array_ufunc__", 0) is None and not isinstance(o, Expr):
+        return None
+    return as_expr(o, where)
+
+
 class Expr:
     """Base class of symbolic nodes (immutable, interned; ``==`` is identity).
 
@@ -120,34 +130,44 @@ class Expr:
 
     # arithmetic -------------------------------------------------------------------------
     def __add__(self, o):
-        return R.add(self, as_expr(o, "+"))
+        o = _operand(o, "+")
+        return NotImplemented if o is None else R.add(self, o)
 
     def __radd__(self, o):
-        return R.add(as_expr(o, "+"), self)
+        o = _operand(o, "+")
+        return NotImplemented if o is None else R.add(o, self)
 
     def __sub__(self, o):
-        return R.sub(self, as_expr(o, "-"))
+        o = _operand(o, "-")
+        return NotImplemented if o is None else R.sub(self, o)
 
     def __rsub__(self, o):
-        return R.sub(as_expr(o, "-"), self)
+        o = _operand(o, "-")
+        return NotImplemented if o is None else R.sub(o, self)
 
     def __mul__(self, o):
-        return R.mul(self, as_expr(o, "*"))
+        o = _operand(o, "*")
+        return NotImplemented if o is None else R.mul(self, o)
 
     def __rmul__(self, o):
-        return R.mul(as_expr(o, "*"), self)
+        o = _operand(o, "*")
+        return NotImplemented if o is None else R.mul(o, self)
 
     def __truediv__(self, o):
-        return R.div(self, as_expr(o, "/"))
+        o = _operand(o, "/")
+        return NotImplemented if o is None else R.div(self, o)
 
     def __rtruediv__(self, o):
-        return R.div(as_expr(o, "/"), self)
+        o = _operand(o, "/")
+        return NotImplemented if o is None else R.div(o, self)
 
     def __pow__(self, o):
-        return R.pow(self, as_expr(o, "**"))
+        o = _operand(o, "**")
+        return NotImplemented if o is None else R.pow(self, o)
 
     def __rpow__(self, o):
-        return R.pow(as_expr(o, "**"), self)
+        o = _operand(o, "**")
+        return NotImplemented if o is None else R.pow(o, self)
 
     def __neg__(self):
         return R.neg(self)

@@ -1,0 +1,10 @@
+"""End-to-end examples of :mod:`lsq_opt` on synthetic, seeded data (spec 3.1, 3.3, 3.6; AE-2, AE-3(a)).
+
+Each module has ``run(size=..., verbose=False, out_dir=None) -> dict`` that builds the energy,
+solves it, checks it against an independent solution where one exists, and writes
+``<out_dir>/<name>.png`` (input | result). ``python -m lsq_opt.examples [--full] [--out DIR]`` runs
+them all and prints a summary table."""
+from . import arap, laplacian, poisson
+
+EXAMPLES = {"laplacian": laplacian, "poisson": poisson, "arap": arap}
+__all__ = ["EXAMPLES", "arap", "laplacian", "poisson"]

@@ -1,0 +1,64 @@
+"""``python -m lsq_opt.examples [--full] [--out DIR] [--verbose] [--only NAME ...]``"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from . import EXAMPLES
+from ._image import png_backend
+
+SIZES = {"laplacian": (64, 48), "poisson": (128, 128), "arap": (48, 32)}
+FULL_SIZES = {"laplacian": (64, 48), "poisson": (512, 512), "arap": (48, 32)}
+
+
+def _check(name, r):
+    """The example's own pass/fail criterion (same thresholds as tests/test_examples.py)."""
+    if name == "laplacian":
+        return r["max_abs_diff_direct"] <= 1e-9
+    if name == "poisson":
+        return r["rel_err_direct"] <= 1e-6 and r["fixed_unchanged"]
+    if name == "arap":
+        return r["monotone_accepted_costs"] and r["finite"] and r["handle_max_err_px"] <= 0.05
+    return True
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lsq_opt.examples", description=__doc__)
+    ap.add_argument("--out", default="outputs/lsq_opt", help="folder for the PNGs (default outputs/lsq_opt)")
+    ap.add_argument("--full", action="store_true", help="paper-sized Poisson (512x512 RGBA; slow)")
+    ap.add_argument("--verbose", "-v", action="store_true")
+    ap.add_argument("--only", nargs="*", choices=sorted(EXAMPLES), help="run only these examples")
+    a = ap.parse_args(argv)
+    sizes = FULL_SIZES if a.full else SIZES
+    print(f"lsq_opt examples -> {a.out} (PNG writer: {png_backend()})")
+    rows, ok_all, t0 = [], True, time.perf_counter()
+    for name, mod in EXAMPLES.items():
+        if a.only and name not in a.only:
+            continue
+        r = mod.run(size=sizes[name], verbose=a.verbose, out_dir=a.out)
+        ok = _check(name, r)
+        ok_all &= ok
+        if name == "laplacian":
+            check = f"max|x-spsolve(JtJ)| = {r['max_abs_diff_direct']:.1e}"
+        elif name == "poisson":
+            check = f"max|X-SuperLU|/range = {r['rel_err_direct']:.1e}"
+        else:
+            check = (f"handle err {r['handle_max_err_px']:.1e} px, monotone={r['monotone_accepted_costs']}, "
+                     f"edge len [{r['edge_len_min']:.2f},{r['edge_len_max']:.2f}]")
+        rows.append((name, r["size"], r["unknowns"], r["method"], r["initial_cost"], r["cost"], r["iterations"],
+                     r["pcg_iterations"], r["time_compile_s"], r["time_solve_s"], "PASS" if ok else "FAIL", check,
+                     r.get("png", "-")))
+    hdr = ("example", "size", "unknowns", "meth", "cost0", "cost", "its", "pcg", "compile s", "solve s", "check")
+    print(f"{hdr[0]:<10} {hdr[1]:>8} {hdr[2]:>8} {hdr[3]:>4} {hdr[4]:>11} {hdr[5]:>11} {hdr[6]:>4} {hdr[7]:>6} "
+          f"{hdr[8]:>9} {hdr[9]:>8} {hdr[10]:>5}  detail")
+    for (n, s, u, m, c0, c, it, pcg, tc, ts, ok, det, png) in rows:
+        print(f"{n:<10} {s:>8} {u:>8} {m:>4} {c0:>11.4e} {c:>11.4e} {it:>4} {pcg:>6} {tc:>9.2f} {ts:>8.2f} {ok:>5}  {det}")
+    for r in rows:
+        print(f"  wrote {r[-1]}")
+    print(f"total {time.perf_counter() - t0:.1f} s: {'all checks passed' if ok_all else 'SOME CHECKS FAILED'}")
+    return 0 if ok_all else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
