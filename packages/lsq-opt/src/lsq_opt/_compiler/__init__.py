@@ -32,6 +32,8 @@ Exclude (spec 2.6 [REC]): excluded unknowns are fixed (not in x); the energy is 
 
 from __future__ import annotations
 
+import functools
+import math
 import numbers
 
 import numpy as np
@@ -55,6 +57,7 @@ class LsqCompileError(ValueError):
 
 
 # --------------------------------------------------------------------------- shifting helpers
+@functools.lru_cache(maxsize=4096)
 def _shift_slices(shape, off):
     """Slices (dst, src) so that dst_arr[dst] = src_arr[src] realises B[p] = A[p + off]."""
     dst, src = [], []
@@ -70,7 +73,7 @@ def _shift_slices(shape, off):
 def _shifted(a, off, shape):
     """B[p] = A[p + off] (0 where p + off is outside)."""
     out = np.zeros(shape, a.dtype)
-    s = _shift_slices(shape, off)
+    s = _shift_slices(tuple(shape), tuple(off))
     if s is not None:
         out[s[0]] = a[s[1]]
     return out
@@ -78,14 +81,14 @@ def _shifted(a, off, shape):
 
 def _add_shifted(dst, v, off):
     """dst[q] += v[q - off] where q - off is inside (the gather of a read at offset ``off``)."""
-    s = _shift_slices(dst.shape, tuple(-o for o in off))
+    s = _shift_slices(dst.shape, tuple(-o for o in off))  # cached: a few shapes and offsets
     if s is not None:
         dst[s[0]] += v[s[1]]
 
 
 def _inbounds(shape, off):
     m = np.zeros(shape, bool)
-    s = _shift_slices(shape, off)
+    s = _shift_slices(tuple(shape), tuple(off))
     if s is not None:
         m[s[0]] = True
     return m
@@ -308,7 +311,7 @@ class Plan:
     def _uview(self, full, u):
         o = self._uoff[u]
         shp = self._ushape[u]
-        return full[o: o + int(np.prod(shp))].reshape(shp)
+        return full[o: o + math.prod(shp)].reshape(shp)
 
     def _bind_graph(self, t, graphs):
         g = t.graph
