@@ -1,4 +1,5 @@
-"""Shared helpers for the core_ad benchmarks: timing, alternating runs, machine info, tables.
+"""Shared helpers for the workspace's benchmarks (core_ad's, and the sibling packages' which
+import this file by path): timing, alternating runs, machine info, tables.
 
 Conventions (see PRACTICES.md, "Benchmarks"):
 
@@ -91,8 +92,8 @@ def _version(modname: str) -> str:
     return getattr(mod, "__version__", "?")
 
 
-def machine_info(extra: str = "") -> str:
-    """Cores, CPU model and SIMD flags, library versions and thread settings, as text."""
+def machine_info(extra: str = "", modules=("numpy", "core_ad", "torch", "jax")) -> str:
+    """Cores, CPU model and SIMD flags, versions of ``modules`` and thread settings, as text."""
     model, flags = _cpuinfo()
     simd = [f for f in ("avx2", "fma", "avx512f", "avx512dq", "avx512bw", "avx512vl") if f in flags]
     try:
@@ -104,8 +105,7 @@ def machine_info(extra: str = "") -> str:
         f" SIMD flags: {', '.join(simd) or 'none of avx2/avx512'}"
         f"{'' if 'avx512f' in flags else ' (no AVX-512)'}",
         f"python  : {platform.python_version()} ({platform.machine()}, {platform.system()})",
-        f"versions: numpy {_version('numpy')}, core_ad {_version('core_ad')},"
-        f" torch {_version('torch')}, jax {_version('jax')}",
+        "versions: " + ", ".join(f"{m} {_version(m)}" for m in modules),
     ]
     env = {k: os.environ[k] for k in ("OMP_NUM_THREADS", "MKL_NUM_THREADS",
                                       "OPENBLAS_NUM_THREADS", "XLA_FLAGS") if k in os.environ}
