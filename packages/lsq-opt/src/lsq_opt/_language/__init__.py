@@ -18,9 +18,8 @@ array of shape ``(size(D0), size(D1), ...)`` (``C == 1``) or ``(..., C)``. Offse
 stencil read moves along axis ``k`` (``X(dx, dy)`` reads ``X[i + dx, j + dy]``).
 
 Vector values (multi-channel reads, :class:`Vec`) are small tuples of scalar expressions with
-element-wise arithmetic. Because ``sym.Expr`` operators do not defer to foreign types, a
-*scalar expression on the left of a vector* (``w * v`` with ``w`` a Param) is not supported by
-the operators; write ``v * w`` or use :func:`Vec.scale`/``mul(w, v)``.
+element-wise arithmetic and scalar broadcast on either side (``w * v`` and ``v * w``: a
+``Vec`` sets ``__array_ufunc__ = None``, so ``sym.Expr`` operators defer to it).
 """
 
 from __future__ import annotations
