@@ -125,14 +125,15 @@ def _per_direction(rule, tangents, nb):
         return rule(tangents)
     k = next(R.shape_of(t)[0] for t in tangents if t is not None)
     per = [rule([None if t is None else R.getitem(t, j) for t in tangents]) for j in range(k)]
-    return [
-        None if all(p[i] is None for p in per) else R.stack(
-            [p[i] if p[i] is not None else np.zeros(R.shape_of(next(q[i] for q in per if
-                                                                    q[i] is not None)))
-             for p in per]
-        )
-        for i in range(len(per[0]))
-    ]
+    stacked = []
+    for outs in zip(*per):  # one output, all directions
+        some = next((o for o in outs if o is not None), None)
+        if some is None:
+            stacked.append(None)
+            continue
+        zero = np.zeros(R.shape_of(some), R.dtype_of(some))
+        stacked.append(R.stack([zero if o is None else o for o in outs]))
+    return stacked
 
 
 class custom_vjp:
