@@ -39,7 +39,6 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
 
 import numpy as np
 import scipy
-import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 from scipy.optimize import least_squares
 
@@ -48,9 +47,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
                                 "benchmarks"))
 from _timing import fmt_time, machine_info, print_table  # noqa: E402
 
-import lsq_opt  # noqa: E402
+from lsq_opt.examples import arap as arap_example  # noqa: E402
 from lsq_opt import (  # noqa: E402
-    Array, Dim, Energy, Exclude, InBounds, Not, Param, Rotate2D, Select, Unknown, compile_problem,
+    Array, Dim, Energy, Exclude, InBounds, Not, Select, Unknown, compile_problem,
     eq, solve,
 )
 
@@ -111,22 +110,7 @@ def poisson_ref_residuals(plan, data):
 
 # ============================================================================ (b) ARAP
 def arap_problem(N=128):
-    W, H = Dim("W"), Dim("H")
-    Offset = Unknown("Offset", (W, H), 2)
-    Angle = Unknown("Angle", (W, H))
-    UrShape = Array("UrShape", (W, H), 2)
-    Constraints = Array("Constraints", (W, H), 2)
-    Mask = Array("Mask", (W, H))
-    w_fit, w_reg = Param("w_fitSqrt"), Param("w_regSqrt")
-    terms = [Exclude(Not(eq(Mask(0, 0), 0)))]
-    for x, y in NBRS:
-        e_reg = ((Offset(0, 0) - Offset(x, y)) - Rotate2D(Angle(0, 0), UrShape(0, 0) - UrShape(x, y))) * w_reg
-        valid = InBounds(x, y) * eq(Mask(x, y), 0) * eq(Mask(0, 0), 0)
-        terms.append(Select(valid, e_reg, 0))
-    e_fit = Offset(0, 0) - Constraints(0, 0)
-    valid = (Constraints(0, 0)[0] >= 0) * (Constraints(0, 0)[1] >= 0)
-    terms.append(Select(valid, e_fit, 0.0) * w_fit)
-    energy = Energy(*terms)
+    energy = arap_example.energy()
     # a thick "L"-ish bar shape; handles: bottom rows pinned, top rows pushed sideways and rotated
     ii, jj = np.meshgrid(np.arange(N), np.arange(N), indexing="ij")
     ur = np.stack([ii, jj], -1).astype(float)

@@ -5,6 +5,7 @@ Convention tested: cost = 1/2 sum r^2, gradient J^T F, Gauss-Newton matrix J^T J
 the paper's E = sum r^2 has 2 J^T F and 2 J^T J)."""
 
 import numpy as np
+from lsq_opt.examples import arap as arap_example
 import pytest
 from core_ad import sym
 from lsq_opt._compiler import compile_problem
@@ -17,7 +18,6 @@ from lsq_opt._language import (
     InBounds,
     Not,
     Param,
-    Rotate2D,
     Select,
     Unknown,
     eq,
@@ -44,25 +44,8 @@ def laplacian_energy(offsets=((1, 0), (0, 1))):
 
 
 def arap_energy(exclude=False):
-    """Spec 3.3 ARAP image warping (Fig. 24): Offset (2 ch) + Angle unknowns, rotation."""
-    W, H = Dim("W"), Dim("H")
-    Offset = Unknown("Offset", (W, H), 2)
-    Angle = Unknown("Angle", (W, H))
-    UrShape = Array("UrShape", (W, H), 2)
-    Constraints = Array("Constraints", (W, H), 2)
-    Mask = Array("Mask", (W, H))
-    w_fit, w_reg = Param("w_fitSqrt"), Param("w_regSqrt")
-    terms = []
-    if exclude:
-        terms.append(Exclude(Not(eq(Mask(0, 0), 0))))
-    for x, y in NBRS:
-        e_reg = ((Offset(0, 0) - Offset(x, y)) - Rotate2D(Angle(0, 0), UrShape(0, 0) - UrShape(x, y))) * w_reg
-        valid = InBounds(x, y) * eq(Mask(x, y), 0) * eq(Mask(0, 0), 0)
-        terms.append(Select(valid, e_reg, 0))
-    e_fit = Offset(0, 0) - Constraints(0, 0)
-    valid = (Constraints(0, 0)[0] >= 0) * (Constraints(0, 0)[1] >= 0)
-    terms.append(Select(valid, e_fit, 0.0) * w_fit)
-    return Energy(*terms)
+    """Spec 3.3 ARAP image warping (Fig. 24): the example's energy, the one definition."""
+    return arap_example.energy(exclude)
 
 
 def arap_data(rng, mask_frac=0.0):

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .levenberg_marquardt import _emit
+from .levenberg_marquardt import _emit, start
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
 from .problem import call_linearize
@@ -26,13 +26,7 @@ __all__ = ["gauss_newton"]
 
 def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResult:
     t_start = time.perf_counter()
-    dt = np.dtype(problem.dtype)
-    x = np.array(x0, dtype=dt).reshape(-1)
-    if x.shape[0] != problem.n:
-        raise ValueError(f"x0 has length {x.shape[0]}, expected problem.n = {problem.n}")
-    cost = float(problem.cost(x))
-    if not math.isfinite(cost):
-        raise ValueError(f"initial cost is not finite: {cost}")
+    dt, x, cost = start(problem, x0)
     initial_cost = cost
     log: list[IterationLog] = []
     _emit(opts, f"GN ({dt.name}): initial cost {cost:.10e}")

@@ -75,8 +75,9 @@ def _emit(opts: SolverOptions, line: str) -> None:
         opts.progress(line)
 
 
-def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResult:
-    t_start = time.perf_counter()
+def start(problem: Any, x0: np.ndarray) -> tuple[np.dtype, np.ndarray, float]:
+    """Shared by both methods: ``(dtype, x, cost)`` at the start point, or a ValueError for a
+    wrong-length ``x0`` or a non-finite initial cost."""
     dt = np.dtype(problem.dtype)
     x = np.array(x0, dtype=dt).reshape(-1)
     if x.shape[0] != problem.n:
@@ -84,6 +85,12 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
     cost = float(problem.cost(x))
     if not math.isfinite(cost):
         raise ValueError(f"initial cost is not finite: {cost}")
+    return dt, x, cost
+
+
+def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResult:
+    t_start = time.perf_counter()
+    dt, x, cost = start(problem, x0)
     initial_cost = cost
     log: list[IterationLog] = []
     mu = float(opts.initial_trust_region_radius)

@@ -25,7 +25,9 @@ NAME = "arap"
 NBRS = ((1, 0), (-1, 0), (0, 1), (0, -1))
 
 
-def energy() -> Energy:
+def energy(exclude: bool = True) -> Energy:
+    """Spec 3.3 ARAP image warping (Fig. 24): Offset (2 channels) and Angle unknowns; pixels
+    outside the mask are fixed with ``Exclude`` unless ``exclude=False``."""
     W, H = Dim("W"), Dim("H")
     Offset = Unknown("Offset", (W, H), 2)
     Angle = Unknown("Angle", (W, H))
@@ -33,10 +35,10 @@ def energy() -> Energy:
     Constraints = Array("Constraints", (W, H), 2)
     Mask = Array("Mask", (W, H))
     w_fit, w_reg = Param("w_fitSqrt"), Param("w_regSqrt")
-    terms = [Exclude(Not(eq(Mask(0, 0), 0)))]
+    terms = [Exclude(Not(eq(Mask(0, 0), 0)))] if exclude else []
     for x, y in NBRS:
-        # NB: Vec * Param, not Param * Vec (a scalar Expr on the left does not broadcast over a Vec)
-        e_reg = ((Offset(0, 0) - Offset(x, y)) - Rotate2D(Angle(0, 0), UrShape(0, 0) - UrShape(x, y))) * w_reg
+        e_reg = w_reg * ((Offset(0, 0) - Offset(x, y))
+                         - Rotate2D(Angle(0, 0), UrShape(0, 0) - UrShape(x, y)))
         valid = InBounds(x, y) * eq(Mask(x, y), 0) * eq(Mask(0, 0), 0)
         terms.append(Select(valid, e_reg, 0))
     e_fit = Offset(0, 0) - Constraints(0, 0)
