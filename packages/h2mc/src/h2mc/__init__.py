@@ -1,0 +1,75 @@
+"""h2mc: Hessian-Hamiltonian Monte Carlo (thesis ch. 6), many chains at once.
+
+* :class:`Target`: a user log-target over ``[0, 1]^n`` with derivatives from core_ad.
+* :func:`h2mc_proposal`: the H2MC Gaussian (closed-form Hamiltonian dynamics on the local
+  quadratic model of log f, times the isotropic prior); :func:`dynamics_coefficients`.
+* :class:`Sampler`: a mixture of kernels (:class:`LargeStep`, :class:`IsotropicStep`,
+  :class:`H2MCStep`, and the baselines :func:`RandomWalk`, :class:`MALA`, :class:`HMC`) run on
+  many chains as arrays.
+* diagnostics: :func:`ess` (Geyer), histograms, :func:`write_png`.
+"""
+
+from ._diagnostics import (
+    HistogramAccumulator,
+    autocovariance,
+    chain_means_se,
+    ess,
+    histogram2d,
+    integrated_autocorrelation_time,
+    min_ess,
+    total_variation,
+)
+from ._dynamics import OFFSET_VARIANTS, T_DEFAULT, dynamics_coefficients, dynamics_position
+from ._kernels import HMC, MALA, H2MCStep, IsotropicStep, Kernel, LargeStep, RandomWalk
+from ._png import histogram_png, read_png_size, write_png
+from ._proposal import (
+    GaussianProposal,
+    ImproperProposalError,
+    h2mc_log_acceptance,
+    h2mc_proposal,
+    isotropic_proposal,
+)
+from ._sampler import ChainState, InvalidStateError, KernelStats, RunResult, Sampler
+from ._target import NonSymmetricHessianError, Target, TargetShapeError
+from . import toy  # noqa: F401
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ChainState",
+    "GaussianProposal",
+    "H2MCStep",
+    "HMC",
+    "HistogramAccumulator",
+    "ImproperProposalError",
+    "InvalidStateError",
+    "IsotropicStep",
+    "Kernel",
+    "KernelStats",
+    "LargeStep",
+    "MALA",
+    "NonSymmetricHessianError",
+    "OFFSET_VARIANTS",
+    "RandomWalk",
+    "RunResult",
+    "Sampler",
+    "T_DEFAULT",
+    "Target",
+    "TargetShapeError",
+    "autocovariance",
+    "chain_means_se",
+    "dynamics_coefficients",
+    "dynamics_position",
+    "ess",
+    "h2mc_log_acceptance",
+    "h2mc_proposal",
+    "histogram2d",
+    "histogram_png",
+    "integrated_autocorrelation_time",
+    "isotropic_proposal",
+    "min_ess",
+    "read_png_size",
+    "total_variation",
+    "toy",
+    "write_png",
+]

@@ -1,0 +1,70 @@
+"""A tiny PNG writer (zlib + struct only) and a heat-map colour ramp for histograms."""
+
+from __future__ import annotations
+
+import struct
+import zlib
+from pathlib import Path
+
+import numpy as np
+
+
+def _chunk(tag: bytes, data: bytes) -> bytes:
+    return (struct.pack(">I", len(data)) + tag + data
+            + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
+
+
+def write_png(path, image) -> Path:
+    """Write ``image`` (``(H, W)`` grey or ``(H, W, 3)`` RGB; uint8, or floats in [0, 1])."""
+    a = np.asarray(image)
+    if a.dtype != np.uint8:
+        a = (np.clip(np.nan_to_num(a.astype(np.float64)), 0.0, 1.0) * 255 + 0.5).astype(np.uint8)
+    if a.ndim == 2:
+        color = 0
+    elif a.ndim == 3 and a.shape[2] == 3:
+        color = 2
+    else:
+        raise ValueError(f"write_png: need (H, W) or (H, W, 3), got {a.shape}")
+    h, w = a.shape[:2]
+    raw = b"".join(b"\x00" + a[r].tobytes() for r in range(h))
+    png = (b"\x89PNG\r\n\x1a\n"
+           + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, color, 0, 0, 0))
+           + _chunk(b"IDAT", zlib.compress(raw, 9)) + _chunk(b"IEND", b""))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(png)
+    return path
+
+
+def read_png_size(path) -> tuple[int, int]:
+    """``(width, height)`` from a PNG header (for tests)."""
+    data = Path(path).read_bytes()
+    if data[:8] != b"\x89PNG\r\n\x1a\n":
+        raise ValueError(f"{path}: not a PNG")
+    return struct.unpack(">II", data[16:24])
+
+
+def heatmap(values, vmax=None) -> np.ndarray:
+    """Map non-negative values to RGB in [0, 1] (black -> red -> yellow -> white)."""
+    v = np.asarray(values, dtype=np.float64)
+    vmax = float(v.max()) if vmax is None else float(vmax)
+    t = np.clip(v / vmax, 0, 1) if vmax > 0 else np.zeros_like(v)
+    return np.stack([np.clip(3 * t, 0, 1), np.clip(3 * t - 1, 0, 1), np.clip(3 * t - 2, 0, 1)],
+                    axis=-1)
+
+
+def histogram_png(path, hists, scale: int = 4, gap: int = 4) -> Path:
+    """Write 2D histograms ``[i_x, i_y]`` side by side (shared colour scale), y pointing up."""
+    hists = [np.asarray(h, dtype=np.float64) for h in hists]
+    vmax = max(float(h.max()) for h in hists)
+    tiles = []
+    for h in hists:
+        img = heatmap(h.T[::-1], vmax)  # rows = y (top = 1), columns = x
+        tiles.append(np.kron(img, np.ones((scale, scale, 1))))
+    H = max(t.shape[0] for t in tiles)
+    parts = []
+    for i, t in enumerate(tiles):
+        if i:
+            parts.append(np.ones((H, gap, 3)))
+        parts.append(t)
+    return write_png(path, np.concatenate(parts, axis=1))
