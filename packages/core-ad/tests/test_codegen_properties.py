@@ -91,6 +91,8 @@ _ON_INPUTS = {
     "ceil": lambda v, w, a, b, dt: sym.ceil(v) * a,
     "round": lambda v, w, a, b, dt: sym.round(v * 2.0) + a,
     "trunc": lambda v, w, a, b, dt: sym.trunc(v) - a,
+    "floor_divide": lambda v, w, a, b, dt: sym.floor_divide(v, sym.abs(w) + 0.5) * a,
+    "mod": lambda v, w, a, b, dt: sym.mod(v, sym.abs(w) + 0.5) + a,
     "cast": lambda v, w, a, b, dt: sym.astype(sym.astype(v * 4.0, "int32"), dt) + a,
     "convert": lambda v, w, a, b, dt: sym.astype(
         sym.astype(v, "float32" if dt == "float64" else "float64"), dt) * a,

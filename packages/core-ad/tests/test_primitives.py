@@ -263,6 +263,10 @@ DIFF_CASES = {
         ("axis1", lambda x: anp.norm(x, axis=1), lambda r: (normal(r, S),)),
         ("axis0_keep", lambda x: anp.norm(x, axis=0, keepdims=True), lambda r: (normal(r, S),)),
     ],
+    # inputs away from the jumps at multiples of b: fractional parts of a / b in [0.2, 0.8]
+    "mod": [("2d", lambda a, b: anp.mod(a, b),
+             lambda r: ((lambda b: (b * (r.integers(-3, 4, S) + r.uniform(0.2, 0.8, S)), b))(
+                 away(r, S, 0.5, 2.0))))],
 }
 
 # Composite ops (built from the primitives above); checked the same way.
@@ -299,6 +303,7 @@ NONDIFF_CASES = {
     "ceil": lambda x: anp.ceil(x),
     "round": lambda x: anp.round(x),
     "trunc": lambda x: anp.trunc(x),
+    "floor_divide": lambda x: anp.floor_divide(x, 0.7),
     "lt": lambda x: anp.lt(x, 0.1),
     "le": lambda x: anp.le(x, 0.1),
     "gt": lambda x: anp.gt(x, 0.1),

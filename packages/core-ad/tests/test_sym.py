@@ -404,6 +404,9 @@ def _domain(name, rng, n):
         return [u(0.5, 2), u(-2, 2)], {}
     if name == "atan2":
         return [u(-2, 2), pm(0.5, 2)], {}
+    if name == "mod":  # a / b kept 0.2 away from the integers (the jumps)
+        b = pm(0.5, 2)
+        return [b * (rng.integers(-3, 4, n) + u(0.2, 0.8)), b], {}
     if name in ("maximum", "minimum"):
         a = u(-2, 2)
         return [a, a + pm(0.1, 1)], {}

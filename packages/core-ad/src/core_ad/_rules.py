@@ -424,6 +424,32 @@ isfinite_p = _nondiff("isfinite", np.isfinite, "isfinite({0})")
 isnan_p = _nondiff("isnan", np.isnan, "isnan({0})")
 
 
+# Integer division and modulo with floor semantics (numpy's, = Halide's for a positive divisor):
+# the quotient rounds toward -inf and the remainder has the divisor's sign; an integer division
+# or modulo by 0 gives 0 (numpy's result, Halide's rule), never a trap.
+def _floor_divide_impl(a, b):
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        return np.floor_divide(a, b)
+
+
+def _mod_impl(a, b):
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.mod(a, b)
+
+
+floor_divide_p = _nondiff("floor_divide", _floor_divide_impl, "core_ad_floordiv({0}, {1})")
+mod_p = _elementwise(
+    "mod",
+    _mod_impl,
+    lambda args, out, wrt: (
+        _const(args[0], 1.0) if wrt[0] else None,
+        neg(floor_divide(args[0], args[1])) if wrt[1] else None,
+    ),
+    cspell="core_ad_mod({0}, {1})",
+    doc="a - b*floor(a/b); d/da = 1, d/db = -floor(a/b)",
+)
+
+
 def _cast_impl(x, dtype):
     return np.asarray(x).astype(dtype, copy=False)
 
@@ -647,6 +673,16 @@ def logical_or(a, b):
 
 def logical_not(a):
     return bind(logical_not_p, a)
+
+
+def floor_divide(a, b):
+    """Quotient rounded toward -inf (``a // b``); 0 for an integer division by 0."""
+    return _lanewise(floor_divide_p, a, b)
+
+
+def mod(a, b):
+    """Remainder with the sign of ``b`` (``a % b``); 0 for an integer modulo by 0."""
+    return _lanewise(mod_p, a, b)
 
 
 def isfinite(x):

@@ -250,6 +250,10 @@ class Array:
     __rmul__ = lambda self, o: R.mul(o, self)  # noqa: E731
     __truediv__ = lambda self, o: R.div(self, o)  # noqa: E731
     __rtruediv__ = lambda self, o: R.div(o, self)  # noqa: E731
+    __floordiv__ = lambda self, o: R.floor_divide(self, o)  # noqa: E731
+    __rfloordiv__ = lambda self, o: R.floor_divide(o, self)  # noqa: E731
+    __mod__ = lambda self, o: R.mod(self, o)  # noqa: E731
+    __rmod__ = lambda self, o: R.mod(o, self)  # noqa: E731
     __pow__ = lambda self, o: R.pow(self, o)  # noqa: E731
     __rpow__ = lambda self, o: R.pow(o, self)  # noqa: E731
     __matmul__ = lambda self, o: R.matmul(self, o)  # noqa: E731

@@ -27,7 +27,13 @@ expressions with the ONE emitter here rather than writing another::
   ``extra={"llvm_lowering": fn}``;
 * ``llvm_type(dtype, storage=False)``; ``VecMath`` (libmvec / libm calls);
 * the backends of :func:`core_ad.sym.compile`: ``backends()``, ``available_backends()``,
-  ``default_backend()``, ``register_backend(...)``.
+  ``default_backend()``, ``register_backend(...)``;
+* for siblings that build whole LLVM modules of their own (loop nests around the emitter):
+  ``compile_ir(ir_text, module_name, fn_name) -> (address, timings)`` (the one process-wide
+  MCJIT engine at O3, with the ``CORE_AD_CACHE_DIR`` object cache: put a content hash in
+  ``module_name``), ``host_signature()`` (CPU, features, LLVM version: part of such a hash),
+  ``thread_pool()`` and ``num_threads(requested=None)`` (the kernels' thread pool and the
+  ``CORE_AD_NUM_THREADS`` rule), ``host_vector_width(dtype)`` (lanes of one SIMD register).
 """
 
 from ._codegen import (
@@ -49,7 +55,21 @@ from ._codegen.llvm.emitter import (
     lowering_for,
     register_lowering,
 )
+from ._codegen.llvm.jit import host_signature, jit as _jit
+from ._codegen.llvm.runtime import num_threads, thread_pool
 from ._codegen.llvm.vecmath import VecMath
+
+
+def compile_ir(ir_text: str, module_name: str, fn_name: str) -> tuple[int, dict]:
+    """Optimise (O3), compile and link an LLVM module; returns (address of ``fn_name``,
+    timings). ``module_name`` must be unique per distinct module (use a content hash)."""
+    return _jit().compile(ir_text, module_name, fn_name)
+
+
+def host_vector_width(dtype) -> int:
+    """Lanes of ``dtype`` in one SIMD register of this CPU (AVX2: 4 float64, 8 float32)."""
+    return VecMath().width(dtype)
+
 
 __all__ = [
     "LOWERINGS",
@@ -59,6 +79,11 @@ __all__ = [
     "Unsupported",
     "VecMath",
     "available_backends",
+    "compile_ir",
+    "host_signature",
+    "host_vector_width",
+    "num_threads",
+    "thread_pool",
     "backends",
     "default_backend",
     "emit",

@@ -78,12 +78,15 @@ from ._rules import (  # noqa: F401
     transpose,
     trunc,
     where,
+    floor_divide,
+    mod,
 )
 
 clip = clamp
 multiply = mul
 subtract = sub
 divide = div
+remainder = mod
 negative = neg
 power = pow
 absolute = abs

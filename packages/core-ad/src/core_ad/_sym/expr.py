@@ -161,6 +161,22 @@ class Expr:
         o = _operand(o, "/")
         return NotImplemented if o is None else R.div(o, self)
 
+    def __floordiv__(self, o):
+        o = _operand(o, "//")
+        return NotImplemented if o is None else R.floor_divide(self, o)
+
+    def __rfloordiv__(self, o):
+        o = _operand(o, "//")
+        return NotImplemented if o is None else R.floor_divide(o, self)
+
+    def __mod__(self, o):
+        o = _operand(o, "%")
+        return NotImplemented if o is None else R.mod(self, o)
+
+    def __rmod__(self, o):
+        o = _operand(o, "%")
+        return NotImplemented if o is None else R.mod(o, self)
+
     def __pow__(self, o):
         o = _operand(o, "**")
         return NotImplemented if o is None else R.pow(self, o)

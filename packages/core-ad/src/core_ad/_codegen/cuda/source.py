@@ -309,6 +309,44 @@ template <typename T> __device__ __forceinline__ T core_ad_ipow(T b, T e) {
     }
     return r;
 }
+// floor division and modulo, numpy semantics (integer division by 0 gives 0, no trap)
+template <typename T> __device__ __forceinline__ T core_ad_floordiv(T a, T b) {
+    if (b == (T)0) return (T)0;
+    if ((T)-1 < (T)0 && b == (T)-1) return (T)((T)0 - a);
+    T q = a / b, r = a % b;
+    return (r != (T)0 && ((r < (T)0) != (b < (T)0))) ? (T)(q - (T)1) : q;
+}
+template <typename T> __device__ __forceinline__ T core_ad_mod(T a, T b) {
+    if (b == (T)0 || ((T)-1 < (T)0 && b == (T)-1)) return (T)0;
+    T r = a % b;
+    return (r != (T)0 && ((r < (T)0) != (b < (T)0))) ? (T)(r + b) : r;
+}
+template <typename T> __device__ __forceinline__ T core_ad_fdivmod(T a, T b, T* mod) {
+    if (b == (T)0) { *mod = a - a + (b - b) / b; return a / b; }
+    T m = fmod(a, b), div = (a - m) / b;
+    if (m != (T)0) {
+        if ((b < (T)0) != (m < (T)0)) { m += b; div -= (T)1; }
+    } else {
+        m = copysign((T)0, b);
+    }
+    T q;
+    if (div != (T)0) { q = floor(div); if (div - q > (T)0.5) q += (T)1; }
+    else q = copysign((T)0, a / b);
+    *mod = m;
+    return q;
+}
+__device__ __forceinline__ float core_ad_floordiv(float a, float b) {
+    float m; return core_ad_fdivmod(a, b, &m);
+}
+__device__ __forceinline__ double core_ad_floordiv(double a, double b) {
+    double m; return core_ad_fdivmod(a, b, &m);
+}
+__device__ __forceinline__ float core_ad_mod(float a, float b) {
+    float m; core_ad_fdivmod(a, b, &m); return m;
+}
+__device__ __forceinline__ double core_ad_mod(double a, double b) {
+    double m; core_ad_fdivmod(a, b, &m); return m;
+}
 __device__ __forceinline__ void core_ad_atomic_add(float* p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void core_ad_atomic_add(double* p, double v) { atomicAdd(p, v); }
 __device__ __forceinline__ void core_ad_atomic_add(int* p, int v) { atomicAdd(p, v); }

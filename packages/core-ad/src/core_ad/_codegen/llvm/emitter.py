@@ -683,6 +683,66 @@ def _rounding(intr):
     return lower
 
 
+def _int_divmod(em, a, c, dt):
+    """numpy's integer floor_divide and mod, without traps: by 0 both give 0, and by -1 the
+    quotient is the wrapping negation (INT_MIN // -1 = INT_MIN, as numpy)."""
+    b = em.b
+    zero, one = em.const(0, dt), em.const(1, dt)
+    by_zero = b.icmp_unsigned("==", c, zero)
+    if not _signed(dt):
+        safe = b.select(by_zero, one, c)
+        return (b.select(by_zero, zero, b.udiv(a, safe)),
+                b.select(by_zero, zero, b.urem(a, safe)))
+    by_m1 = b.icmp_signed("==", c, em.const(-1, dt))
+    special = b.or_(by_zero, by_m1)
+    safe = b.select(special, one, c)
+    q, r = b.sdiv(a, safe), b.srem(a, safe)
+    # truncation rounds toward 0: step down when the remainder and divisor signs differ
+    fix = b.and_(b.icmp_signed("!=", r, zero),
+                 b.xor(b.icmp_signed("<", r, zero), b.icmp_signed("<", safe, zero)))
+    q = b.select(fix, b.sub(q, one), q)
+    r = b.select(fix, b.add(r, safe), r)
+    q = b.select(by_zero, zero, b.select(by_m1, b.sub(zero, a), q))
+    return q, b.select(special, zero, r)
+
+
+def _float_divmod(em, a, c, dt):
+    """numpy's float divmod (npy_divmod): fmod, sign fix-up, then a floored quotient."""
+    b = em.b
+    zero, one = em.const(0.0, dt), em.const(1.0, dt)
+    m = raw = b.frem(a, c)
+    div = b.fdiv(b.fsub(a, m), c)
+    nonzero = b.fcmp_unordered("!=", m, zero)
+    fix = b.and_(nonzero, b.xor(b.fcmp_ordered("<", c, zero), b.fcmp_ordered("<", m, zero)))
+    m = b.select(fix, b.fadd(m, c), m)
+    div = b.select(fix, b.fsub(div, one), div)
+    # a zero remainder takes the divisor's sign
+    m = b.select(nonzero, m, em.call_intrinsic("llvm.copysign", zero, c))
+    fl = em.call_intrinsic("llvm.floor", div)
+    fl = b.select(b.fcmp_ordered(">", b.fsub(div, fl), em.const(0.5, dt)), b.fadd(fl, one), fl)
+    # div == 0: the quotient is a signed zero (copysign(0, a / b))
+    q = b.select(b.fcmp_ordered("==", div, zero),
+                 em.call_intrinsic("llvm.copysign", zero, b.fdiv(a, c)), fl)
+    # c == 0: numpy gives a / c for the quotient and fmod's NaN for the remainder
+    by_zero = b.fcmp_ordered("==", c, zero)
+    q = b.select(by_zero, b.fdiv(a, c), q)
+    m = b.select(by_zero, raw, m)
+    return q, m
+
+
+def _divmod(which):
+    def lower(em, node, args):
+        a, c = _conv_all(em, node, args)
+        dt = node.dtype
+        if _is_float(dt):
+            return _float_divmod(em, a, c, dt)[which]
+        if dt.kind == "b":
+            raise Unsupported(f"{node.prim.name} of booleans")
+        return _int_divmod(em, a, c, dt)[which]
+
+    return lower
+
+
 def _compare(op):
     def lower(em, node, args):
         return em.cmp(op, args[0], node.args[0].dtype, args[1], node.args[1].dtype)
@@ -825,6 +885,8 @@ for _name, _fn in {
     "ceil": _rounding("llvm.ceil"),
     "round": _rounding("llvm.rint"),
     "trunc": _rounding("llvm.trunc"),
+    "floor_divide": _divmod(0),
+    "mod": _divmod(1),
     "lt": _compare("<"),
     "le": _compare("<="),
     "gt": _compare(">"),
