@@ -139,6 +139,7 @@ class _Term:
         memo = sym.DiffMemo()
         partials = [sym.diff(c, lf, memo) for c in chans for lf, _ in self.ureads]
         self.R = len(self.ureads)
+        self.partials = [partials[k * self.R:(k + 1) * self.R] for k in range(self.K)]
         self.f = sym.compile(list(chans), leaves, backend=backend)
         self.fj = sym.compile(list(chans) + partials, leaves, backend=backend)
         self.L = None  # lanes, set at bind
@@ -164,13 +165,17 @@ def _collect_decls(terms, excludes):
 
 # --------------------------------------------------------------------------- compile
 def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, graphs=None,
-                    dtype=np.float64, backend="llvm") -> Plan:
+                    dtype=np.float64, backend="llvm", kernels=None) -> Plan:
     """Compile ``energy`` and bind it by name.
 
     ``sizes``: ``{dim_name: int}`` (optional where a bound array fixes the dim); ``arrays``:
     ``{name: ndarray}`` for every Array the energy reads and, optionally, initial / fixed values
     of Unknowns (default 0); ``params``: ``{name: float}``; ``graphs``: ``{graph_name:
-    {slot: int array}}``; ``dtype``: float64 or float32; ``backend``: ``"llvm"`` or ``"numpy"``.
+    {slot: int array}}``; ``dtype``: float64 or float32; ``backend``: ``"llvm"`` or ``"numpy"``
+    (the per-term lane kernels: residuals, materialised J, and the oracle products);
+    ``kernels``: ``"fused"`` (default with the llvm backend: one generated LLVM pass per product,
+    see :mod:`lsq_opt._compiler.fused`) or ``"lanes"`` (the numpy composition of per-term lane
+    kernels; the test oracle, default with the numpy backend).
     """
     if not isinstance(energy, Energy):
         raise TypeError(f"compile_problem: expected an Energy, got {type(energy).__name__}")
@@ -179,9 +184,17 @@ def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, gra
         raise TypeError(f"compile_problem: dtype must be float32 or float64, got {dtype}")
     if not energy.terms:
         raise LsqCompileError("compile_problem: the energy has no residual terms")
+    if backend not in ("llvm", "numpy"):
+        raise ValueError(f"compile_problem: backend must be 'llvm' or 'numpy', got {backend!r}")
+    if kernels is None:
+        kernels = "fused" if backend == "llvm" else "lanes"
+    if kernels not in ("fused", "lanes"):
+        raise ValueError(f"compile_problem: kernels must be 'fused' or 'lanes', got {kernels!r}")
     terms = [_Term(i, chans, dtype, backend) for i, chans in enumerate(energy.terms)]
-    return Plan(energy, terms, dict(sizes or {}), dict(arrays or {}), dict(params or {}),
+    plan = Plan(energy, terms, dict(sizes or {}), dict(arrays or {}), dict(params or {}),
                 dict(graphs or {}), dtype, backend)
+    plan.kernels = kernels
+    return plan
 
 
 class Plan:
@@ -191,6 +204,9 @@ class Plan:
 
     def __init__(self, energy, terms, sizes, arrays, params, graphs, dtype, backend):
         self.energy, self.terms, self.dtype, self.backend = energy, terms, dtype, backend
+        self.kernels = "lanes"
+        self._fused = None
+        self._pver = self._dver = 0
         self.decls = _collect_decls(terms, energy.excludes)
         self.sizes = {}
         for k, v in sizes.items():
@@ -223,6 +239,7 @@ class Plan:
                 raise LsqCompileError(f"param {p!r} is used by the energy but not bound (pass params={{{p!r}: value}})")
         for p, v in params.items():
             self.set_param(p, v)
+        self._param_order = sorted(needed)
         # unknown layout
         self.unknowns = [n for n, (role, _, _) in self.decls.items() if role == "unknown"]
         if not self.unknowns:
@@ -392,6 +409,7 @@ class Plan:
     def set_param(self, name, value):
         self.params[name] = np.asarray(value, dtype=self.dtype).reshape(())
         self._lin_x = None
+        self._pver += 1
 
     def set_array(self, name, value):
         """Replace a data array between solves (same shape)."""
@@ -400,6 +418,7 @@ class Plan:
         _, dims, ch = self.decls[name]
         self.data[name] = self._check_shape(name, dims, ch, value)
         self._lin_x = None
+        self._dver += 1
 
     def unknowns_to_vector(self, values: dict) -> np.ndarray:
         """x from ``{unknown_name: array}`` (unknowns not given keep their bound values). The
@@ -411,6 +430,8 @@ class Plan:
             _, dims, ch = self.decls[u]
             self._uview(full, u)[...] = self._check_shape(u, dims, ch, a)
         self._fixed[...] = np.where(self._colmap < 0, full, self._fixed)
+        if self._fused is not None:
+            self._fused._x_key = None
         return full[self.free_idx].copy()
 
     def vector_to_unknowns(self, x) -> dict:
@@ -502,6 +523,11 @@ class Plan:
 
     def cost(self, x) -> float:
         """0.5 * sum(F^2) (nan/inf when F is not finite)."""
+        if self.kernels == "fused":
+            return self.fused.cost(x)
+        return self.cost_lanes(x)
+
+    def cost_lanes(self, x) -> float:
         F = self.residuals(x).astype(np.float64)
         with np.errstate(all="ignore"):
             return float(0.5 * np.dot(F, F))
@@ -539,11 +565,45 @@ class Plan:
                         if same.any():
                             np.add.at(gu, idx[same], 2 * D[k, r][same] * D[k, r2][same])
 
+    # ------------------------------------------------------------------ fused kernels
+    @property
+    def fused(self):
+        """The fused LLVM kernels (:class:`~lsq_opt._compiler.fused.FusedPlan`), built on
+        first use."""
+        if self._fused is None:
+            from .fused import FusedPlan
+
+            self._fused = FusedPlan(self)
+        return self._fused
+
+    def linearize(self, x):
+        """Solver hook: called once per new iterate before ``jtf`` / ``jtj_diag`` / ``jtjp``."""
+        if self.kernels == "fused":
+            self.fused.grad(x)
+        else:
+            self._linearize(x)
+
     def jtf(self, x) -> np.ndarray:
+        if self.kernels == "fused":
+            return self.fused.grad(x)[0].copy()
+        return self.jtf_lanes(x)
+
+    def jtj_diag(self, x) -> np.ndarray:
+        if self.kernels == "fused":
+            return self.fused.grad(x)[1].copy()
+        return self.jtj_diag_lanes(x)
+
+    def jtjp(self, x, p) -> np.ndarray:
+        """J^T J p, matrix-free."""
+        if self.kernels == "fused":
+            return self.fused.jtjp(x, p)
+        return self.jtjp_lanes(x, p)
+
+    def jtf_lanes(self, x) -> np.ndarray:
         lin = self._linearize(x)
         return self._transpose_apply(lin, [F for F, _ in lin])[self.free_idx]
 
-    def jtj_diag(self, x) -> np.ndarray:
+    def jtj_diag_lanes(self, x) -> np.ndarray:
         lin = self._linearize(x)
         return self._transpose_apply(lin, [None] * len(lin), square=True)[self.free_idx]
 
@@ -566,8 +626,8 @@ class Plan:
         lin = self._linearize(x)
         return np.concatenate([v.ravel() for v in self._jp_full(lin, self._pfull(p))])
 
-    def jtjp(self, x, p) -> np.ndarray:
-        """J^T J p, matrix-free: J^T (J p) from the cached J entries."""
+    def jtjp_lanes(self, x, p) -> np.ndarray:
+        """J^T J p, matrix-free: J^T (J p) from the cached J entries (the numpy oracle)."""
         lin = self._linearize(x)
         jp = self._jp_full(lin, self._pfull(p))
         return self._transpose_apply(lin, jp)[self.free_idx]

@@ -1,0 +1,851 @@
+"""Fused LLVM kernels: cost, J^T F, diag(J^T J) and J^T J p of a whole energy in one pass.
+
+The numpy composition in :mod:`lsq_opt._compiler` (per-term lane kernels + shifted slice-adds)
+is the test oracle; this module is the fast path. Per plan it generates, with core_ad's public
+code-generation API (``core_ad.codegen.Emitter`` inside our own llvmlite loop nests,
+``codegen.compile_ir``, ``codegen.thread_pool``), one LLVM module per index space:
+
+**Grid domains** (stencil terms). Every array on the domain (unknowns, data, per-term valid
+masks, ``InBounds`` / ``Index`` leaves) lives in a *padded, channel-planar* buffer: shape
+``(planes, S0 + 2g, ..., S_last rounded up to the vector width + 2g)`` with a zero halo of
+``g = 2 * max|offset|``. A stencil read at offset ``o`` relative to a point is then a load at a
+constant displacement ``disp(o)`` -- no bounds checks, no copies. Functions (C ABI
+``int32 fn(int64 s0, int64 s1, int8 **ptrs)``, segments ``[s0, s1)`` = rows, threads split the
+rows):
+
+* ``jtjp``: for every unknown point ``q`` (vectorised along the last axis), GATHER over terms
+  ``t`` and the distinct offsets ``o`` at which ``t`` reads unknowns: the residual lane
+  ``l = q - o`` is re-evaluated (its partials from ``core_ad.sym.diff``), ``jp_k = sum_j D_kj
+  p(l + o_j)``, and ``q`` accumulates ``sum_k D_kj jp_k`` for every read ``j`` at offset ``o``,
+  masked by ``valid_t(l)``. No intermediate J p buffer, no atomics, each output written once.
+* ``grad``: J^T F and diag(J^T J) in the same gather form.
+* ``cost``: per residual lane, ``sum valid F^2`` accumulated per row (float64).
+
+Out-of-domain lanes are masked by the valid planes (zero in the halo); reads past the domain
+get the halo's zeros, which is the ``InBounds`` semantics (OOB reads give 0, partials of OOB
+reads belong to no unknown). Excluded (fixed) unknowns have ``p = 0`` in the padded p buffer.
+
+**Graph terms** (hyperedges): a scalar loop over edges that gathers its reads through the
+slot index arrays and SCATTERS ``J^T`` contributions into per-thread private copies of the
+output (summed afterwards; deterministic for a given thread count). Reads of one (unknown,
+channel) through several slots that hit the same vertex add before squaring in the diagonal.
+
+Modules are named by a hash of their IR (core_ad's JIT caches them process-wide and, with
+``CORE_AD_CACHE_DIR``, on disk).
+"""
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import math
+import time
+
+import numpy as np
+from core_ad import codegen, sym
+from llvmlite import ir
+
+from .._language import InBoundsRef, IndexRef, ParamRef, Read
+
+__all__ = ["FusedPlan"]
+
+_I8 = ir.IntType(8)
+_I32 = ir.IntType(32)
+_I64 = ir.IntType(64)
+_I8P = _I8.as_pointer()
+_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
+
+
+def _ftype(dtype):
+    return ir.DoubleType() if np.dtype(dtype) == np.float64 else ir.FloatType()
+
+
+class _Loop:
+    """``for (i = start; i < end; i += step)`` with a phi; the body goes between enter/leave."""
+
+    def __init__(self, b: ir.IRBuilder, start, end, step, name):
+        self.b = b
+        fn = b.function
+        self.pre = b.block
+        self.head = fn.append_basic_block(f"{name}.head")
+        self.body = fn.append_basic_block(f"{name}.body")
+        self.exit = fn.append_basic_block(f"{name}.exit")
+        self.step = step
+        b.branch(self.head)
+        b.position_at_end(self.head)
+        self.i = b.phi(_I64, name=name)
+        self.i.add_incoming(start, self.pre)
+        b.cbranch(b.icmp_signed("<", self.i, end), self.body, self.exit)
+        b.position_at_end(self.body)
+
+    def close(self):
+        b = self.b
+        self.i.add_incoming(b.add(self.i, self.step), b.block)
+        b.branch(self.head)
+        b.position_at_end(self.exit)
+
+
+class _Fn:
+    """One kernel function ``int32 name(int64 s0, int64 s1, int8 **ptrs)``."""
+
+    def __init__(self, module, name):
+        fnty = ir.FunctionType(_I32, [_I64, _I64, _I8P.as_pointer()])
+        self.fn = ir.Function(module, fnty, name)
+        self.s0, self.s1, self.ptrs = self.fn.args
+        self.ptrs.add_attribute("noalias")
+        self.fn.attributes.add("nounwind")
+        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
+
+    def ptr(self, slot, elt):
+        b = self.b
+        p = b.load(b.gep(self.ptrs, [_I64(slot)]), align=8)
+        return b.bitcast(p, elt.as_pointer())
+
+
+def _hsum(b, v, width):
+    acc = b.extract_element(v, _I32(0))
+    for k in range(1, width):
+        acc = b.fadd(acc, b.extract_element(v, _I32(k)))
+    return acc
+
+
+# =========================================================================== grid domains
+class _GridDomain:
+    # pointer slots of every grid function
+    B_X, B_P, B_OUT, B_OUT2, B_VALID, B_DATA, B_INB, B_IDX, B_PARAMS, B_SEGBASE, B_SEGLEN, B_ROWSUM = range(12)
+
+    def __init__(self, plan, dims, terms):
+        self.plan, self.dims, self.terms = plan, dims, terms
+        dt = plan.dtype
+        self.dtype = dt
+        self.S = tuple(plan.sizes[d] for d in dims)
+        self.V = max(1, codegen.host_vector_width(dt))
+        h = 0
+        for t in terms:
+            for d in t.decoded.values():
+                if isinstance(d, Read):
+                    h = max(h, max((abs(o) for o in d.offset), default=0))
+                elif isinstance(d, InBoundsRef):
+                    h = max(h, max((abs(o) for o in d.offset), default=0))
+        self.g = g = 2 * h
+        last = -(-self.S[-1] // self.V) * self.V
+        self.PS = tuple(s + 2 * g for s in self.S[:-1]) + (last + 2 * g,)
+        self.plane = int(np.prod(self.PS))
+        strides = []
+        acc = 1
+        for p in reversed(self.PS):
+            strides.append(acc)
+            acc *= p
+        self.strides = tuple(reversed(strides))
+        # planes: unknowns on this domain (all channels), data arrays read by the terms
+        self.uplane, self.dplane = {}, {}
+        nu = nd = 0
+        for u in plan.unknowns:
+            _, udims, ch = plan.decls[u]
+            if tuple(udims) == tuple(dims):
+                self.uplane[u] = nu
+                nu += ch
+        for t in terms:
+            for d in t.decoded.values():
+                if isinstance(d, Read) and d.role == "array" and d.name not in self.dplane:
+                    self.dplane[d.name] = nd
+                    nd += plan.decls[d.name][2]
+        self.nu, self.nd = nu, nd
+        self.inb = sorted({d.offset for t in terms for d in t.decoded.values()
+                           if isinstance(d, InBoundsRef)})
+        self.idx_dims = sorted({d.dim for t in terms for d in t.decoded.values()
+                                if isinstance(d, IndexRef)})
+        # segments: rows of the last axis (1-D domains: chunks of a multiple of V lanes)
+        if len(self.S) == 1:
+            n = self.S[0]
+            chunk = max(self.V, -(-max(1, n // 64) // self.V) * self.V)
+            starts = np.arange(0, n, chunk)
+            self.seg_base = (g + starts).astype(np.int64)
+            self.seg_len = np.minimum(chunk, -(-(n - starts) // self.V) * self.V).astype(np.int64)
+        else:
+            rows = np.indices(self.S[:-1]).reshape(len(self.S) - 1, -1).T
+            base = ((rows + g) * np.array(self.strides[:-1])).sum(1) + g
+            self.seg_base = base.astype(np.int64)
+            self.seg_len = np.full(len(base), last, np.int64)
+        self.nseg = len(self.seg_base)
+        # index maps: padded position of every entry of each unknown's full-layout block
+        self.full_pos = {}  # u -> positions (C-order over dims + (C,)) in the x buffer
+        interior = np.indices(self.S).reshape(len(self.S), -1).T + g
+        lin = (interior * np.array(self.strides)).sum(1)
+        for u, p0 in self.uplane.items():
+            ch = plan.decls[u][2]
+            pos = (p0 + np.arange(ch))[None, :] * self.plane + lin[:, None]
+            self.full_pos[u] = pos.ravel()
+        self.full_sel = np.concatenate([np.arange(plan._uoff[u], plan._uoff[u] + len(p))
+                                        for u, p in self.full_pos.items()])
+        self.full_posv = np.concatenate(list(self.full_pos.values()))
+        colmap = plan._colmap[self.full_sel]
+        keep = colmap >= 0
+        self.free_cols = colmap[keep]           # columns of x on this domain
+        self.free_pos = self.full_posv[keep]    # their padded positions
+        self.identity = True if (len(self.free_cols) == plan.n and np.array_equal(
+            self.free_cols, np.arange(plan.n))) else None
+        self.lin = lin
+        # output kernels (jtjp, grad) only visit the span of each row that holds free unknowns
+        self.oseg_base, self.oseg_len = self.seg_base, self.seg_len
+        if len(self.S) > 1:
+            fm = np.zeros(int(np.prod(self.S)), bool)
+            for u in self.uplane:
+                ch = plan.decls[u][2]
+                cm = plan._colmap[plan._uoff[u]: plan._uoff[u] + fm.size * ch]
+                fm |= (cm.reshape(-1, ch) >= 0).any(1)
+            fm = fm.reshape(-1, self.S[-1])
+            anyf = fm.any(1)
+            j0 = np.argmax(fm, 1)
+            j1 = self.S[-1] - 1 - np.argmax(fm[:, ::-1], 1)
+            j0 = (j0 // self.V) * self.V
+            ln = -(-(j1 + 1 - j0) // self.V) * self.V
+            self.oseg_base = (self.seg_base + j0)[anyf].astype(np.int64)
+            self.oseg_len = ln[anyf].astype(np.int64)
+        self.noseg = len(self.oseg_base)
+        self._static()
+
+    # ---- buffers ----------------------------------------------------------------------
+    def _pad(self, a):
+        """(S..., C) -> (C, P...) zero-padded planar."""
+        C = a.shape[-1]
+        out = np.zeros((C,) + self.PS, self.dtype)
+        sl = tuple(slice(self.g, self.g + s) for s in self.S)
+        out[(slice(None),) + sl] = np.moveaxis(a, -1, 0)
+        return out
+
+    def refresh_data(self):
+        """Re-pad the data arrays (after ``Plan.set_array``) into the existing buffer."""
+        for name, p0 in self.dplane.items():
+            a = self.plan.data[name]
+            self.data[p0: p0 + a.shape[-1]] = self._pad(a)
+
+    def _static(self):
+        plan, dt = self.plan, self.dtype
+        self.data = np.zeros((max(1, self.nd),) + self.PS, dt)
+        self.refresh_data()
+        self.inbuf = np.zeros((max(1, len(self.inb)),) + self.PS, np.uint8)
+        from . import _inbounds  # noqa: PLC0415
+
+        for k, o in enumerate(self.inb):
+            self.inbuf[k] = self._pad(_inbounds(self.S, o)[..., None].astype(np.uint8))[0]
+        self.idxbuf = np.zeros((max(1, len(self.idx_dims)),) + self.PS, dt)
+        for k, dd in enumerate(self.idx_dims):
+            ix = np.arange(self.PS[dd], dtype=dt) - self.g
+            shp = [1] * len(self.PS)
+            shp[dd] = self.PS[dd]
+            self.idxbuf[k] = np.broadcast_to(ix.reshape(shp), self.PS)
+        self.valid = np.zeros((len(self.terms),) + self.PS, np.uint8)
+        for k, t in enumerate(self.terms):
+            v = np.ones(self.S, bool) if t.valid is None else t.valid.reshape(self.S)
+            self.valid[k] = self._pad(v[..., None].astype(np.uint8))[0]
+        self.x = np.zeros((max(1, self.nu),) + self.PS, dt)
+        self.p = np.zeros_like(self.x)
+        self.out = np.zeros_like(self.x)
+        self.out2 = np.zeros_like(self.x)
+        self.rowsum = np.zeros(self.nseg, np.float64)
+        self.params = np.zeros(max(1, len(self.plan._param_order)), dt)
+
+    def disp(self, off):
+        return int(sum(o * s for o, s in zip(off, self.strides)))
+
+    # ---- code -------------------------------------------------------------------------
+    def build(self, module, prefix):
+        self._build_fn(module, f"{prefix}_jtjp", "jtjp")
+        self._build_fn(module, f"{prefix}_grad", "grad")
+        self._build_fn(module, f"{prefix}_cost", "cost")
+
+    def _build_fn(self, module, name, kind):
+        plan = self.plan
+        T = _ftype(self.dtype)
+        V = self.V
+        VT = ir.VectorType(T, V) if V > 1 else T
+        f = _Fn(module, name)
+        b = f.b
+        ptr = {k: f.ptr(k, T) for k in (self.B_X, self.B_P, self.B_OUT, self.B_OUT2, self.B_DATA,
+                                         self.B_IDX, self.B_PARAMS)}
+        ptr[self.B_VALID] = f.ptr(self.B_VALID, _I8)
+        ptr[self.B_INB] = f.ptr(self.B_INB, _I8)
+        segbase = f.ptr(self.B_SEGBASE, _I64)
+        seglen = f.ptr(self.B_SEGLEN, _I64)
+        rowsum = f.ptr(self.B_ROWSUM, ir.DoubleType())
+        params = {}
+        for k, pname in enumerate(plan._param_order):
+            params[pname] = b.load(b.gep(ptr[self.B_PARAMS], [_I64(k)]))
+        math_ = codegen.VecMath()
+
+        seg = _Loop(b, f.s0, f.s1, _I64(1), "seg")
+        base = b.load(b.gep(segbase, [seg.i]))
+        ln = b.load(b.gep(seglen, [seg.i]))
+        if kind == "cost":
+            zero_d = ir.Constant(ir.VectorType(ir.DoubleType(), V), [0.0] * V) if V > 1 \
+                else ir.Constant(ir.DoubleType(), 0.0)
+            # accumulate in a stack slot (phi across the inner loop would need the body's
+            # last block); mem2reg promotes it
+            slot = b.alloca(zero_d.type)
+            b.store(zero_d, slot)
+        lane = _Loop(b, _I64(0), ln, _I64(V), "lane")
+        q = b.add(base, lane.i)
+
+        item = np.dtype(self.dtype).itemsize
+
+        def load(buf, plane, off, elt=T):
+            idx = b.add(q, _I64(plane * self.plane + off))
+            p = b.gep(ptr[buf], [idx])
+            al = 1 if elt is _I8 else item
+            if V > 1:
+                return b.load(b.bitcast(p, ir.VectorType(elt, V).as_pointer()), align=al)
+            return b.load(p, align=al)
+
+        def load_bool(buf, plane, off):
+            v = load(buf, plane, off, _I8)
+            return b.icmp_unsigned("!=", v, ir.Constant(v.type, None))
+
+        def store(buf, plane, val):
+            idx = b.add(q, _I64(plane * self.plane))
+            p = b.gep(ptr[buf], [idx])
+            if V > 1:
+                b.store(val, b.bitcast(p, VT.as_pointer()), align=item)
+            else:
+                b.store(val, p, align=item)
+
+        def env_at(t, o):
+            """Leaf values of term t at lane q - o."""
+            env = {}
+            for lf in t.leaves:
+                d = t.decoded[lf]
+                if isinstance(d, Read):
+                    rel = self.disp(tuple(a - c for a, c in zip(d.offset, o)))
+                    if d.role == "unknown":
+                        env[lf] = load(self.B_X, self.uplane[d.name] + d.channel, rel)
+                    else:
+                        env[lf] = load(self.B_DATA, self.dplane[d.name] + d.channel, rel)
+                elif isinstance(d, ParamRef):
+                    env[lf] = params[d.name]
+                elif isinstance(d, InBoundsRef):
+                    env[lf] = load_bool(self.B_INB, self.inb.index(d.offset),
+                                        self.disp(tuple(-c for c in o)))
+                elif isinstance(d, IndexRef):
+                    env[lf] = load(self.B_IDX, self.idx_dims.index(d.dim),
+                                   self.disp(tuple(-c for c in o)))
+            return env
+
+        zero = ir.Constant(VT, [0.0] * V if V > 1 else 0.0) if V > 1 else ir.Constant(T, 0.0)
+        em = codegen.Emitter(b, width=V if V > 1 else None, math=math_)
+
+        def emit(roots, env):
+            prog = sym.cse(roots)
+            vals = em.emit_program(prog, env)
+            return [em.splat(em.convert(v, r.dtype, self.dtype)) for r, v in zip(roots, vals)]
+
+        if kind == "cost":
+            acc = b.load(slot)
+            for ti, t in enumerate(self.terms):
+                o = (0,) * len(self.S)
+                valid = load_bool(self.B_VALID, ti, 0)
+                vals = emit(list(t.chans), env_at(t, o))
+                for v in vals:
+                    sq = b.fmul(v, v)
+                    sq = b.select(valid, sq, zero)
+                    if self.dtype != np.float64:
+                        sq = b.fpext(sq, zero_d.type)
+                    acc = b.fadd(acc, sq)
+            b.store(acc, slot)
+            lane.close()
+            tot = b.load(slot)
+            if V > 1:
+                tot = _hsum(b, tot, V)
+            b.store(tot, b.gep(rowsum, [seg.i]))
+            seg.close()
+            b.ret(_I32(0))
+            return
+
+        accs = {}  # (u, c) -> accumulated value (jtjp / jtf)
+        accs2 = {}  # diag
+        for ti, t in enumerate(self.terms):
+            groups = {}
+            for j, (_, d) in enumerate(t.ureads):
+                groups.setdefault(d.offset, []).append(j)
+            for o, js in groups.items():
+                env = env_at(t, o)
+                valid = load_bool(self.B_VALID, ti, self.disp(tuple(-c for c in o)))
+                K, R = t.K, t.R
+                if kind == "jtjp":
+                    D = emit([t.partials[k][j] for k in range(K) for j in range(R)], env)
+                    D = [D[k * R:(k + 1) * R] for k in range(K)]
+                    pv = []
+                    for j, (_, d) in enumerate(t.ureads):
+                        rel = self.disp(tuple(a - c for a, c in zip(d.offset, o)))
+                        pv.append(load(self.B_P, self.uplane[d.name] + d.channel, rel))
+                    jp = []
+                    for k in range(K):
+                        s = None
+                        for j in range(R):
+                            m = b.fmul(D[k][j], pv[j])
+                            s = m if s is None else b.fadd(s, m)
+                        jp.append(s)
+                    for j in js:
+                        d = t.ureads[j][1]
+                        s = None
+                        for k in range(K):
+                            m = b.fmul(D[k][j], jp[k])
+                            s = m if s is None else b.fadd(s, m)
+                        s = b.select(valid, s, zero)
+                        key = (d.name, d.channel)
+                        accs[key] = s if key not in accs else b.fadd(accs[key], s)
+                else:  # grad: J^T F and diag
+                    vals = emit(list(t.chans) + [t.partials[k][j] for k in range(K) for j in js],
+                                env)
+                    F, Dg = vals[:K], vals[K:]
+                    for jj, j in enumerate(js):
+                        d = t.ureads[j][1]
+                        s = s2 = None
+                        for k in range(K):
+                            dk = Dg[k * len(js) + jj]
+                            m = b.fmul(dk, F[k])
+                            m2 = b.fmul(dk, dk)
+                            s = m if s is None else b.fadd(s, m)
+                            s2 = m2 if s2 is None else b.fadd(s2, m2)
+                        s = b.select(valid, s, zero)
+                        s2 = b.select(valid, s2, zero)
+                        key = (d.name, d.channel)
+                        accs[key] = s if key not in accs else b.fadd(accs[key], s)
+                        accs2[key] = s2 if key not in accs2 else b.fadd(accs2[key], s2)
+        for u, p0 in self.uplane.items():
+            for c in range(plan.decls[u][2]):
+                store(self.B_OUT, p0 + c, accs.get((u, c), zero))
+                if kind == "grad":
+                    store(self.B_OUT2, p0 + c, accs2.get((u, c), zero))
+        lane.close()
+        seg.close()
+        b.ret(_I32(0))
+
+    # ---- calls ------------------------------------------------------------------------
+    def bind(self, addrs):
+        self.fns = {k: _FN(a) for k, a in addrs.items()}
+
+        def arr(base, ln):
+            return (ctypes.c_void_p * 12)(*[
+                a.ctypes.data for a in (self.x, self.p, self.out, self.out2, self.valid,
+                                        self.data, self.inbuf, self.idxbuf, self.params, base,
+                                        ln, self.rowsum)])
+
+        self.ptr_all = arr(self.seg_base, self.seg_len)
+        self.ptr_out = arr(self.oseg_base, self.oseg_len)
+
+    def set_x(self, full):
+        self.x.reshape(-1)[self.full_posv] = full[self.full_sel]
+
+    def set_params(self):
+        for k, n in enumerate(self.plan._param_order):
+            self.params[k] = self.plan.params[n]
+
+    def run(self, kind, threads):
+        if kind == "cost":
+            _run_segments(self.fns[kind], self.nseg, ctypes.addressof(self.ptr_all), threads)
+        else:
+            _run_segments(self.fns[kind], self.noseg, ctypes.addressof(self.ptr_out), threads)
+
+
+def _run_segments(fn, n, ptrs, threads, per_thread_ptrs=None):
+    t = max(1, min(threads, n))
+    if t == 1:
+        fn(0, n, ptrs if per_thread_ptrs is None else per_thread_ptrs[0])
+        return
+    bounds = [(n * k // t, n * (k + 1) // t) for k in range(t)]
+    pool = codegen.thread_pool()
+    futs = [pool.submit(fn, s, e, ptrs if per_thread_ptrs is None else per_thread_ptrs[k])
+            for k, (s, e) in enumerate(bounds[1:], start=1)]
+    s, e = bounds[0]
+    fn(s, e, ptrs if per_thread_ptrs is None else per_thread_ptrs[0])
+    for f in futs:
+        f.result()
+
+
+# =========================================================================== graph terms
+class _GraphPart:
+    """All graph terms of a plan: scalar loop over edges, scatter into private outputs."""
+
+    XF, PF, OUT, OUT2, DATA, IDX, PARAMS, ROWSUM = range(8)
+
+    def __init__(self, plan, terms):
+        self.plan, self.terms = plan, terms
+        dt = plan.dtype
+        self.dtype = dt
+        # data arrays read by graph terms: one flat buffer, each array at an offset
+        self.doff = {}
+        chunks, off = [], 0
+        for t in terms:
+            for d in t.decoded.values():
+                if isinstance(d, Read) and d.role == "array" and d.name not in self.doff:
+                    a = plan.data[d.name].reshape(-1)
+                    self.doff[d.name] = off
+                    chunks.append(a)
+                    off += a.size
+        self.data = np.concatenate(chunks).astype(dt) if chunks else np.zeros(1, dt)
+        # slot index arrays: one int64 buffer, one block per (graph, slot)
+        self.ioff = {}
+        ch, off = [], 0
+        for t in terms:
+            for (g, s), idx in ((k, v) for k, v in self._slots(t)):
+                if (g, s) not in self.ioff:
+                    self.ioff[(g, s)] = off
+                    ch.append(idx)
+                    off += len(idx)
+        self.idx = np.concatenate(ch).astype(np.int64)
+        self.E = [t.L for t in terms]
+        self.params = np.zeros(max(1, len(plan._param_order)), dt)
+        self.xf = np.zeros(plan.n_full, dt)
+        self.pf = np.zeros(plan.n_full, dt)
+
+    def _slots(self, t):
+        out = []
+        for d in t.decoded.values():
+            if isinstance(d, Read):
+                out.append(((t.graph, d.slot), self.plan.graphs[t.graph][d.slot]))
+        return out
+
+    def build(self, module, prefix):
+        for ti in range(len(self.terms)):
+            for kind in ("jtjp", "grad", "cost"):
+                self._build_fn(module, f"{prefix}_{ti}_{kind}", ti, kind)
+
+    def _build_fn(self, module, name, ti, kind):
+        plan, t = self.plan, self.terms[ti]
+        T = _ftype(self.dtype)
+        f = _Fn(module, name)
+        b = f.b
+        ptr = {k: f.ptr(k, T) for k in (self.XF, self.PF, self.OUT, self.OUT2, self.DATA,
+                                         self.PARAMS)}
+        idxp = f.ptr(self.IDX, _I64)
+        rowsum = f.ptr(self.ROWSUM, ir.DoubleType())
+        params = {n: b.load(b.gep(ptr[self.PARAMS], [_I64(k)]))
+                  for k, n in enumerate(plan._param_order)}
+        if kind == "cost":
+            slot = b.alloca(ir.DoubleType())
+            b.store(ir.Constant(ir.DoubleType(), 0.0), slot)
+        loop = _Loop(b, f.s0, f.s1, _I64(1), "e")
+        e = loop.i
+        em = codegen.Emitter(b, width=None, math=codegen.VecMath())
+        vidx = {}
+
+        def vertex(d):
+            key = (t.graph, d.slot)
+            if key not in vidx:
+                vidx[key] = b.load(b.gep(idxp, [b.add(e, _I64(self.ioff[key]))]))
+            return vidx[key]
+
+        def flat_pos(d):
+            if d.role == "unknown":
+                base = plan._uoff[d.name]
+            else:
+                base = self.doff[d.name]
+            return b.add(_I64(base + d.channel), b.mul(vertex(d), _I64(d.channels)))
+
+        env = {}
+        for lf in t.leaves:
+            d = t.decoded[lf]
+            if isinstance(d, Read):
+                buf = self.XF if d.role == "unknown" else self.DATA
+                env[lf] = b.load(b.gep(ptr[buf], [flat_pos(d)]))
+            elif isinstance(d, ParamRef):
+                env[lf] = params[d.name]
+        K, R = t.K, t.R
+        zero = ir.Constant(T, 0.0)
+
+        def emit(roots):
+            vals = em.emit_program(sym.cse(roots), env)
+            return [em.convert(v, r.dtype, self.dtype) for r, v in zip(roots, vals)]
+
+        def scatter(buf, d, val):
+            p = b.gep(ptr[buf], [flat_pos(d)])
+            b.store(b.fadd(b.load(p), val), p)
+
+        if kind == "cost":
+            acc = b.load(slot)
+            for v in emit(list(t.chans)):
+                sq = b.fmul(v, v)
+                if self.dtype != np.float64:
+                    sq = b.fpext(sq, ir.DoubleType())
+                acc = b.fadd(acc, sq)
+            b.store(acc, slot)
+        elif kind == "jtjp":
+            D = emit([t.partials[k][j] for k in range(K) for j in range(R)])
+            pv = [b.load(b.gep(ptr[self.PF], [flat_pos(d)])) for _, d in t.ureads]
+            jp = []
+            for k in range(K):
+                s = zero
+                for j in range(R):
+                    s = b.fadd(s, b.fmul(D[k * R + j], pv[j]))
+                jp.append(s)
+            for j, (_, d) in enumerate(t.ureads):
+                s = zero
+                for k in range(K):
+                    s = b.fadd(s, b.fmul(D[k * R + j], jp[k]))
+                scatter(self.OUT, d, s)
+        else:
+            vals = emit(list(t.chans) + [t.partials[k][j] for k in range(K) for j in range(R)])
+            F, D = vals[:K], vals[K:]
+            groups = {}
+            for j, (_, d) in enumerate(t.ureads):
+                groups.setdefault((d.name, d.channel), []).append(j)
+            for j, (_, d) in enumerate(t.ureads):
+                s = zero
+                for k in range(K):
+                    s = b.fadd(s, b.fmul(D[k * R + j], F[k]))
+                scatter(self.OUT, d, s)
+                # diagonal: the J entry of (edge, k) for the vertex of read j is the sum of the
+                # partials of every read of the same (unknown, channel) hitting that vertex;
+                # only the first such read adds its square
+                grp = groups[(d.name, d.channel)]
+                vj = vertex(d)
+                first = ir.Constant(ir.IntType(1), 1)
+                for j2 in grp:
+                    if j2 < j:
+                        d2 = t.ureads[j2][1]
+                        first = b.and_(first, b.icmp_signed("!=", vertex(d2), vj))
+                s2 = zero
+                for k in range(K):
+                    ent = D[k * R + j]
+                    for j2 in grp:
+                        if j2 != j:
+                            d2 = t.ureads[j2][1]
+                            same = b.icmp_signed("==", vertex(d2), vj)
+                            ent = b.fadd(ent, b.select(same, D[k * R + j2], zero))
+                    s2 = b.fadd(s2, b.fmul(ent, ent))
+                scatter(self.OUT2, d, b.select(first, s2, zero))
+        loop.close()
+        if kind == "cost":
+            b.store(b.load(slot), b.gep(rowsum, [f.s0]))
+        b.ret(_I32(0))
+
+    def bind(self, addrs, threads):
+        self.fns = {k: _FN(a) for k, a in addrs.items()}
+        self.threads = threads
+        n_full = self.plan.n_full
+        self.outs = [np.zeros(n_full, self.dtype) for _ in range(threads)]
+        self.outs2 = [np.zeros(n_full, self.dtype) for _ in range(threads)]
+        self.rowsum = np.zeros(max(self.E) + 1 if self.E else 1, np.float64)
+        self.ptrs = []
+        for k in range(threads):
+            arr = (ctypes.c_void_p * 8)(*[a.ctypes.data for a in (
+                self.xf, self.pf, self.outs[k], self.outs2[k], self.data, self.idx, self.params,
+                self.rowsum)])
+            self.ptrs.append(arr)
+
+    def set_params(self):
+        for k, n in enumerate(self.plan._param_order):
+            self.params[k] = self.plan.params[n]
+
+    def refresh_data(self):
+        for name, off in self.doff.items():
+            a = self.plan.data[name].reshape(-1)
+            self.data[off: off + a.size] = a
+
+    def run(self, kind, threads):
+        """Returns (out, out2) summed over threads (full layout), or the cost sum."""
+        t = max(1, min(threads, self.threads))
+        if kind == "cost":
+            total = 0.0
+            for ti, E in enumerate(self.E):
+                # one call per thread chunk: each writes its partial sum at rowsum[s0]
+                tt = max(1, min(t, E // 4096 + 1))
+                bounds = [(E * k // tt, E * (k + 1) // tt) for k in range(tt)]
+                self.rowsum[:] = 0
+                fn = self.fns[(ti, "cost")]
+                pool = codegen.thread_pool()
+                futs = [pool.submit(fn, s, e, ctypes.addressof(self.ptrs[0]))
+                        for s, e in bounds[1:]]
+                fn(bounds[0][0], bounds[0][1], ctypes.addressof(self.ptrs[0]))
+                for fu in futs:
+                    fu.result()
+                total += float(sum(self.rowsum[s] for s, _ in bounds))
+            return total
+        for k in range(t):
+            self.outs[k][:] = 0
+            if kind == "grad":
+                self.outs2[k][:] = 0
+        for ti, E in enumerate(self.E):
+            fn = self.fns[(ti, kind)]
+            tt = max(1, min(t, E // 4096 + 1))
+            _run_segments(fn, E, None, tt, [ctypes.addressof(p) for p in self.ptrs])
+        out = self.outs[0]
+        for k in range(1, t):
+            out += self.outs[k]
+        out2 = None
+        if kind == "grad":
+            out2 = self.outs2[0]
+            for k in range(1, t):
+                out2 += self.outs2[k]
+        return out, out2
+
+
+# =========================================================================== the plan part
+_TOKEN = "LSQHASHTOKEN"
+_MODULES: dict = {}  # module name -> {function name: address} (process-wide)
+
+
+def _compile(module, fn_names):
+    """Compile ``module`` once per process (named by a hash of its IR and the host); returns
+    {function name: address}. core_ad's ``compile_ir`` returns one address per call, so the
+    module also exports ``table_<hash>(k) -> address of function k``."""
+    b = ir.IRBuilder(ir.Function(module, ir.FunctionType(_I8P, [_I64]),
+                                 f"table_{_TOKEN}").append_basic_block("entry"))
+    fn = b.function
+    default = fn.append_basic_block("default")
+    sw = b.switch(fn.args[0], default)
+    for k, name in enumerate(fn_names):
+        blk = fn.append_basic_block(f"case{k}")
+        sw.add_case(_I64(k), blk)
+        b.position_at_end(blk)
+        b.ret(b.bitcast(module.get_global(name), _I8P))
+    b.position_at_end(default)
+    b.ret(ir.Constant(_I8P, None))
+    text = str(module)
+    h = hashlib.sha256((text + codegen.host_signature()).encode()).hexdigest()[:24]
+    text = text.replace(_TOKEN, h)
+    mod_name = f"lsq_opt_fused_{h}"
+    t0 = time.perf_counter()
+    if mod_name not in _MODULES:
+        addr, _ = codegen.compile_ir(text, mod_name, f"table_{h}")
+        table = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int64)(addr)
+        _MODULES[mod_name] = {name: table(k) for k, name in enumerate(fn_names)}
+    return _MODULES[mod_name], text, time.perf_counter() - t0
+
+
+class FusedPlan:
+    """The fused kernels of one :class:`~lsq_opt._compiler.Plan` (built on first use).
+
+    ``build_time``: seconds to generate and compile (0 compile when the module was already
+    compiled in this process); ``ir``: the module's LLVM IR."""
+
+    KINDS = ("jtjp", "grad", "cost")
+
+    def __init__(self, plan):
+        t0 = time.perf_counter()
+        self.plan = plan
+        self.dtype = plan.dtype
+        for t in plan.terms:
+            if getattr(t, "partials", None) is None:
+                memo = sym.DiffMemo()
+                t.partials = [[sym.diff(c, lf, memo) for lf, _ in t.ureads] for c in t.chans]
+        by_dims = {}
+        graph_terms = []
+        for t in plan.terms:
+            if t.is_graph:
+                graph_terms.append(t)
+            else:
+                by_dims.setdefault(tuple(t.dims), []).append(t)
+        self.grids = [_GridDomain(plan, dims, ts) for dims, ts in by_dims.items()]
+        self.graph = _GraphPart(plan, graph_terms) if graph_terms else None
+        self.threads = codegen.num_threads()
+        module = ir.Module(name="lsq_opt_fused")
+        fn_names = []
+        for k, gd in enumerate(self.grids):
+            gd.build(module, f"grid{k}_{_TOKEN}")
+            fn_names += [f"grid{k}_{_TOKEN}_{kind}" for kind in self.KINDS]
+        if self.graph is not None:
+            self.graph.build(module, f"graph_{_TOKEN}")
+            fn_names += [f"graph_{_TOKEN}_{ti}_{kind}" for ti in range(len(graph_terms))
+                         for kind in self.KINDS]
+        addrs, self.ir, self.compile_time = _compile(module, fn_names)
+        for k, gd in enumerate(self.grids):
+            gd.bind({kind: addrs[f"grid{k}_{_TOKEN}_{kind}"] for kind in self.KINDS})
+        if self.graph is not None:
+            self.graph.bind({(ti, kind): addrs[f"graph_{_TOKEN}_{ti}_{kind}"]
+                             for ti in range(len(graph_terms)) for kind in self.KINDS},
+                            self.threads)
+        self.build_time = time.perf_counter() - t0
+        self._x_key = None
+        self._grad = None
+        self._pver = self._dver = None
+
+    # ---- state ------------------------------------------------------------------------
+    def _sync(self):
+        plan = self.plan
+        if plan._dver != self._dver:
+            for gd in self.grids:
+                gd.refresh_data()
+            if self.graph is not None:
+                self.graph.refresh_data()
+            self._dver = plan._dver
+            self._x_key = None
+        if plan._pver != self._pver:
+            for gd in self.grids:
+                gd.set_params()
+            if self.graph is not None:
+                self.graph.set_params()
+            self._pver = plan._pver
+            self._x_key = None
+
+    def set_x(self, x):
+        """Pack x (and the fixed entries) into the kernels' buffers, unless already there."""
+        self._sync()
+        x = np.asarray(x)
+        if self._x_key is not None and self._x_key.shape == x.shape and \
+                np.array_equal(self._x_key, x):
+            return
+        full = self.plan._full(x)
+        for gd in self.grids:
+            gd.set_x(full)
+        if self.graph is not None:
+            self.graph.xf[:] = full
+        self._x_key = x.copy()
+        self._grad = None
+
+    def cost(self, x) -> float:
+        self.set_x(x)
+        tot = 0.0
+        for gd in self.grids:
+            gd.run("cost", self.threads)
+            tot += float(gd.rowsum.sum())
+        if self.graph is not None:
+            tot += self.graph.run("cost", self.threads)
+        return 0.5 * tot
+
+    def grad(self, x):
+        """(J^T F, diag(J^T J)) on the free unknowns (cached per x)."""
+        self.set_x(x)
+        if self._grad is not None:
+            return self._grad
+        plan = self.plan
+        g = np.zeros(plan.n, self.dtype)
+        dg = np.zeros(plan.n, self.dtype)
+        for gd in self.grids:
+            gd.run("grad", self.threads)
+            g[gd.free_cols] += gd.out.reshape(-1)[gd.free_pos]
+            dg[gd.free_cols] += gd.out2.reshape(-1)[gd.free_pos]
+        if self.graph is not None:
+            o1, o2 = self.graph.run("grad", self.threads)
+            g += o1[plan.free_idx]
+            dg += o2[plan.free_idx]
+        self._grad = (g, dg)
+        return self._grad
+
+    def jtjp(self, x, p):
+        self.set_x(x)
+        plan = self.plan
+        p = np.asarray(p, self.dtype)
+        if p.shape != (plan.n,):
+            raise ValueError(f"p must have shape ({plan.n},), got {p.shape}")
+        if len(self.grids) == 1 and self.graph is None:
+            gd = self.grids[0]
+            gd.p.reshape(-1)[gd.free_pos] = p[gd.free_cols] if gd.identity is None else p
+            gd.run("jtjp", self.threads)
+            return gd.out.reshape(-1)[gd.free_pos] if gd.identity is not None else \
+                _scatter(plan.n, gd.free_cols, gd.out.reshape(-1)[gd.free_pos], self.dtype)
+        out = np.zeros(plan.n, self.dtype)
+        for gd in self.grids:
+            gd.p.reshape(-1)[gd.free_pos] = p[gd.free_cols]
+            gd.run("jtjp", self.threads)
+            out[gd.free_cols] += gd.out.reshape(-1)[gd.free_pos]
+        if self.graph is not None:
+            self.graph.pf[plan.free_idx] = p
+            o1, _ = self.graph.run("jtjp", self.threads)
+            out += o1[plan.free_idx]
+        return out
+
+
+def _scatter(n, cols, vals, dtype):
+    out = np.zeros(n, dtype)
+    out[cols] = vals
+    return out
