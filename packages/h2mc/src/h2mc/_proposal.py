@@ -125,8 +125,8 @@ def h2mc_proposal(grad, hess, sigma2, *, log_f=None, T=T_DEFAULT, eps=1e-10,
 
     ``grad`` ``(B, n)`` and ``hess`` ``(B, n, n)`` are the gradient and Hessian of **log f** at
     the lanes' states (a single ``(n,)``/``(n, n)`` pair is accepted too and gives ``B = 1``).
-    ``sigma2`` is the prior *variance* (``np.inf`` disables the prior: used to check that
-    Gaussian targets are reproduced exactly). ``log_f`` ``(B,)``, when given, enables the
+    ``sigma2`` is the prior *variance* (``np.inf`` disables the prior and the fallbacks of
+    rule 4.7.2: used to check that Gaussian targets are reproduced exactly). ``log_f`` ``(B,)``, when given, enables the
     ``f <= min_f`` isotropic fallback. ``T`` is the simulation time, ``eps`` the eigenvalue
     cutoff, ``offset_variant`` ``"exact"`` (default) or ``"thesis"`` (erratum D1).
     """
@@ -157,7 +157,7 @@ def h2mc_proposal(grad, hess, sigma2, *, log_f=None, T=T_DEFAULT, eps=1e-10,
     m = np.where(prec > 0, inv_v / np.where(prec > 0, prec, 1.0) * o, 0.0)
 
     iso = nonfinite | (np.sqrt(np.sum(H * H, axis=(1, 2))) < fallback_hessian_norm * inv_s2)
-    if log_f is not None:
+    if log_f is not None and inv_s2 > 0:  # without a prior there is nothing to fall back on
         lf = np.asarray(log_f, dtype=np.float64).reshape(B)
         iso |= ~(lf > np.log(min_f))  # rule 4.7.2 (NaN log f counts as 0)
     if iso.any():
