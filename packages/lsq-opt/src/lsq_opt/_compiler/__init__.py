@@ -579,9 +579,16 @@ class Plan:
     def linearize(self, x):
         """Solver hook: called once per new iterate before ``jtf`` / ``jtj_diag`` / ``jtjp``."""
         if self.kernels == "fused":
-            self.fused.grad(x)
+            self.fused.linearize(x)
         else:
             self._linearize(x)
+        self._lin_point = np.array(x, copy=True)
+
+    def jtjp_linearized(self, p) -> np.ndarray:
+        """J^T J p at the x of the last :meth:`linearize` (the solvers' PCG operator)."""
+        if self.kernels == "fused":
+            return self.fused.jtjp_linearized(p)
+        return self.jtjp_lanes(self._lin_point, p)
 
     def jtf(self, x) -> np.ndarray:
         if self.kernels == "fused":

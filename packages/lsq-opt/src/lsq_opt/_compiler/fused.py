@@ -756,6 +756,7 @@ class FusedPlan:
                             self.threads)
         self.build_time = time.perf_counter() - t0
         self._x_key = None
+        self._lin = None
         self._grad = None
         self._pver = self._dver = None
 
@@ -792,6 +793,16 @@ class FusedPlan:
         self._x_key = x.copy()
         self._grad = None
 
+    def linearize(self, x):
+        self.grad(x)
+        self._lin = self._x_key
+
+    def jtjp_linearized(self, p):
+        if self._x_key is not self._lin:
+            self.set_x(self._lin)
+            self._lin = self._x_key
+        return self._jtjp(p)
+
     def cost(self, x) -> float:
         self.set_x(x)
         tot = 0.0
@@ -823,6 +834,9 @@ class FusedPlan:
 
     def jtjp(self, x, p):
         self.set_x(x)
+        return self._jtjp(p)
+
+    def _jtjp(self, p):
         plan = self.plan
         p = np.asarray(p, self.dtype)
         if p.shape != (plan.n,):

@@ -18,7 +18,7 @@ import numpy as np
 from .levenberg_marquardt import _emit, start
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
-from .problem import call_linearize
+from .problem import call_linearize, jtjp_operator
 from .report import IterationLog, SolveResult
 
 __all__ = ["gauss_newton"]
@@ -50,7 +50,8 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
         it += 1
         t0 = time.perf_counter()
         m_inv = inverse_diagonal(diag, opts.preconditioner)
-        res = pcg(lambda p: problem.jtjp(x, p), -g, m_inv, max_iterations=opts.pcg_max_iterations,
+        jtjp = jtjp_operator(problem, x)
+        res = pcg(jtjp, -g, m_inv, max_iterations=opts.pcg_max_iterations,
                   tolerance=opts.pcg_tolerance, q_tolerance=None, residual_reset_period=0)
         delta = res.x
         step_norm = float(np.linalg.norm(delta))
@@ -61,7 +62,7 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
         elif step_norm <= opts.parameter_tolerance * (float(np.linalg.norm(x)) + opts.parameter_tolerance):
             reason = "parameter tolerance"
         else:
-            jd = np.asarray(problem.jtjp(x, delta), dtype=dt)
+            jd = np.asarray(jtjp(delta), dtype=dt)
             dm = -(float(np.dot(g, delta)) + 0.5 * float(np.dot(delta, jd)))
             x_trial = x + delta
             trial_cost = float(problem.cost(x_trial))

@@ -36,7 +36,7 @@ import numpy as np
 
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
-from .problem import call_linearize
+from .problem import call_linearize, jtjp_operator
 from .report import IterationLog, SolveResult
 
 __all__ = ["levenberg_marquardt", "lm_damping", "lm_step_accepted", "lm_update_radius"]
@@ -129,8 +129,12 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
         D = lm_damping(diag, s, mu, opts.min_lm_diagonal, opts.max_lm_diagonal)
         m_inv = inverse_diagonal(diag + D, opts.preconditioner)
 
-        def apply_A(p, D=D):
-            return np.asarray(problem.jtjp(x, p), dtype=dt) + D * p
+        jtjp = jtjp_operator(problem, x)
+
+        def apply_A(p, D=D, jtjp=jtjp):
+            out = np.asarray(jtjp(p), dtype=dt)
+            out += D * p
+            return out
 
         res = pcg(apply_A, -g, m_inv, max_iterations=opts.pcg_max_iterations,
                   tolerance=opts.pcg_tolerance, q_tolerance=opts.q_tolerance,
@@ -144,7 +148,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             if step_norm <= opts.parameter_tolerance * (float(np.linalg.norm(x)) + opts.parameter_tolerance):
                 stop_param = True
             else:
-                jd = np.asarray(problem.jtjp(x, delta), dtype=dt)
+                jd = np.asarray(jtjp(delta), dtype=dt)
                 dm = -(float(np.dot(g, delta)) + 0.5 * float(np.dot(delta, jd)))
                 x_trial = x + delta
                 trial_cost = float(problem.cost(x_trial))

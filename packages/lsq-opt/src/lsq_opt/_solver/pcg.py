@@ -27,6 +27,7 @@ cannot change delta any more, so the returned step is the same.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -106,6 +107,7 @@ def pcg(
     r = b.copy()
     z = minv * r
     p = z.copy()
+    tmp = np.empty_like(b)
     rho_old = dt.type(np.dot(r, z))
     Q_prev = 0.0
     q_hist: list = []
@@ -127,18 +129,21 @@ def pcg(
             i -= 1
             break
         alpha = dt.type(rho_old / alpha_den)
-        x += alpha * p
+        np.multiply(p, alpha, out=tmp)
+        x += tmp
         if residual_reset_period and i % residual_reset_period == 0:
             r = b - np.asarray(apply_A(x), dtype=dt)
             n_apply += 1
         else:
-            r -= alpha * q
-        z = minv * r
+            np.multiply(q, alpha, out=tmp)
+            r -= tmp
+        np.multiply(minv, r, out=z)
         rho_new = dt.type(np.dot(z, r))
         beta = dt.type(rho_new / rho_old) if rho_old > 0 else dt.type(0)
-        p = z + beta * p
+        p *= beta
+        p += z
         rho_old = rho_new
-        r_norm = float(np.linalg.norm(r))
+        r_norm = math.sqrt(float(np.dot(r, r)))
         if not np.isfinite(r_norm):
             reason = "non-finite"
             break
@@ -146,7 +151,8 @@ def pcg(
             reason = "tolerance"
             break
         if q_tolerance is not None:
-            Q = 0.5 * float(np.dot(x, r + b))
+            np.add(r, b, out=tmp)
+            Q = 0.5 * float(np.dot(x, tmp))
             q_hist.append(Q)
             if Q != 0.0 and i * (Q - Q_prev) / Q < q_tolerance:
                 reason = "q tolerance"

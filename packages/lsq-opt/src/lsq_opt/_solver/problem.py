@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["LeastSquaresProblem", "DenseProblem", "call_linearize"]
+__all__ = ["LeastSquaresProblem", "DenseProblem", "call_linearize", "jtjp_operator"]
 
 
 @runtime_checkable
@@ -54,6 +54,16 @@ def call_linearize(problem: Any, x: np.ndarray) -> None:
     hook = getattr(problem, "linearize", None)
     if hook is not None:
         hook(x)
+
+
+def jtjp_operator(problem: Any, x: np.ndarray):
+    """``p -> J(x)^T J(x) p`` for the PCG loop. A problem with a ``linearize`` hook may also
+    define ``jtjp_linearized(p)`` (J^T J p at the x of the last ``linearize`` call, skipping the
+    per-call check that x is still the linearisation point); it is used when present."""
+    fast = getattr(problem, "jtjp_linearized", None)
+    if fast is not None and getattr(problem, "linearize", None) is not None:
+        return fast
+    return lambda p: problem.jtjp(x, p)
 
 
 class DenseProblem:
