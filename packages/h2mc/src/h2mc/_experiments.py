@@ -106,12 +106,13 @@ def _tau_run(target, kernel, chains, steps, seed, x0):
 def ae5_mixing(key: str, chains=64, steps=2000, seed=0, sigma2=None,
                rwm_sigmas=(1e-4, 3e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1e-1),
                mala_steps=(3e-4, 1e-3, 3e-3, 1e-2), hmc=(0.0005, 100), hmc_steps=200,
-               derivatives="compiled", progress=False):
+               derivatives="compiled", progress=False, with_mixture=False):
     """ESS per target evaluation, ``1 / (tau * evaluations per step)``, H2MC vs RWM/MALA/HMC.
 
     tau is the largest Geyer integrated autocorrelation time over the coordinates and log f
     (the spec's min-ESS), from ``chains`` chains seeded at stationarity. RWM and MALA take the
-    best of their grids. ``reliable`` says whether the run was >= 20 tau long; a short run
+    best of their grids. ``with_mixture`` also runs the AE-4 mixture (large 0.1, isotropic
+    0.2, H2MC 0.7), the thesis' sampler. ``reliable`` says whether the run was >= 20 tau long; a short run
     under-estimates tau (over-estimates ESS), which only favours the baselines here.
     """
     target = make_target(key, derivatives)
@@ -119,6 +120,8 @@ def ae5_mixing(key: str, chains=64, steps=2000, seed=0, sigma2=None,
     s2 = TUNED_SIGMA2[key] if sigma2 is None else sigma2
     out = {"target": target.name}
     out["h2mc"] = _tau_run(target, H2MCStep(sigma2=s2), chains, steps, seed, x0)
+    if with_mixture:
+        out["h2mc_mixture"] = _tau_run(target, mixture(key, s2), chains, steps, seed, x0)
     rw = [_tau_run(target, RandomWalk(sigma=s), chains, steps, seed, x0) for s in rwm_sigmas]
     out["rwm_grid"] = rw
     out["rwm"] = max(rw, key=lambda r: r["ess_per_eval"])

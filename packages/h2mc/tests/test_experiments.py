@@ -1,0 +1,70 @@
+"""AE-5 (mixing vs RWM / MALA / HMC), AE-6 (acceptance vs sigma2), AE-13 (proposal economy)."""
+
+import numpy as np
+import pytest
+
+from h2mc import _experiments as E
+
+
+def test_ae5_gaussian_ridge_h2mc_beats_rwm_5x_and_hmc():
+    r = E.ae5_mixing("a", chains=32, steps=600, hmc_steps=20,
+                     rwm_sigmas=(1e-3, 3e-3, 1e-2, 3e-2), mala_steps=(1e-3, 3e-3))
+    assert r["h2mc"]["reliable"]  # H2MC's tau (~7) is measured, not truncated
+    # the baselines' taus are truncated by the short runs, which over-estimates their ESS:
+    # the ratios below are lower bounds
+    assert r["ratio_rwm"] >= 5
+    assert r["ratio_hmc"] > 1
+    assert r["h2mc"]["acceptance"] > r["rwm"]["acceptance"]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["a", "b"])
+def test_ae5_full(key):
+    r = E.ae5_mixing(key, chains=32, steps=20000, hmc_steps=400, with_mixture=True)
+    assert r["ratio_hmc"] > 1
+    assert r["h2mc"]["acceptance"] > r["rwm"]["acceptance"]
+    if key == "a":
+        assert r["ratio_rwm"] >= 5
+    # target (b): measured ~1x (see the package README): the ring's min-ESS is set by the
+    # diffusion around its circumference, where the quadratic model cannot follow the curve.
+
+
+def test_ae6_acceptance_falls_as_sigma2_grows():
+    rows = E.ae6_sigma_sweep("b", chains=600, steps=60)
+    acc = [r["acceptance"] for r in rows]
+    se = [r["se"] for r in rows]
+    for i in range(len(rows) - 1):
+        # strictly decreasing, each step by more than 4 combined standard errors
+        assert acc[i] - acc[i + 1] > 4 * np.hypot(se[i], se[i + 1]), rows
+    assert any(0.5 <= a <= 0.7 for a in acc)
+
+
+def test_ae13_evaluation_counts_match_fig_6_6():
+    rows = E.ae13_economy("b")
+    assert rows["HMC, 128 proposals"]["evals"] == 12929
+    assert rows["H2MC, 128 proposals"]["evals"] == 129
+    assert rows["HMC, 128 states"]["evals"] == 12929
+    assert rows["H2MC, 128 states"]["evals"] == 129
+    assert rows["H2MC, 1024 states"]["evals"] == 1025
+    for v in rows.values():
+        assert 0 < v["acceptance"] <= 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["a", "b", "c"])
+def test_ae4_spec_size(key):
+    """AE-4 at the spec's size: 2e6 steps of the mixture (8000 chains x 250 steps)."""
+    r = E.ae4_stationarity(key, chains=8000, steps=250, seed=7)
+    assert r["tv"] < 0.02
+    for k in ("Ex", "Ey", "Ex2"):
+        assert abs(r[k]["z"]) < 4
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("key", ["b", "c"])
+def test_ae4_from_uniform_starts(key):
+    """Convergence, not just invariance: uniform seeds, 300 burn-in steps, 2e6 states."""
+    r = E.ae4_stationarity(key, chains=4000, steps=500, seed=11, start="uniform", burn_in=300)
+    assert r["tv"] < 0.03
+    for k in ("Ex", "Ey", "Ex2"):
+        assert abs(r[k]["z"]) < 4
