@@ -441,9 +441,15 @@ class _GridDomain:
 
     def run(self, kind, threads):
         if kind == "cost":
-            _run_segments(self.fns[kind], self.nseg, ctypes.addressof(self.ptr_all), threads)
+            t = threads if int(self.seg_len.sum()) >= _MIN_LANES_PER_THREAD * 2 else 1
+            _run_segments(self.fns[kind], self.nseg, ctypes.addressof(self.ptr_all), t)
         else:
-            _run_segments(self.fns[kind], self.noseg, ctypes.addressof(self.ptr_out), threads)
+            t = threads if int(self.oseg_len.sum()) >= _MIN_LANES_PER_THREAD * 2 else 1
+            _run_segments(self.fns[kind], self.noseg, ctypes.addressof(self.ptr_out), t)
+
+
+# below this many lanes per thread, handing work to the pool costs more than it saves
+_MIN_LANES_PER_THREAD = 16384
 
 
 def _run_segments(fn, n, ptrs, threads, per_thread_ptrs=None):
@@ -648,7 +654,7 @@ class _GraphPart:
             total = 0.0
             for ti, E in enumerate(self.E):
                 # one call per thread chunk: each writes its partial sum at rowsum[s0]
-                tt = max(1, min(t, E // 4096 + 1))
+                tt = max(1, min(t, E // _MIN_LANES_PER_THREAD))
                 bounds = [(E * k // tt, E * (k + 1) // tt) for k in range(tt)]
                 self.rowsum[:] = 0
                 fn = self.fns[(ti, "cost")]
@@ -666,7 +672,7 @@ class _GraphPart:
                 self.outs2[k][:] = 0
         for ti, E in enumerate(self.E):
             fn = self.fns[(ti, kind)]
-            tt = max(1, min(t, E // 4096 + 1))
+            tt = max(1, min(t, E // _MIN_LANES_PER_THREAD))
             _run_segments(fn, E, None, tt, [ctypes.addressof(p) for p in self.ptrs])
         out = self.outs[0]
         for k in range(1, t):

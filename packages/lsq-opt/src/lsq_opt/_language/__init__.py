@@ -52,6 +52,7 @@ __all__ = [
     "ParamRef",
     "Read",
     "Rotate2D",
+    "Rotate3D",
     "Select",
     "Stencil",
     "Unknown",
@@ -416,6 +417,23 @@ def Rotate2D(angle, v):
         raise TypeError("Rotate2D: v must be a 2-channel Vec")
     c, s = sym.cos(_ex(angle)), sym.sin(_ex(angle))
     return Vec([c * v[0] - s * v[1], s * v[0] + c * v[1]])
+
+
+def Rotate3D(angles, v):
+    """``M(angles) . v`` with ``M = Rz(g) Ry(b) Rx(a)`` for Euler angles ``(a, b, g)`` (spec 2.3,
+    the reference implementation's row-major matrix), ``angles`` and ``v`` 3-channel Vecs."""
+    if not isinstance(angles, Vec) or len(angles) != 3:
+        raise TypeError("Rotate3D: angles must be a 3-channel Vec")
+    if not isinstance(v, Vec) or len(v) != 3:
+        raise TypeError("Rotate3D: v must be a 3-channel Vec")
+    a, b_, g = (_ex(t) for t in angles.items)
+    ca, sa, cb, sb, cg, sg = (sym.cos(a), sym.sin(a), sym.cos(b_), sym.sin(b_), sym.cos(g),
+                              sym.sin(g))
+    m = [[cg * cb, -sg * ca + cg * sb * sa, sg * sa + cg * sb * ca],
+         [sg * cb, cg * ca + sg * sb * sa, -cg * sa + sg * sb * ca],
+         [-sb, cb * sa, cb * ca]]
+    x = [_ex(t) for t in v.items]
+    return Vec([m[r][0] * x[0] + m[r][1] * x[1] + m[r][2] * x[2] for r in range(3)])
 
 
 def Stencil(offsets):

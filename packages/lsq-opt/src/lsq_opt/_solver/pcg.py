@@ -33,6 +33,8 @@ from typing import Callable
 
 import numpy as np
 
+from ._dot import dot
+
 __all__ = ["PCGResult", "pcg", "inverse_diagonal", "PRECONDITIONERS"]
 
 PRECONDITIONERS = ("jacobi", "none", "ceres", "modified_ceres", "epsilon")
@@ -108,7 +110,7 @@ def pcg(
     z = minv * r
     p = z.copy()
     tmp = np.empty_like(b)
-    rho_old = dt.type(np.dot(r, z))
+    rho_old = dt.type(dot(r, z))
     Q_prev = 0.0
     q_hist: list = []
     n_apply = 0
@@ -119,7 +121,7 @@ def pcg(
         i += 1
         q = np.asarray(apply_A(p), dtype=dt)
         n_apply += 1
-        alpha_den = dt.type(np.dot(p, q))
+        alpha_den = dt.type(dot(p, q))
         if not np.isfinite(alpha_den):
             reason = "non-finite"
             i -= 1
@@ -138,12 +140,12 @@ def pcg(
             np.multiply(q, alpha, out=tmp)
             r -= tmp
         np.multiply(minv, r, out=z)
-        rho_new = dt.type(np.dot(z, r))
+        rho_new = dt.type(dot(z, r))
         beta = dt.type(rho_new / rho_old) if rho_old > 0 else dt.type(0)
         p *= beta
         p += z
         rho_old = rho_new
-        r_norm = math.sqrt(float(np.dot(r, r)))
+        r_norm = math.sqrt(float(dot(r, r)))
         if not np.isfinite(r_norm):
             reason = "non-finite"
             break
@@ -152,7 +154,7 @@ def pcg(
             break
         if q_tolerance is not None:
             np.add(r, b, out=tmp)
-            Q = 0.5 * float(np.dot(x, tmp))
+            Q = 0.5 * float(dot(x, tmp))
             q_hist.append(Q)
             if Q != 0.0 and i * (Q - Q_prev) / Q < q_tolerance:
                 reason = "q tolerance"

@@ -8,8 +8,10 @@ import time
 from . import EXAMPLES
 from ._image import png_backend
 
-SIZES = {"laplacian": (64, 48), "poisson": (128, 128), "arap": (48, 32)}
-FULL_SIZES = {"laplacian": (64, 48), "poisson": (512, 512), "arap": (48, 32)}
+SIZES = {"laplacian": (64, 48), "poisson": (128, 128), "arap": (48, 32),
+         "laplacian_mesh": (24, 16), "arap_mesh": (24, 16)}
+FULL_SIZES = {"laplacian": (64, 48), "poisson": (512, 512), "arap": (48, 32),
+              "laplacian_mesh": (64, 32), "arap_mesh": (64, 32)}
 
 
 def _check(name, r):
@@ -20,6 +22,10 @@ def _check(name, r):
         return r["rel_err_direct"] <= 1e-6 and r["fixed_unchanged"]
     if name == "arap":
         return r["monotone_accepted_costs"] and r["finite"] and r["handle_max_err_px"] <= 0.05
+    if name == "laplacian_mesh":
+        return r["max_abs_diff_direct"] <= 1e-9
+    if name == "arap_mesh":
+        return r["monotone_accepted_costs"] and r["finite"] and r["handle_max_err"] <= 0.1
     return True
 
 
@@ -39,8 +45,11 @@ def main(argv=None) -> int:
         r = mod.run(size=sizes[name], verbose=a.verbose, out_dir=a.out)
         ok = _check(name, r)
         ok_all &= ok
-        if name == "laplacian":
+        if name in ("laplacian", "laplacian_mesh"):
             check = f"max|x-spsolve(JtJ)| = {r['max_abs_diff_direct']:.1e}"
+        elif name == "arap_mesh":
+            check = (f"handle err {r['handle_max_err']:.1e}, monotone={r['monotone_accepted_costs']}, "
+                     f"max edge stretch {r['edge_stretch_max']:.2f}")
         elif name == "poisson":
             check = f"max|X-SuperLU|/range = {r['rel_err_direct']:.1e}"
         else:
@@ -50,10 +59,10 @@ def main(argv=None) -> int:
                      r["pcg_iterations"], r["time_compile_s"], r["time_solve_s"], "PASS" if ok else "FAIL", check,
                      r.get("png", "-")))
     hdr = ("example", "size", "unknowns", "meth", "cost0", "cost", "its", "pcg", "compile s", "solve s", "check")
-    print(f"{hdr[0]:<10} {hdr[1]:>8} {hdr[2]:>8} {hdr[3]:>4} {hdr[4]:>11} {hdr[5]:>11} {hdr[6]:>4} {hdr[7]:>6} "
+    print(f"{hdr[0]:<14} {hdr[1]:>8} {hdr[2]:>8} {hdr[3]:>4} {hdr[4]:>11} {hdr[5]:>11} {hdr[6]:>4} {hdr[7]:>6} "
           f"{hdr[8]:>9} {hdr[9]:>8} {hdr[10]:>5}  detail")
     for (n, s, u, m, c0, c, it, pcg, tc, ts, ok, det, png) in rows:
-        print(f"{n:<10} {s:>8} {u:>8} {m:>4} {c0:>11.4e} {c:>11.4e} {it:>4} {pcg:>6} {tc:>9.2f} {ts:>8.2f} {ok:>5}  {det}")
+        print(f"{n:<14} {s:>8} {u:>8} {m:>4} {c0:>11.4e} {c:>11.4e} {it:>4} {pcg:>6} {tc:>9.2f} {ts:>8.2f} {ok:>5}  {det}")
     for r in rows:
         print(f"  wrote {r[-1]}")
     print(f"total {time.perf_counter() - t0:.1f} s: {'all checks passed' if ok_all else 'SOME CHECKS FAILED'}")
