@@ -48,6 +48,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 from _timing import fmt_time, machine_info, print_table  # noqa: E402
 
 from lsq_opt.examples import arap as arap_example  # noqa: E402
+from lsq_opt.examples import mesh as mesh_example  # noqa: E402
 from lsq_opt import (  # noqa: E402
     Array, Dim, Energy, Exclude, InBounds, Not, Select, Unknown, compile_problem,
     eq, solve,
@@ -156,6 +157,105 @@ def arap_ref_residuals(plan, data, params):
         out += [np.where(cvalid, (O[..., k] - C[..., k]) * wf, 0.0).ravel() for k in range(2)]
         return np.concatenate(out)
     return fun
+
+
+# ============================================================================ (c) ARAP mesh
+def arap_mesh_problem(rings=64, segs=32, kernels="fused"):
+    """Spec 3.4 (Fig. 25) on a generated tube: bottom ring pinned, top ring twisted by 60
+    degrees and shifted, the full move in one solve."""
+    return mesh_example.arap_plan(rings, segs, kernels=kernels)
+
+
+def arap_mesh_ref_residuals(plan, data, params):
+    U, C = data["UrShape"], data["Constraints"]
+    v0, v1 = data["v0"], data["v1"]
+    wf, wr = params["w_fitSqrt"], params["w_regSqrt"]
+    has = C[:, :1] >= -999999.9
+    dU = U[v0] - U[v1]
+
+    def fun(x):
+        u = plan.vector_to_unknowns(x)
+        O, A = u["Offset"], u["Angle"]
+        fit = np.where(has, wf * (O - C), 0.0)
+        reg = wr * ((O[v0] - O[v1]) - np.einsum("eij,ej->ei", mesh_example.rot3d(A[v0]), dU))
+        return np.concatenate([fit.T.ravel(), reg.T.ravel()])
+    return fun
+
+
+def build_ceres_arap_mesh(plan, data, params):
+    """One parameter block (offset xyz, angles abg) per vertex; a 3-residual block per directed
+    edge (blocks v0, v1) and per handle (analytic Jacobians, Rotate3D = Rz Ry Rx)."""
+    import pyceres
+
+    wr, wf = params["w_regSqrt"], params["w_fitSqrt"]
+
+    def rx(a):
+        c, s = np.cos(a), np.sin(a)
+        return np.array([[1, 0, 0], [0, c, -s], [0, s, c]]), np.array([[0, 0, 0], [0, -s, -c], [0, c, -s]])
+
+    def ry(b):
+        c, s = np.cos(b), np.sin(b)
+        return np.array([[c, 0, s], [0, 1, 0], [-s, 0, c]]), np.array([[-s, 0, c], [0, 0, 0], [-c, 0, -s]])
+
+    def rz(g):
+        c, s = np.cos(g), np.sin(g)
+        return np.array([[c, -s, 0], [s, c, 0], [0, 0, 1]]), np.array([[-s, -c, 0], [c, -s, 0], [0, 0, 0]])
+
+    class Reg(pyceres.CostFunction):
+        def __init__(self, du):
+            super().__init__()
+            self.du = du
+            self.set_num_residuals(3)
+            self.set_parameter_block_sizes([6, 6])
+
+        def Evaluate(self, p, r, J):
+            a, b = p[0], p[1]
+            (X, dX), (Y, dY), (Z, dZ) = rx(a[3]), ry(a[4]), rz(a[5])
+            rot = Z @ Y @ X
+            r[:] = wr * ((a[:3] - b[:3]) - rot @ self.du)
+            if J is not None:
+                if J[0] is not None:
+                    j0 = np.zeros((3, 6))
+                    j0[:, :3] = wr * np.eye(3)
+                    j0[:, 3] = -wr * (Z @ Y @ dX) @ self.du
+                    j0[:, 4] = -wr * (Z @ dY @ X) @ self.du
+                    j0[:, 5] = -wr * (dZ @ Y @ X) @ self.du
+                    J[0][:] = j0.ravel()
+                if J[1] is not None:
+                    j1 = np.zeros((3, 6))
+                    j1[:, :3] = -wr * np.eye(3)
+                    J[1][:] = j1.ravel()
+            return True
+
+    class Fit(pyceres.CostFunction):
+        def __init__(self, c):
+            super().__init__()
+            self.c = c
+            self.set_num_residuals(3)
+            self.set_parameter_block_sizes([6])
+
+        def Evaluate(self, p, r, J):
+            r[:] = wf * (p[0][:3] - self.c)
+            if J is not None and J[0] is not None:
+                j = np.zeros((3, 6))
+                j[:, :3] = wf * np.eye(3)
+                J[0][:] = j.ravel()
+            return True
+
+    U, C = data["UrShape"], data["Constraints"]
+    blocks = np.concatenate([data["Offset"], data["Angle"]], 1).copy()
+    views = [blocks[i] for i in range(len(blocks))]
+    prob = pyceres.Problem()
+    keep = []
+    for a, b in zip(data["v0"], data["v1"]):
+        cf = Reg((U[a] - U[b]).copy())
+        keep.append(cf)
+        prob.add_residual_block(cf, None, [views[a], views[b]])
+    for i in np.flatnonzero(C[:, 0] >= -999999.9):
+        cf = Fit(C[i].copy())
+        keep.append(cf)
+        prob.add_residual_block(cf, None, [views[i]])
+    return prob, blocks, 0.0, keep
 
 
 # ============================================================================ pyceres
@@ -506,13 +606,17 @@ def main():
     ap.add_argument("--max-nfev", type=int, default=500)
     ap.add_argument("--no-ceres", action="store_true")
     ap.add_argument("--profile", action="store_true", help="cProfile one lsq_opt solve per problem")
-    ap.add_argument("--only", choices=["poisson", "arap"], default=None)
+    ap.add_argument("--mesh-size", type=int, nargs=2, default=(64, 32), metavar=("RINGS", "SEGS"),
+                    help="ARAP mesh tube: rings x vertices per ring")
+    ap.add_argument("--kernels", choices=["fused", "lanes"], default="fused",
+                    help="lsq_opt product kernels (lanes: the numpy composition, the oracle)")
+    ap.add_argument("--only", choices=["poisson", "arap", "arap_mesh"], default=None)
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     have_ceres, why = pyceres_available()
     if not have_ceres:
         print(f"pyceres: not available ({why}); skipping the Ceres baseline")
-    print(machine_info(extra=f"scipy {scipy.__version__}; lsq_opt backend llvm, float64; "
+    print(machine_info(extra=f"scipy {scipy.__version__}; lsq_opt backend llvm, kernels {args.kernels}, float64; "
                              f"pyceres {'yes' if have_ceres else 'no'}",
                        modules=("numpy", "scipy", "core_ad", "lsq_opt", "pyceres")))
 
@@ -534,7 +638,7 @@ def main():
     if args.only in (None, "poisson"):
         energy, data = poisson_problem(args.poisson_size)
         t0 = time.perf_counter()
-        plan = compile_problem(energy, arrays=data)
+        plan = compile_problem(energy, arrays=data, kernels=args.kernels)
         x0 = plan.x0.copy()
         plan.cost(x0)
         plan.jtf(x0)
@@ -549,7 +653,7 @@ def main():
     if args.only in (None, "arap"):
         energy, data, params = arap_problem(args.arap_size)
         t0 = time.perf_counter()
-        plan = compile_problem(energy, arrays=data, params=params)
+        plan = compile_problem(energy, arrays=data, params=params, kernels=args.kernels)
         x0 = plan.x0.copy()
         plan.cost(x0)
         plan.jtf(x0)
@@ -562,10 +666,28 @@ def main():
             results.append(r)
             plans["ARAP"] = (plan, x0, r["target"])
 
+    if args.only in (None, "arap_mesh"):
+        t0 = time.perf_counter()
+        plan, data, params = arap_mesh_problem(*args.mesh_size, kernels=args.kernels)
+        x0 = plan.x0.copy()
+        plan.cost(x0)
+        plan.jtf(x0)
+        compile_times["ARAP mesh"] = time.perf_counter() - t0
+        fun = arap_mesh_ref_residuals(plan, data, params)
+        builder = (lambda: build_ceres_arap_mesh(plan, data, params)) if have_ceres else None
+        nv = args.mesh_size[0] * args.mesh_size[1]
+        r = run_case(f"ARAP mesh {nv} vertices", plan, fun, x0, args, rng, builder, lsq_configs)
+        if r:
+            results.append(r)
+            plans["ARAP mesh"] = (plan, x0, r["target"])
+
     print("\nlsq_opt compile + first evaluation (not in the solve times): " +
           ", ".join(f"{k} {v:.2f} s" for k, v in compile_times.items()))
 
-    results_by = {("Poisson" if r["name"].startswith("Poisson") else "ARAP"): r for r in results}
+    def key(name):
+        return ("Poisson" if name.startswith("Poisson") else
+                "ARAP mesh" if name.startswith("ARAP mesh") else "ARAP")
+    results_by = {key(r["name"]): r for r in results}
     if args.profile:
         for k, (plan, x0, target) in plans.items():
             label, method, kw = min((c for c in lsq_configs if results_by[k]["med"].get(c[0])),
