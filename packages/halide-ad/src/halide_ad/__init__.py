@@ -1,0 +1,88 @@
+"""halide_ad: a Halide-like image-pipeline language in Python, compiled to multi-threaded,
+vectorised CPU code through core_ad's LLVM emitter.
+
+The names and call shapes are those of Halide's Python bindings::
+
+    import halide_ad as hl
+    x, y = hl.Var("x"), hl.Var("y")
+    inp = hl.Buffer(img)                       # numpy (h, w): x is the LAST numpy axis
+    clamped = hl.BoundaryConditions.repeat_edge(inp)
+    blur_x, blur = hl.Func("blur_x"), hl.Func("blur")
+    blur_x[x, y] = (clamped[x - 1, y] + clamped[x, y] + clamped[x + 1, y]) / 3
+    blur[x, y] = (blur_x[x, y - 1] + blur_x[x, y] + blur_x[x, y + 1]) / 3
+    blur.tile(x, y, xi, yi, 64, 32).vectorize(xi, 8).parallel(y)
+    blur_x.compute_at(blur, x)
+    out = np.asarray(blur.realize([w, h]))     # numpy (h, w)
+    blur.print_loop_nest()
+"""
+
+from . import _boundary as BoundaryConditions  # noqa: N812 (Halide's name)
+from ._buffer import Buffer
+from ._bounds import const_value
+from ._expr import (
+    Expr,
+    ExprError,
+    Param,
+    RDom,
+    Range,
+    RVar,
+    Var,
+    abs,
+    acos,
+    acosh,
+    asin,
+    asinh,
+    atan,
+    atan2,
+    atanh,
+    cast,
+    ceil,
+    clamp,
+    cos,
+    cosh,
+    erf,
+    exp,
+    f32,
+    f64,
+    fast_exp,
+    fast_log,
+    floor,
+    i8,
+    i16,
+    i32,
+    i64,
+    is_finite,
+    is_nan,
+    lerp,
+    log,
+    max,
+    min,
+    pow,
+    round,
+    select,
+    sin,
+    sinh,
+    sqrt,
+    tan,
+    tanh,
+    trunc,
+    u8,
+    u16,
+    u32,
+    u64,
+)
+from ._func import Func, FuncError, FuncRef, Stage, Tuple
+from ._lower import BoundsError
+from ._pipeline import Pipeline, Realization
+from ._schedule import ScheduleError
+from ._types import Bool, Float, Int, Type, UInt
+
+__all__ = [
+    "BoundaryConditions", "Bool", "BoundsError", "Buffer", "Expr", "ExprError", "Float",
+    "Func", "FuncError", "FuncRef", "Int", "Param", "Pipeline", "RDom", "RVar", "Range",
+    "Realization", "ScheduleError", "Stage", "Tuple", "Type", "UInt", "Var", "abs", "acos",
+    "acosh", "asin", "asinh", "atan", "atan2", "atanh", "cast", "ceil", "clamp", "cos", "cosh",
+    "erf", "exp", "f32", "f64", "fast_exp", "fast_log", "floor", "i8", "i16", "i32", "i64",
+    "is_finite", "is_nan", "lerp", "log", "max", "min", "pow", "round", "select", "sin",
+    "sinh", "sqrt", "tan", "tanh", "trunc", "u8", "u16", "u32", "u64", "const_value",
+]

@@ -1,0 +1,405 @@
+"""CPU code generation: lowered loop nests to one LLVM module, through core_ad's emitter.
+
+Each definition of each root Func becomes one function (C ABI)::
+
+    int32 def_k(int64 start, int64 end, int8 **ptrs, int64 *ints)
+
+running iterations ``[start, end)`` of its outermost loop (the Python driver splits a parallel
+outermost loop across the thread pool; ctypes releases the GIL). ``ptrs`` holds the storage of
+every Buffer, root Func (one per Tuple component) and Param; ``ints`` every run-time size
+(region, storage and buffer mins / extents / strides). Expressions are emitted by
+``core_ad.codegen.Emitter``; Func and Buffer reads are the lowering of the ``hl_call``
+primitive registered here. Returns 0, or 2 when an allocation fails.
+
+Vectorised loops: a loop of kind "vectorized" whose extent equals its width ``W`` runs its
+body once on ``<W x T>`` values (dense loads/stores where the innermost coordinate is the loop
+variable plus a value independent of it; per-lane loads and stores otherwise); a partial
+(tail) iteration runs as a scalar loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from core_ad import codegen, sym
+from llvmlite import ir
+
+from . import _expr as E
+from ._lower import Allocate, Block, For, LetStmt, Provide
+from ._schedule import ScheduleError
+
+__all__ = ["ModuleBuilder", "Slots"]
+
+I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I8P = I8.as_pointer()
+
+
+class Slots:
+    """Positions of run-time values: ``ptrs`` (storage, params) and ``ints`` (sizes)."""
+
+    def __init__(self):
+        self.ptr: dict = {}
+        self.int: dict = {}
+
+    def ptr_slot(self, key):
+        return self.ptr.setdefault(key, len(self.ptr))
+
+    def int_slot(self, key):
+        return self.int.setdefault(key, len(self.int))
+
+
+class _Storage:
+    __slots__ = ("ptrs", "mins", "strides", "dtypes")
+
+    def __init__(self, ptrs, mins, strides, dtypes):
+        self.ptrs, self.mins, self.strides, self.dtypes = ptrs, mins, strides, dtypes
+
+
+def _dense(node_args, vleaf) -> bool:
+    """Lanes read consecutive elements: coordinate 0 is ``vleaf`` plus something free of it,
+    and the other coordinates do not depend on it."""
+    if vleaf is None:
+        return False
+    if vleaf in sym.free_leaves(node_args[0] - vleaf):
+        return False
+    return all(vleaf not in sym.free_leaves(a) for a in node_args[1:])
+
+
+class _Ctx:
+    def __init__(self, builder, storage, vleaf, width, fn_err):
+        self.b = builder
+        self.storage = storage
+        self.vleaf = vleaf
+        self.width = width
+        self.err = fn_err
+
+
+def _flat_index(b, st: _Storage, args, width):
+    """Σ (coord_d - min_d) * stride_d as i64 (a vector for a vector context)."""
+    acc = None
+    for d, a in enumerate(args):
+        ty = a.type
+        if isinstance(ty, ir.VectorType):
+            a64 = b.sext(a, ir.VectorType(I64, ty.count))
+            mn = _splat(b, st.mins[d], ty.count)
+            sd = _splat(b, st.strides[d], ty.count)
+        else:
+            a64, mn, sd = b.sext(a, I64), st.mins[d], st.strides[d]
+        t = b.sub(a64, mn)
+        if d > 0:
+            t = b.mul(t, sd)
+        acc = t if acc is None else _add(b, acc, t)
+    if acc is None:
+        acc = ir.Constant(I64, 0)
+    if width and not isinstance(acc.type, ir.VectorType):
+        acc = _splat(b, acc, width)
+    return acc
+
+
+def _add(b, x, y):
+    xv, yv = isinstance(x.type, ir.VectorType), isinstance(y.type, ir.VectorType)
+    if xv and not yv:
+        y = _splat(b, y, x.type.count)
+    elif yv and not xv:
+        x = _splat(b, x, y.type.count)
+    return b.add(x, y)
+
+
+def _splat(b, v, n):
+    if isinstance(v.type, ir.VectorType):
+        return v
+    vt = ir.VectorType(v.type, n)
+    u = b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(u, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, n),
+                                                                          [0] * n))
+
+
+def _mem_type(dt):
+    return codegen.llvm_type(dt, storage=True)
+
+
+def _to_reg(b, v, dt):
+    if np.dtype(dt).kind == "b":
+        zero = ir.Constant(v.type, None)
+        return b.icmp_unsigned("!=", v, zero)
+    return v
+
+
+def _to_mem(b, v, dt):
+    if np.dtype(dt).kind == "b":
+        t = ir.VectorType(I8, v.type.count) if isinstance(v.type, ir.VectorType) else I8
+        return b.zext(v, t)
+    return v
+
+
+def _lower_call(em, node, args):
+    """The ``hl_call`` lowering: a read of a Func's or Buffer's storage."""
+    ctx = em.hl_ctx
+    b = em.b
+    st = ctx.storage[node.params["fid"]]
+    k = node.params["index"]
+    ptr, dt = st.ptrs[k], st.dtypes[k]
+    mt = _mem_type(dt)
+    width = em.width if em.vector else None
+    idx = _flat_index(b, st, args, width)
+    if width is None:
+        return _to_reg(b, b.load(b.gep(ptr, [idx])), dt)
+    if _dense(node.args, ctx.vleaf):
+        base = b.extract_element(idx, ir.Constant(I32, 0))
+        vp = b.bitcast(b.gep(ptr, [base]), ir.VectorType(mt, width).as_pointer())
+        return _to_reg(b, b.load(vp, align=np.dtype(dt).itemsize if np.dtype(dt).kind != "b"
+                                 else 1), dt)
+    out = ir.Constant(ir.VectorType(mt, width), ir.Undefined)
+    for lane in range(width):
+        i = b.extract_element(idx, ir.Constant(I32, lane))
+        out = b.insert_element(out, b.load(b.gep(ptr, [i])), ir.Constant(I32, lane))
+    return _to_reg(b, out, dt)
+
+
+E.CALL.extra["llvm_lowering"] = _lower_call
+
+
+class ModuleBuilder:
+    """Builds the module of one pipeline: ``add_kernel(name, stmt, roots)`` per definition."""
+
+    def __init__(self, name: str, slots: Slots, root_storage: dict, params: list):
+        self.module = ir.Module(name=name)
+        self.slots = slots
+        self.root_storage = root_storage  # fid -> (dtypes, ndims, kind)
+        self.params = params
+        self.malloc = ir.Function(self.module, ir.FunctionType(I8P, [I64]), "malloc")
+        self.free = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I8P]), "free")
+
+    # ---- kernels -----------------------------------------------------------------------
+    def finish(self, names) -> str:
+        """Add ``int32 dispatch(int32 which, start, end, ptrs, ints)`` calling kernel
+        ``names[which]``; returns the module's IR text."""
+        fnty = ir.FunctionType(I32, [I32, I64, I64, I8P.as_pointer(), I64.as_pointer()])
+        fn = ir.Function(self.module, fnty, "dispatch")
+        which, start, end, ptrs, ints = fn.args
+        b = ir.IRBuilder(fn.append_basic_block("entry"))
+        bad = fn.append_basic_block("bad")
+        ir.IRBuilder(bad).ret(ir.Constant(I32, 3))
+        sw = b.switch(which, bad)
+        for k, name in enumerate(names):
+            blk = fn.append_basic_block(f"k{k}")
+            sw.add_case(ir.Constant(I32, k), blk)
+            bb = ir.IRBuilder(blk)
+            kern = self.module.get_global(name)
+            bb.ret(bb.call(kern, [start, end, ptrs, ints]))
+        return str(self.module)
+
+    def add_kernel(self, name: str, stmt) -> bool:
+        """Add ``int32 name(start, end, ptrs, ints)``; returns whether the outermost loop is
+        driven by ``[start, end)`` (else the whole nest runs on one call)."""
+        fnty = ir.FunctionType(I32, [I64, I64, I8P.as_pointer(), I64.as_pointer()])
+        fn = ir.Function(self.module, fnty, name)
+        start, end, ptrs, ints = fn.args
+        entry = fn.append_basic_block("entry")
+        b = ir.IRBuilder(entry)
+        self.fn = fn
+        err_block = fn.append_basic_block("oom")
+        ir.IRBuilder(err_block).ret(ir.Constant(I32, 2))
+        self.err_block = err_block
+        env, storage = self._prologue(b, ptrs, ints)
+        ranged = isinstance(stmt, For) and stmt.kind in ("serial", "parallel")
+        if ranged:
+            self._loop(b, stmt, env, storage, None, lo=b.trunc(start, I32),
+                       hi=b.trunc(end, I32))
+        else:
+            self._stmt(b, stmt, env, storage, None)
+        b.ret(ir.Constant(I32, 0))
+        return ranged
+
+    def _prologue(self, b, ptrs, ints):
+        env = {}
+        for key, slot in self.slots.int.items():
+            if key[0] == "leaf":
+                leaf = key[1]
+                v = b.load(b.gep(ints, [ir.Constant(I64, slot)]))
+                env[leaf] = b.trunc(v, I32)
+        for leaf in self.params:
+            slot = self.slots.ptr_slot(("param", leaf))
+            p = b.load(b.gep(ptrs, [ir.Constant(I64, slot)]))
+            t = _mem_type(leaf.dtype)
+            env[leaf] = _to_reg(b, b.load(b.bitcast(p, t.as_pointer())), leaf.dtype)
+        storage = {}
+        for fid, (dtypes, ndim, kind) in self.root_storage.items():
+            ps = []
+            for k, dt in enumerate(dtypes):
+                slot = self.slots.ptr_slot(("store", fid, k))
+                p = b.load(b.gep(ptrs, [ir.Constant(I64, slot)]))
+                ps.append(b.bitcast(p, _mem_type(dt).as_pointer()))
+            if kind == "buffer":
+                mins = [b.sext(env[sym.leaf("hl.bufdim", (fid, d, "min"), np.int32)], I64)
+                        for d in range(ndim)]
+                strides = [b.load(b.gep(ints, [ir.Constant(I64, self.slots.int_slot(
+                    ("stride", fid, d)))])) for d in range(ndim)]
+            else:
+                mins, strides, _ = self._dense_layout(b, env, fid, ndim)
+            storage[fid] = _Storage(ps, mins, strides, dtypes)
+        return env, storage
+
+    @staticmethod
+    def _dense_layout(b, env, fid, ndim):
+        mins, strides = [], []
+        stride = ir.Constant(I64, 1)
+        for d in range(ndim):
+            mins.append(b.sext(env[sym.leaf("hl.store", (fid, d, "min"), np.int32)], I64))
+            strides.append(stride)
+            ext = b.sext(env[sym.leaf("hl.store", (fid, d, "extent"), np.int32)], I64)
+            stride = b.mul(stride, ext)
+        return mins, strides, stride
+
+    # ---- statements --------------------------------------------------------------------
+    def _emit(self, b, exprs, env, storage, vec):
+        em = codegen.Emitter(b)
+        em.hl_ctx = _Ctx(b, storage, vec[0] if vec else None, vec[1] if vec else None, None)
+        return em.emit(exprs, env)
+
+    def _stmt(self, b, s, env, storage, vec):
+        if isinstance(s, Block):
+            env = dict(env)
+            for t in s.stmts:
+                if isinstance(t, LetStmt):
+                    if vec is not None:
+                        raise ScheduleError("a Func computed inside a vectorized loop")
+                    env[t.leaf] = self._emit(b, t.value, env, storage, vec)
+                else:
+                    self._stmt(b, t, env, storage, vec)
+        elif isinstance(s, For):
+            self._loop(b, s, env, storage, vec)
+        elif isinstance(s, Provide):
+            self._provide(b, s, env, storage, vec)
+        elif isinstance(s, Allocate):
+            self._allocate(b, s, env, storage, vec)
+        else:
+            raise AssertionError(s)
+
+    def _loop(self, b, s: For, env, storage, vec, lo=None, hi=None):
+        if lo is None:
+            lo = ir.Constant(I32, 0)
+            hi = self._emit(b, s.extent, env, storage, vec)
+            if isinstance(hi.type, ir.VectorType):
+                raise ScheduleError(f"the extent of loop {s.name} depends on a vectorized loop")
+        kind = s.kind
+        if kind in ("vectorized", "unrolled") and vec is None:
+            w = s.factor if s.factor is not None else _const_extent(s)
+            if w is None:
+                raise ScheduleError(
+                    f"cannot {kind[:-1] if kind.endswith('d') else kind} loop {s.name}: its"
+                    " extent is not a constant (give a factor: vectorize(x, 8))"
+                )
+            full = b.icmp_signed("==", hi, ir.Constant(I32, w))
+            with b.if_else(full) as (then, other):
+                with then:
+                    if kind == "vectorized":
+                        lanes = ir.Constant(ir.VectorType(I32, w), list(range(w)))
+                        e = dict(env)
+                        e[s.leaf] = lanes
+                        self._stmt(b, s.body, e, storage, (s.leaf, w))
+                    else:
+                        for k in range(w):
+                            e = dict(env)
+                            e[s.leaf] = ir.Constant(I32, k)
+                            self._stmt(b, s.body, e, storage, vec)
+                with other:
+                    self._serial(b, s, env, storage, vec, ir.Constant(I32, 0), hi)
+            return
+        self._serial(b, s, env, storage, vec, lo, hi)
+
+    def _serial(self, b, s, env, storage, vec, lo, hi):
+        fn = b.function
+        pre = b.block
+        head = fn.append_basic_block(f"{s.name}.head")
+        body = fn.append_basic_block(f"{s.name}.body")
+        done = fn.append_basic_block(f"{s.name}.done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I32, name=s.name)
+        i.add_incoming(lo, pre)
+        b.cbranch(b.icmp_signed("<", i, hi), body, done)
+        b.position_at_end(body)
+        e = dict(env)
+        e[s.leaf] = i
+        self._stmt(b, s.body, e, storage, vec)
+        nxt = b.add(i, ir.Constant(I32, 1))
+        i.add_incoming(nxt, b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    def _provide(self, b, s: Provide, env, storage, vec):
+        st = storage[s.func.fid]
+        n = len(s.values)
+        exprs = list(s.values) + list(s.args)
+        if s.predicate is not None:
+            exprs.append(s.predicate)
+        vals = self._emit(b, exprs, env, storage, vec)
+        values, coords = vals[:n], vals[n:n + len(s.args)]
+        pred = vals[-1] if s.predicate is not None else None
+        width = vec[1] if vec else None
+        if width is not None:
+            coords = [_splat(b, c, width) if not isinstance(c.type, ir.VectorType) else c
+                      for c in coords]
+        idx = _flat_index(b, st, coords, width)
+        dense = width is not None and _dense(s.args, vec[0])
+        if pred is not None and width is None:
+            with b.if_then(pred):
+                self._store(b, st, values, idx, None, dense)
+            return
+        self._store(b, st, values, idx, width, dense, pred)
+
+    def _store(self, b, st, values, idx, width, dense, pred=None):
+        for k, v in enumerate(values):
+            ptr, dt = st.ptrs[k], st.dtypes[k]
+            v = _to_mem(b, v, dt)
+            if width is None:
+                b.store(v, b.gep(ptr, [idx]))
+                continue
+            if not isinstance(v.type, ir.VectorType):
+                v = _splat(b, v, width)
+            if dense:
+                base = b.extract_element(idx, ir.Constant(I32, 0))
+                vp = b.bitcast(b.gep(ptr, [base]), v.type.as_pointer())
+                if pred is not None:
+                    v = b.select(pred, v, b.load(vp, align=1))
+                b.store(v, vp, align=1)
+                continue
+            for lane in range(width):
+                i = b.extract_element(idx, ir.Constant(I32, lane))
+                x = b.extract_element(v, ir.Constant(I32, lane))
+                p = b.gep(ptr, [i])
+                if pred is not None:
+                    c = b.extract_element(pred, ir.Constant(I32, lane))
+                    x = b.select(c, x, b.load(p))
+                b.store(x, p)
+
+    def _allocate(self, b, s: Allocate, env, storage, vec):
+        if vec is not None:
+            raise ScheduleError(f"{s.func.name()} is computed inside a vectorized loop")
+        f = s.func
+        ndim = f.dimensions()
+        mins, strides, total = self._dense_layout(b, env, f.fid, ndim)
+        total = b.select(b.icmp_signed(">", total, ir.Constant(I64, 0)), total,
+                         ir.Constant(I64, 1))
+        ptrs, raw = [], []
+        for t in f.types():
+            nbytes = b.mul(total, ir.Constant(I64, np.dtype(t.dtype).itemsize))
+            p = b.call(self.malloc, [nbytes])
+            isnull = b.icmp_unsigned("==", p, ir.Constant(I8P, None))
+            ok = b.function.append_basic_block("alloc.ok")
+            b.cbranch(isnull, self.err_block, ok)
+            b.position_at_end(ok)
+            raw.append(p)
+            ptrs.append(b.bitcast(p, _mem_type(t.dtype).as_pointer()))
+        inner = dict(storage)
+        inner[f.fid] = _Storage(ptrs, mins, strides, [t.dtype for t in f.types()])
+        self._stmt(b, s.body, env, inner, vec)
+        for p in raw:
+            b.call(self.free, [p])
+
+
+def _const_extent(s: For):
+    from ._bounds import const_value
+
+    v = const_value(s.extent)
+    return None if v is None else int(v)

@@ -1,0 +1,269 @@
+"""Pipelines: compile once (cached), realize many times.
+
+``Pipeline([f, g]).realize([w, h])`` infers bounds (numerically, for these sizes), allocates
+the root Funcs, and runs the compiled definitions in order; a parallel outermost loop is split
+across core_ad's thread pool. Compiled code depends on the algorithm, the schedule and the
+types, never on sizes or Param values: realizing again, at any size, compiles nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+
+import numpy as np
+from core_ad import codegen, sym
+
+from . import _expr as E
+from ._bounds import const_value, interval
+from ._buffer import Buffer
+from ._func import Func, FuncError, epoch
+from ._graph import Graph
+from ._llvm import ModuleBuilder, Slots
+from ._lower import lower_root
+from ._print import loop_nest_text
+
+__all__ = ["Pipeline", "Realization"]
+
+_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
+                          ctypes.c_void_p, ctypes.c_void_p)
+_ADDRESSES: dict = {}  # IR hash -> compiled entry point (shared by equal pipelines)
+
+
+class Realization(list):
+    """The Buffers of a multi-valued realize (one per Tuple component / output)."""
+
+
+class _Compiled:
+    def __init__(self, outputs):
+        self.graph = g = Graph(outputs)
+        self.roots = [fid for fid in g.order if g.levels[fid].kind == "root"]
+        self.slots = slots = Slots()
+        storage = {}
+        for fid, buf in g.buffers.items():
+            storage[fid] = ([buf.type().dtype], buf.dimensions(), "buffer")
+            for d in range(buf.dimensions()):
+                for w in ("min", "extent"):
+                    slots.int_slot(("leaf", sym.leaf("hl.bufdim", (fid, d, w), np.int32)))
+                slots.int_slot(("stride", fid, d))
+            slots.ptr_slot(("store", fid, 0))
+        self.python_stored = [fid for fid in g.order
+                              if g.levels[fid].kind == "root" or g.stores[fid].kind == "root"]
+        for fid in self.python_stored:
+            f = g.funcs[fid]
+            storage[fid] = ([t.dtype for t in f.types()], f.dimensions(), "func")
+            for d in range(f.dimensions()):
+                for kind in ("region", "store"):
+                    if kind == "region" and g.levels[fid].kind != "root":
+                        continue
+                    for w in ("min", "extent"):
+                        slots.int_slot(("leaf", sym.leaf(f"hl.{kind}", (fid, d, w), np.int32)))
+            for k in range(len(f.types())):
+                slots.ptr_slot(("store", fid, k))
+        self.params = list(g.params)
+        for p in self.params:
+            slots.ptr_slot(("param", p))
+        self.kernels = []  # (fid, def index, stmt, kernel index, ranged)
+        mb = ModuleBuilder("halide_ad_pipeline", slots, storage, self.params)
+        names = []
+        for fid in self.roots:
+            for k, stmt in enumerate(lower_root(g, fid)):
+                name = f"def{len(names)}"
+                ranged = mb.add_kernel(name, stmt)
+                self.kernels.append((fid, k, stmt, len(names), ranged))
+                names.append(name)
+        text = mb.finish(names)
+        key = hashlib.sha256(text.encode()).hexdigest()[:24]
+        entry = _ADDRESSES.get(key)
+        if entry is None:
+            addr, _ = codegen.compile_ir(text, f"halide_ad_{key}", "dispatch")
+            entry = _ADDRESSES[key] = _ENTRY(addr)
+        self.entry = entry
+        self.ir = text
+        self.epoch = epoch()
+
+
+class Pipeline:
+    """Several output Funcs computed together (shared producers computed once)."""
+
+    def __init__(self, outputs):
+        if isinstance(outputs, Func):
+            outputs = [outputs]
+        self.outputs = list(outputs)
+        if not self.outputs:
+            raise FuncError("a Pipeline needs at least one output Func")
+        self._compiled: _Compiled | None = None
+
+    def _compile(self) -> _Compiled:
+        c = self._compiled
+        if c is None or c.epoch != epoch():
+            c = self._compiled = _Compiled(self.outputs)
+        return c
+
+    def compile_jit(self, target=None):
+        self._compile()
+        return self
+
+    # ---- realize -----------------------------------------------------------------------
+    def realize(self, sizes=None, target=None):
+        c = self._compile()
+        g = c.graph
+        outs = self._outputs(sizes)
+        values = self._values(c)
+        out_regions = {f.fid: [(0, int(ext)) for ext in reversed(arrs[0].shape)]
+                       for f, arrs in outs}
+        regions = _root_regions(g, out_regions, values)
+        arrays = {f.fid: arrs for f, arrs in outs}
+        for fid in c.python_stored:
+            if fid not in arrays:
+                f = g.funcs[fid]
+                shape = tuple(ext for _, ext in reversed(regions[fid]))
+                arrays[fid] = [np.empty(shape, t.dtype) for t in f.types()]
+        ints = np.zeros(max(len(c.slots.int), 1), np.int64)
+        for key, slot in c.slots.int.items():
+            ints[slot] = self._int_value(key, g, regions, values)
+        keep = []
+        ptrs = np.zeros(max(len(c.slots.ptr), 1), np.uintp)
+        for key, slot in c.slots.ptr.items():
+            if key[0] == "store":
+                _, fid, k = key
+                a = g.buffers[fid].numpy() if fid in g.buffers else arrays[fid][k]
+            else:
+                p = key[1]
+                a = np.array(values[p], dtype=p.dtype).reshape(1)
+            keep.append(a)
+            ptrs[slot] = a.__array_interface__["data"][0]
+        for fid, k, stmt, index, ranged in c.kernels:
+            n = 1
+            if ranged:
+                n = _outer_extent(stmt, g, regions, values)
+            self._run(c, index, n, ranged and stmt.kind == "parallel", ptrs, ints)
+        del keep
+        results = []
+        for f, arrs in outs:
+            bufs = [Buffer(a, name=f.name()) for a in arrs]
+            results.append(bufs[0] if len(bufs) == 1 else Realization(bufs))
+        return results[0] if len(results) == 1 else Realization(results)
+
+    @staticmethod
+    def _run(c, index, n, parallel, ptrs, ints):
+        pa, ia = ptrs.ctypes.data, ints.ctypes.data
+        if n <= 0:
+            return
+        threads = codegen.num_threads() if parallel else 1
+        if threads <= 1 or n < 2:
+            rc = c.entry(index, 0, n, pa, ia)
+            _check_rc(rc)
+            return
+        chunks = min(n, threads * 4)
+        bounds = [n * k // chunks for k in range(chunks + 1)]
+        pool = codegen.thread_pool()
+        futs = [pool.submit(c.entry, index, bounds[k], bounds[k + 1], pa, ia)
+                for k in range(chunks) if bounds[k + 1] > bounds[k]]
+        for fu in futs:
+            _check_rc(fu.result())
+
+    def _outputs(self, sizes):
+        outs = []
+        if isinstance(sizes, Buffer) or (isinstance(sizes, (list, tuple)) and sizes
+                                         and isinstance(sizes[0], Buffer)):
+            bufs = [sizes] if isinstance(sizes, Buffer) else list(sizes)
+            k = 0
+            for f in self.outputs:
+                n = len(f.types())
+                group = bufs[k:k + n]
+                k += n
+                if len(group) != n:
+                    raise FuncError(f"realize: {f.name()} needs {n} output buffer(s)")
+                for bf, t in zip(group, f.types()):
+                    if bf.type() != t:
+                        raise FuncError(
+                            f"realize: output buffer {bf.name()} is {bf.type()}, {f.name()} is {t}"
+                        )
+                outs.append((f, [bf.numpy() for bf in group]))
+            return outs
+        sizes = [] if sizes is None else [int(s) for s in sizes]
+        for f in self.outputs:
+            if len(sizes) != f.dimensions():
+                raise FuncError(
+                    f"realize: {f.name()} has {f.dimensions()} dimension(s), got {len(sizes)}"
+                    f" size(s) {sizes}"
+                )
+            if any(s < 0 for s in sizes):
+                raise FuncError(f"realize: negative size in {sizes}")
+            shape = tuple(reversed(sizes))
+            outs.append((f, [np.empty(shape, t.dtype) for t in f.types()]))
+        return outs
+
+    @staticmethod
+    def _values(c):
+        values = {}
+        for p in c.params:
+            obj = E.PARAMS.get(p.key)
+            v = None if obj is None else obj.get()
+            if v is None:
+                name = obj.name() if obj is not None else p.key
+                raise FuncError(f"Param {name} has no value: call .set(value) before realize")
+            values[p] = v
+        for fid, buf in c.graph.buffers.items():
+            for d in range(buf.dimensions()):
+                values[sym.leaf("hl.bufdim", (fid, d, "min"), np.int32)] = buf.dim(d).min()
+                values[sym.leaf("hl.bufdim", (fid, d, "extent"), np.int32)] = buf.dim(d).extent()
+        return values
+
+    @staticmethod
+    def _int_value(key, g, regions, values):
+        if key[0] == "stride":
+            _, fid, d = key
+            return g.buffers[fid].dim(d).stride()
+        leaf = key[1]
+        if leaf.kind == "hl.bufdim":
+            return values[leaf]
+        fid, d, w = leaf.key
+        lo, ext = regions[fid][d]
+        return lo if w == "min" else ext
+
+    # ---- inspection --------------------------------------------------------------------
+    def loop_nest(self) -> str:
+        c = self._compile()
+        return loop_nest_text(c.graph, c.roots, [(fid, k, s) for fid, k, s, _, _ in c.kernels])
+
+    def print_loop_nest(self):
+        text = self.loop_nest()
+        print(text)
+        return text
+
+    def ir(self) -> str:
+        """The LLVM IR of the compiled pipeline."""
+        return self._compile().ir
+
+
+def _check_rc(rc):
+    if rc == 2:
+        raise MemoryError("halide_ad: allocation of an intermediate Func failed")
+    if rc != 0:
+        raise RuntimeError(f"halide_ad: pipeline kernel failed with code {rc}")
+
+
+def _root_regions(g, out_regions, values):
+    from ._lower import root_regions
+
+    return root_regions(g, out_regions, values)
+
+
+def _outer_extent(stmt, g, regions, values):
+    env = {}
+    for fid, reg in regions.items():
+        for d, (lo, ext) in enumerate(reg):
+            for w, v in (("min", lo), ("extent", ext)):
+                for kind in ("hl.region", "hl.store"):
+                    leaf = sym.leaf(kind, (fid, d, w), np.int32)
+                    env[leaf] = (sym.const(v, np.int32), sym.const(v, np.int32))
+    for leaf, v in values.items():
+        env[leaf] = (sym.const(v, leaf.dtype), sym.const(v, leaf.dtype))
+    iv = interval(stmt.extent, env)
+    v = None if iv is None else const_value(iv[0])
+    if v is None:
+        raise FuncError(f"cannot evaluate the extent of loop {stmt.name}")
+    return int(v)
+
