@@ -476,6 +476,7 @@ class RDom:
     _ids = itertools.count()
 
     def __init__(self, ranges, *more, name: str | None = None):
+        self.source = ranges if hasattr(ranges, "_rdom_bounds") else None  # keeps a Buffer
         bounds = _rdom_ranges(ranges, more)
         self.uid = f"r{next(RDom._ids)}"
         self.name = name or self.uid

@@ -77,7 +77,11 @@ class Definition:
         self.args = tuple(args)
         self.values = tuple(values)
         self.stage_index = stage_index  # 0: pure, k: update k-1
-        leaves = sym.free_leaves(list(self.args) + list(self.values))
+        nodes = list(self.args) + list(self.values)
+        # strong references: call nodes name their callees by id only
+        self.refs = [callee(c.params["fid"]) for c in sym.calls(nodes, E.CALL)]
+        self.refs += [callee(n.key[0]) for n in sym.free_leaves(nodes, "hl.bufdim")]
+        leaves = sym.free_leaves(nodes)
         rvars = [n for n in leaves if E.is_rvar(n)]
         rdoms = []
         for rv in rvars:

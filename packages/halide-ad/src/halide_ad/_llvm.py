@@ -278,9 +278,10 @@ class ModuleBuilder:
     def _loop(self, b, s: For, env, storage, vec, lo=None, hi=None):
         if lo is None:
             lo = ir.Constant(I32, 0)
-            hi = self._emit(b, s.extent, env, storage, vec)
-            if isinstance(hi.type, ir.VectorType):
+            if vec is not None and vec[0] in sym.free_leaves(s.extent):
                 raise ScheduleError(f"the extent of loop {s.name} depends on a vectorized loop")
+            scalars = {k: v for k, v in env.items() if not isinstance(v.type, ir.VectorType)}
+            hi = self._emit(b, s.extent, scalars, storage, None)
         kind = s.kind
         if kind in ("vectorized", "unrolled") and vec is None:
             w = s.factor if s.factor is not None else _const_extent(s)

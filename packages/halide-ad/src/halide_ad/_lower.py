@@ -264,16 +264,19 @@ class _Loops:
             name = _rvar_name(d, leaf)
             extents[name] = ext
             values[name] = (leaf, lo + loop_leaf(fid, d.index, name))
-        subs = {}
         for sp in s.splits:
             if sp.kind == "split":
                 old = loop_leaf(fid, d.index, sp.old)
-                lo_, li = loop_leaf(fid, d.index, sp.outer), loop_leaf(fid, d.index, sp.inner)
+                li = loop_leaf(fid, d.index, sp.inner)
+                # the outer loop may reuse the old name: go through a fresh leaf
+                tmp = loop_leaf(fid, d.index, sp.outer + "#split")
                 e = extents.pop(sp.old)
                 f_ = sym.const(sp.factor, I32)
+                self._substitute(extents, values, {old: tmp * f_ + li})
                 extents[sp.outer] = sym.floor_divide(e + (sp.factor - 1), f_)
-                extents[sp.inner] = sym.minimum(f_, e - lo_ * f_)
-                rep = lo_ * f_ + li
+                extents[sp.inner] = sym.minimum(f_, e - tmp * f_)
+                self._substitute(extents, values, {tmp: loop_leaf(fid, d.index, sp.outer)})
+                continue
             else:  # fuse
                 inner, outer = loop_leaf(fid, d.index, sp.inner), loop_leaf(fid, d.index,
                                                                           sp.outer)
@@ -282,9 +285,6 @@ class _Loops:
                 extents[sp.old] = ei * eo
                 subs_f = {inner: sym.mod(fl, ei), outer: sym.floor_divide(fl, ei)}
                 self._substitute(extents, values, subs_f)
-                continue
-            self._substitute(extents, values, {old: rep})
-        del subs
         self.extents = extents
         self.values = values  # name -> (original leaf, value)
         self.dims = list(s.dims)
