@@ -41,6 +41,7 @@ import scipy.sparse as sp
 from core_ad import sym
 
 from .._language import (
+    VIEW_SUFFIX,
     Energy,
     InBoundsRef,
     IndexRef,
@@ -231,6 +232,17 @@ class Plan:
         for name, (role, dims, ch) in self.decls.items():
             if role == "array":
                 self.data[name] = self._check_shape(name, dims, ch, arrays[name])
+        self.views = {}  # const view name -> unknown name (refreshed at every linearize)
+        for name, (role, dims, ch) in self.decls.items():
+            if role == "view":
+                u = name[: -len(VIEW_SUFFIX)]
+                if self.decls.get(u, (None,))[0] != "unknown":
+                    raise LsqCompileError(
+                        f"{name!r} is a constant view of {u!r}, which the energy does not read as "
+                        "an Unknown")
+                if self.decls[u][1:] != (dims, ch):
+                    raise LsqCompileError(f"{name!r}: dims/channels differ from unknown {u!r}")
+                self.views[name] = u
         # params
         self.params = {}
         needed = {d.name for t in terms for d in t.decoded.values() if isinstance(d, ParamRef)}
@@ -291,6 +303,8 @@ class Plan:
         self._lin_x = None
         self._lin = None
         self.x0 = self._fixed[self.free_idx].copy()
+        self.linearize_changes_cost = bool(self.views)
+        self._refresh_views(self._fixed)
 
     # ------------------------------------------------------------------ binding helpers
     def _infer_sizes(self, name, dims, ch, a):
@@ -576,8 +590,21 @@ class Plan:
             self._fused = FusedPlan(self)
         return self._fused
 
+    def _refresh_views(self, full):
+        for name, u in self.views.items():
+            v = self._uview(full, u)
+            self.data[name] = np.ascontiguousarray(v, self.dtype).copy()
+        if self.views:
+            self._dver += 1
+            self._lin_x = None
+
     def linearize(self, x):
-        """Solver hook: called once per new iterate before ``jtf`` / ``jtj_diag`` / ``jtjp``."""
+        """Solver hook: called once per new iterate before ``jtf`` / ``jtj_diag`` / ``jtjp``.
+        Constant views of unknowns (``X.const()``, the IRLS weights of ``L_p``) take the values
+        of x here, so with views the energy itself changes at each linearisation
+        (``linearize_changes_cost``)."""
+        if self.views:
+            self._refresh_views(self._full(np.asarray(x)))
         if self.kernels == "fused":
             self.fused.linearize(x)
         else:

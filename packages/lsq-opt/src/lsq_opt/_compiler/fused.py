@@ -146,7 +146,7 @@ class _GridDomain:
                 nu += ch
         for t in terms:
             for d in t.decoded.values():
-                if isinstance(d, Read) and d.role == "array" and d.name not in self.dplane:
+                if isinstance(d, Read) and d.role != "unknown" and d.name not in self.dplane:
                     self.dplane[d.name] = nd
                     nd += plan.decls[d.name][2]
         self.nu, self.nd = nu, nd
@@ -482,7 +482,7 @@ class _GraphPart:
         chunks, off = [], 0
         for t in terms:
             for d in t.decoded.values():
-                if isinstance(d, Read) and d.role == "array" and d.name not in self.doff:
+                if isinstance(d, Read) and d.role != "unknown" and d.name not in self.doff:
                     a = plan.data[d.name].reshape(-1)
                     self.doff[d.name] = off
                     chunks.append(a)

@@ -51,6 +51,9 @@ __all__ = [
     "Param",
     "ParamRef",
     "Read",
+    "ComputedArray",
+    "ConstView",
+    "L_p",
     "Rotate2D",
     "Rotate3D",
     "Select",
@@ -208,6 +211,27 @@ class Unknown(_ArrayDecl):
     """``Unknown(name, dims, channels=1)``: the unknown image / per-vertex array."""
 
     role = "unknown"
+
+    def const(self) -> "ConstView":
+        """A constant view of this unknown (Fig. 33's ``r_const``): reads give the values at the
+        current linearisation point and carry no derivative; they are refreshed at every
+        non-linear iteration (the IRLS weights of :func:`L_p`)."""
+        return ConstView(self)
+
+
+VIEW_SUFFIX = "__const"
+
+
+class ConstView(_ArrayDecl):
+    """See :meth:`Unknown.const`."""
+
+    role = "view"
+
+    def __init__(self, unknown: Unknown):
+        if not isinstance(unknown, Unknown):
+            raise TypeError("ConstView: expected an Unknown")
+        super().__init__(unknown.name, unknown.dims, unknown.channels)
+        self.name = unknown.name + VIEW_SUFFIX
 
 
 class Array(_ArrayDecl):
@@ -436,6 +460,79 @@ def Rotate3D(angles, v):
     return Vec([m[r][0] * x[0] + m[r][1] * x[1] + m[r][2] * x[2] for r in range(3)])
 
 
+class ComputedArray:
+    """``ComputedArray(name, dims, expr)``: an array defined by a stencil expression ``expr``
+    written at the centre (spec 2.7). ``CA(dx, dy)`` is ``expr`` with every stencil read,
+    ``InBounds`` and ``Index`` shifted by ``(dx, dy)``, so a residual reading it is exactly the
+    residual with the expression inlined: derivatives flow through reads of unknowns (the
+    Gauss-Newton J equals [R]'s frozen gradient tables at the linearisation point) and the
+    expression's footprint joins the reading residual's default boundary mask. (Opt's
+    materialisation is a scheduling choice; here the fused kernels recompute ``expr`` per
+    use.) Vector expressions give a Vec. Graph reads are not allowed (spec 8: stencil only)."""
+
+    def __init__(self, name, dims, expr):
+        if not isinstance(name, str) or not name:
+            raise TypeError("ComputedArray: name must be a non-empty string")
+        self.name, self.dims = name, _dims(dims)
+        self.items = list(expr.items) if isinstance(expr, Vec) else [_ex(expr)]
+        self.is_vec = isinstance(expr, Vec)
+        for it in self.items:
+            for lf in sym.free_leaves(it):
+                d = decode_leaf(lf)
+                if isinstance(d, Read) and d.graph is not None:
+                    raise TypeError(f"ComputedArray {name!r}: graph reads are not allowed")
+                if isinstance(d, Read) and len(d.offset) != len(self.dims):
+                    raise TypeError(f"ComputedArray {name!r}: read of {d.name!r} has "
+                                    f"{len(d.offset)} offsets, the array has {len(self.dims)} dims")
+
+    def __call__(self, *offset):
+        if len(offset) not in (len(self.dims), len(self.dims) + 1) or not all(
+                isinstance(o, numbers.Integral) for o in offset):
+            raise TypeError(f"ComputedArray {self.name!r}: expected {len(self.dims)} integer "
+                            f"offsets (plus an optional channel), got {offset!r}")
+        off = tuple(int(o) for o in offset[: len(self.dims)])
+        items = [_shift_expr(it, off) for it in self.items]
+        if len(offset) > len(self.dims):
+            return items[int(offset[-1])]
+        return Vec(items) if self.is_vec else items[0]
+
+
+def _shift_expr(e, off):
+    if not any(off):
+        return e
+    mapping = {}
+    for lf in sym.free_leaves(e):
+        d = decode_leaf(lf)
+        if isinstance(d, Read):
+            o = tuple(a + b for a, b in zip(d.offset, off))
+            mapping[lf] = sym.leaf(lf.kind, ("s", o, d.channel, (d.role, d.dims, d.channels)),
+                                   lf.dtype)
+        elif isinstance(d, InBoundsRef):
+            mapping[lf] = InBounds(*(a + b for a, b in zip(d.offset, off)))
+        elif isinstance(d, IndexRef):
+            mapping[lf] = Index(d.dim) + float(off[d.dim])
+    return sym.substitute(e, mapping)
+
+
+def L_p(val, val_const, p, dims=None):
+    """IRLS helper (spec 2.3 / Fig. 33): ``sqrt((||val_const||_2 + 1e-7)^(p - 2)) * val``.
+    ``val_const`` must read constant views (``X.const()``) so the weight carries no derivative
+    and is refreshed at every non-linear iteration; the sum of squares then approximates
+    ``sum ||val||^p`` (IRLS). ``dims`` is accepted for the paper's signature."""
+    items = val_const.items if isinstance(val_const, Vec) else [_ex(val_const)]
+    for it in items:
+        for lf in sym.free_leaves(it):
+            d = decode_leaf(lf)
+            if isinstance(d, Read) and d.role == "unknown":
+                raise TypeError("L_p: val_const reads the unknown "
+                                f"{d.name!r}; use its constant view {d.name}.const()")
+    n2 = None
+    for it in items:
+        n2 = it * it if n2 is None else n2 + it * it
+    w = sym.sqrt((sym.sqrt(n2) + 1e-7) ** (_ex(p) - 2.0))
+    return val * w
+
+
 def Stencil(offsets):
     """Metaprogramming iterator over offset tuples (``for x, y in Stencil([(1, 0), ...])``)."""
     return [tuple(o) for o in offsets]
@@ -495,7 +592,7 @@ class Energy:
 @dataclass(frozen=True)
 class Read:
     name: str
-    role: str            # "unknown" | "array"
+    role: str            # "unknown" | "array" | "view" (constant view of an unknown)
     dims: tuple          # dim names
     channels: int
     channel: int

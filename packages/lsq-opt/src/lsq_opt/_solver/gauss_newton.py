@@ -38,6 +38,8 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
             reason = "max iterations"
             break
         call_linearize(problem, x)
+        if getattr(problem, "linearize_changes_cost", False):
+            cost = float(problem.cost(x))  # IRLS weights / constant views moved with x
         g = np.asarray(problem.jtf(x), dtype=dt).reshape(-1)
         diag = np.asarray(problem.jtj_diag(x), dtype=dt).reshape(-1)
         if not (np.all(np.isfinite(g)) and np.all(np.isfinite(diag))):

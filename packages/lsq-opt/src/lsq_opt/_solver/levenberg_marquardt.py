@@ -96,8 +96,13 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
     mu = float(opts.initial_trust_region_radius)
     nu = float(opts.radius_decrease_factor)
 
+    reweights = bool(getattr(problem, "linearize_changes_cost", False))
+
     def linearize():
+        nonlocal cost
         call_linearize(problem, x)
+        if reweights:  # IRLS weights / constant views moved with x: the energy changed
+            cost = float(problem.cost(x))
         g = np.asarray(problem.jtf(x), dtype=dt).reshape(-1)
         d = np.asarray(problem.jtj_diag(x), dtype=dt).reshape(-1)
         return g, d

@@ -9,9 +9,9 @@ from . import EXAMPLES
 from ._image import png_backend
 
 SIZES = {"laplacian": (64, 48), "poisson": (128, 128), "arap": (48, 32),
-         "laplacian_mesh": (24, 16), "arap_mesh": (24, 16)}
+         "laplacian_mesh": (24, 16), "arap_mesh": (24, 16), "intrinsic": (24, 16)}
 FULL_SIZES = {"laplacian": (64, 48), "poisson": (512, 512), "arap": (48, 32),
-              "laplacian_mesh": (64, 32), "arap_mesh": (64, 32)}
+              "laplacian_mesh": (64, 32), "arap_mesh": (64, 32), "intrinsic": (96, 64)}
 
 
 def _check(name, r):
@@ -26,6 +26,8 @@ def _check(name, r):
         return r["max_abs_diff_direct"] <= 1e-9
     if name == "arap_mesh":
         return r["monotone_accepted_costs"] and r["finite"] and r["handle_max_err"] <= 0.1
+    if name == "intrinsic":
+        return r["finite"] and r["grad_frac_p"] < 0.5 * r["grad_frac_p2"]
     return True
 
 
@@ -47,6 +49,9 @@ def main(argv=None) -> int:
         ok_all &= ok
         if name in ("laplacian", "laplacian_mesh"):
             check = f"max|x-spsolve(JtJ)| = {r['max_abs_diff_direct']:.1e}"
+        elif name == "intrinsic":
+            check = (f"refl. gradients > 1e-3: p=0.8 {r['grad_frac_p']:.2f} vs p=2 "
+                     f"{r['grad_frac_p2']:.2f} (truth {r['grad_frac_true']:.2f})")
         elif name == "arap_mesh":
             check = (f"handle err {r['handle_max_err']:.1e}, monotone={r['monotone_accepted_costs']}, "
                      f"max edge stretch {r['edge_stretch_max']:.2f}")
