@@ -42,7 +42,9 @@ from core_ad import sym
 
 from .._language import (
     VIEW_SUFFIX,
+    BufferRef,
     Energy,
+    SizeRef,
     InBoundsRef,
     IndexRef,
     ParamRef,
@@ -111,7 +113,7 @@ class _Term:
             decoded[lf] = d
         # retype float leaves to the plan dtype
         if np.dtype(dtype) != np.float64:
-            mapping = {lf: sym.leaf(lf.kind, lf.key, dtype) for lf in leaves if lf.dtype != np.bool_}
+            mapping = {lf: sym.leaf(lf.kind, lf.key, dtype) for lf in leaves if lf.dtype.kind == "f"}
             chans = [sym.substitute(c, mapping) for c in chans]
             decoded = {mapping.get(lf, lf): d for lf, d in decoded.items()}
             leaves = list(decoded)
@@ -130,8 +132,10 @@ class _Term:
         self.graph = dom if self.is_graph else None
         self.dims = None if self.is_graph else dom
         self.has_inbounds = any(isinstance(d, InBoundsRef) for d in decoded.values())
-        if self.is_graph and any(isinstance(d, (InBoundsRef, IndexRef)) for d in decoded.values()):
-            raise LsqCompileError(f"residual term {index}: InBounds/Index are not allowed in graph residuals")
+        if self.is_graph and any(isinstance(d, (InBoundsRef, IndexRef, BufferRef, SizeRef))
+                                 for d in decoded.values()):
+            raise LsqCompileError(f"residual term {index}: InBounds/Index/SampledImage are not "
+                                  "allowed in graph residuals")
         for d in decoded.values():
             if isinstance(d, InBoundsRef) and len(d.offset) != len(dom):
                 raise LsqCompileError(f"residual term {index}: InBounds{d.offset} has the wrong arity for dims {dom}")
@@ -156,6 +160,13 @@ def _collect_decls(terms, excludes):
                     raise LsqCompileError(
                         f"array {d.name!r} is declared twice with different signatures: {prev} vs "
                         f"{(d.role, d.dims, d.channels)}")
+    for t in terms:
+        for d in t.decoded.values():
+            if isinstance(d, BufferRef):
+                prev = decls.setdefault(d.name, ("array", d.dims, d.channels))
+                if prev != ("array", d.dims, d.channels):
+                    raise LsqCompileError(
+                        f"array {d.name!r} is declared twice with different signatures")
     for ex in excludes:
         for lf in sym.free_leaves(ex.cond):
             d = decode_leaf(lf)
@@ -490,12 +501,20 @@ class Plan:
                 feeds.append(np.ascontiguousarray(a.ravel(), self.dtype))
             elif isinstance(d, ParamRef):
                 feeds.append(self.params[d.name])
+            elif isinstance(d, BufferRef):
+                feeds.append(self.buffer(d.name, d.channel))
+            elif isinstance(d, SizeRef):
+                feeds.append(np.asarray(self.sizes[d.dim], np.int64))
             elif isinstance(d, InBoundsRef):
                 feeds.append(np.ascontiguousarray(_inbounds(t.shape, d.offset).ravel()))
             else:  # IndexRef
                 ix = np.indices(t.shape)[d.dim].astype(self.dtype)
                 feeds.append(np.ascontiguousarray(ix.ravel()))
         return feeds
+
+    def buffer(self, name, c):
+        """Channel c of data array ``name`` as a flat C-order buffer (SampledImage reads)."""
+        return np.ascontiguousarray(self.data[name][..., c]).ravel()
 
     def _lanes(self, t, a):
         a = np.asarray(a, self.dtype)

@@ -44,7 +44,7 @@ import numpy as np
 from core_ad import codegen, sym
 from llvmlite import ir
 
-from .._language import InBoundsRef, IndexRef, ParamRef, Read
+from .._language import BufferRef, InBoundsRef, IndexRef, ParamRef, Read, SizeRef
 
 __all__ = ["FusedPlan"]
 
@@ -111,7 +111,7 @@ def _hsum(b, v, width):
 # =========================================================================== grid domains
 class _GridDomain:
     # pointer slots of every grid function
-    B_X, B_P, B_OUT, B_OUT2, B_VALID, B_DATA, B_INB, B_IDX, B_PARAMS, B_SEGBASE, B_SEGLEN, B_ROWSUM = range(12)
+    B_X, B_P, B_OUT, B_OUT2, B_VALID, B_DATA, B_INB, B_IDX, B_PARAMS, B_SEGBASE, B_SEGLEN, B_ROWSUM, B_BUF = range(13)
 
     def __init__(self, plan, dims, terms):
         self.plan, self.dims, self.terms = plan, dims, terms
@@ -150,6 +150,14 @@ class _GridDomain:
                     self.dplane[d.name] = nd
                     nd += plan.decls[d.name][2]
         self.nu, self.nd = nu, nd
+        # whole-array buffers (SampledImage gathers): one flat array, one block per channel
+        self.bufoff, off = {}, 0
+        for t in terms:
+            for d in t.decoded.values():
+                if isinstance(d, BufferRef) and (d.name, d.channel) not in self.bufoff:
+                    self.bufoff[(d.name, d.channel)] = off
+                    off += int(np.prod([plan.sizes[x] for x in d.dims]))
+        self.nbuf = off
         self.inb = sorted({d.offset for t in terms for d in t.decoded.values()
                            if isinstance(d, InBoundsRef)})
         self.idx_dims = sorted({d.dim for t in terms for d in t.decoded.values()
@@ -218,9 +226,13 @@ class _GridDomain:
         for name, p0 in self.dplane.items():
             a = self.plan.data[name]
             self.data[p0: p0 + a.shape[-1]] = self._pad(a)
+        for (name, c), off in self.bufoff.items():
+            b = self.plan.buffer(name, c)
+            self.bufs[off: off + b.size] = b
 
     def _static(self):
         plan, dt = self.plan, self.dtype
+        self.bufs = np.zeros(max(1, self.nbuf), dt)
         self.data = np.zeros((max(1, self.nd),) + self.PS, dt)
         self.refresh_data()
         self.inbuf = np.zeros((max(1, len(self.inb)),) + self.PS, np.uint8)
@@ -268,6 +280,7 @@ class _GridDomain:
         segbase = f.ptr(self.B_SEGBASE, _I64)
         seglen = f.ptr(self.B_SEGLEN, _I64)
         rowsum = f.ptr(self.B_ROWSUM, ir.DoubleType())
+        bufp = f.ptr(self.B_BUF, T)
         params = {}
         for k, pname in enumerate(plan._param_order):
             params[pname] = b.load(b.gep(ptr[self.B_PARAMS], [_I64(k)]))
@@ -327,10 +340,17 @@ class _GridDomain:
                 elif isinstance(d, IndexRef):
                     env[lf] = load(self.B_IDX, self.idx_dims.index(d.dim),
                                    self.disp(tuple(-c for c in o)))
+                elif isinstance(d, BufferRef):
+                    n = int(np.prod([plan.sizes[x] for x in d.dims]))
+                    env[lf] = codegen.BufferArg(
+                        b.gep(bufp, [_I64(self.bufoff[(d.name, d.channel)])]), _I64(n))
+                elif isinstance(d, SizeRef):
+                    env[lf] = _I64(plan.sizes[d.dim])
             return env
 
         zero = ir.Constant(VT, [0.0] * V if V > 1 else 0.0) if V > 1 else ir.Constant(T, 0.0)
-        em = codegen.Emitter(b, width=V if V > 1 else None, math=math_)
+        em = codegen.Emitter(b, width=V if V > 1 else None, math=math_,
+                             on_bounds_error=lambda bld, failure: bld.ret(_I32(1)))
 
         def emit(roots, env):
             prog = sym.cse(roots)
@@ -424,10 +444,10 @@ class _GridDomain:
         self.fns = {k: _FN(a) for k, a in addrs.items()}
 
         def arr(base, ln):
-            return (ctypes.c_void_p * 12)(*[
+            return (ctypes.c_void_p * 13)(*[
                 a.ctypes.data for a in (self.x, self.p, self.out, self.out2, self.valid,
                                         self.data, self.inbuf, self.idxbuf, self.params, base,
-                                        ln, self.rowsum)])
+                                        ln, self.rowsum, self.bufs)])
 
         self.ptr_all = arr(self.seg_base, self.seg_len)
         self.ptr_out = arr(self.oseg_base, self.oseg_len)
@@ -455,16 +475,17 @@ _MIN_LANES_PER_THREAD = 16384
 def _run_segments(fn, n, ptrs, threads, per_thread_ptrs=None):
     t = max(1, min(threads, n))
     if t == 1:
-        fn(0, n, ptrs if per_thread_ptrs is None else per_thread_ptrs[0])
-        return
-    bounds = [(n * k // t, n * (k + 1) // t) for k in range(t)]
-    pool = codegen.thread_pool()
-    futs = [pool.submit(fn, s, e, ptrs if per_thread_ptrs is None else per_thread_ptrs[k])
-            for k, (s, e) in enumerate(bounds[1:], start=1)]
-    s, e = bounds[0]
-    fn(s, e, ptrs if per_thread_ptrs is None else per_thread_ptrs[0])
-    for f in futs:
-        f.result()
+        rcs = [fn(0, n, ptrs if per_thread_ptrs is None else per_thread_ptrs[0])]
+    else:
+        bounds = [(n * k // t, n * (k + 1) // t) for k in range(t)]
+        pool = codegen.thread_pool()
+        futs = [pool.submit(fn, s, e, ptrs if per_thread_ptrs is None else per_thread_ptrs[k])
+                for k, (s, e) in enumerate(bounds[1:], start=1)]
+        s, e = bounds[0]
+        rcs = [fn(s, e, ptrs if per_thread_ptrs is None else per_thread_ptrs[0])]
+        rcs += [f.result() for f in futs]
+    if any(rcs):
+        raise IndexError("lsq_opt fused kernel: a gather index was out of range")
 
 
 # =========================================================================== graph terms

@@ -24,6 +24,7 @@ element-wise arithmetic and scalar broadcast on either side (``w * v`` and ``v *
 
 from __future__ import annotations
 
+import ast
 import numbers
 from dataclasses import dataclass
 
@@ -44,6 +45,8 @@ __all__ = [
     "Image",
     "InBounds",
     "InBoundsRef",
+    "BufferRef",
+    "SizeRef",
     "Index",
     "IndexRef",
     "Not",
@@ -56,6 +59,7 @@ __all__ = [
     "L_p",
     "Rotate2D",
     "Rotate3D",
+    "SampledImage",
     "Select",
     "Stencil",
     "Unknown",
@@ -533,6 +537,70 @@ def L_p(val, val_const, p, dims=None):
     return val * w
 
 
+_STOP_SCALE = 2.0 ** 32
+
+
+def _stop_gradient(x):
+    """x rounded to 2^-32 through an integer cast: the same value (to 2.3e-10) with zero
+    derivative (core_ad has no stop-gradient op; casts to integers are not differentiable)."""
+    return sym.astype(sym.astype(x * _STOP_SCALE, "int64"), _F) * (1.0 / _STOP_SCALE)
+
+
+class SampledImage:
+    """``SampledImage(image, image_dx, image_dy)``: an image readable at continuous coordinates
+    (spec 2.8). ``S(u, v)`` (``S(u, v, c)`` for channel c) is the bilinear interpolation of
+    ``image`` at ``(u, v)`` (array index space; corners outside the image read as 0), and its
+    partials are the user-supplied ``image_dx`` / ``image_dy``, bilinearly sampled at (u, v).
+    Implemented as ``S_I(u0, v0) + (u - u0) S_dx(u0, v0) + (v - v0) S_dy(u0, v0)`` with
+    ``(u0, v0)`` the coordinates under a zero-derivative rounding to 2^-32 (so the value is the
+    bilinear one to ~1e-10 and the derivative is exactly the sampled derivative images); the
+    corners are read with ``core_ad.sym.gather`` from the whole arrays. 2-D arrays only."""
+
+    def __init__(self, image, image_dx, image_dy):
+        arrs = (image, image_dx, image_dy)
+        if not all(isinstance(a, Array) and not isinstance(a, (Unknown, ConstView)) for a in arrs):
+            raise TypeError("SampledImage: image, image_dx and image_dy must be Arrays")
+        if len(image.dims) != 2 or any(a.dims != image.dims or a.channels != image.channels
+                                       for a in arrs):
+            raise TypeError("SampledImage: three 2-D Arrays with the same dims and channels")
+        self.arrays = arrs
+        self.dims, self.channels = image.dims, image.channels
+
+    def _sample(self, arr, c, u, v):
+        W = sym.leaf("__size__", (self.dims[0].name,), "int64")
+        H = sym.leaf("__size__", (self.dims[1].name,), "int64")
+        buf = sym.buffer(f"{arr.name}#{c}#{arr.decl!r}", _F)
+        fu, fv = sym.floor(u), sym.floor(v)
+        x0, y0 = sym.astype(fu, "int64"), sym.astype(fv, "int64")
+        ax, ay = u - fu, v - fv
+        out = None
+        for dx, dy in ((0, 0), (1, 0), (0, 1), (1, 1)):
+            xc, yc = x0 + dx, y0 + dy
+            inb = sym.logical_and(sym.logical_and(xc >= 0, xc < W), sym.logical_and(yc >= 0, yc < H))
+            idx = sym.where(inb, xc * H + yc, sym.const(0, "int64"))
+            val = sym.where(inb, sym.gather(buf, idx), 0.0)
+            w = (ax if dx else 1.0 - ax) * (ay if dy else 1.0 - ay)
+            out = w * val if out is None else out + w * val
+        return out
+
+    def __call__(self, u, v, c=None):
+        u, v = _ex(u), _ex(v)
+        u0, v0 = _stop_gradient(u), _stop_gradient(v)
+        im, ix, iy = self.arrays
+
+        def one(ch):
+            return (self._sample(im, ch, u0, v0) + (u - u0) * self._sample(ix, ch, u0, v0)
+                    + (v - v0) * self._sample(iy, ch, u0, v0))
+
+        if c is not None:
+            if not 0 <= int(c) < self.channels:
+                raise IndexError(f"SampledImage: channel {c} out of range")
+            return one(int(c))
+        if self.channels == 1:
+            return one(0)
+        return Vec([one(ch) for ch in range(self.channels)])
+
+
 def Stencil(offsets):
     """Metaprogramming iterator over offset tuples (``for x, y in Stencil([(1, 0), ...])``)."""
     return [tuple(o) for o in offsets]
@@ -616,10 +684,33 @@ class IndexRef:
     dim: int
 
 
+@dataclass(frozen=True)
+class BufferRef:
+    """A whole data array channel read by a SampledImage (gather)."""
+    name: str
+    channel: int
+    dims: tuple
+    channels: int
+
+
+@dataclass(frozen=True)
+class SizeRef:
+    dim: str
+
+
 def decode_leaf(leaf):
     """What a leaf of a residual means (a Read, ParamRef, InBoundsRef, IndexRef), or None for
     a leaf that no lsq_opt declaration made."""
     kind, key = leaf.kind, leaf.key
+    if kind == "buffer" and isinstance(key, str) and key.count("#") >= 2:
+        name, c, decl = key.split("#", 2)
+        try:
+            role, dims, ch = ast.literal_eval(decl)
+        except Exception:  # noqa: BLE001
+            return None
+        return BufferRef(name, int(c), tuple(dims), int(ch))
+    if kind == "__size__":
+        return SizeRef(str(key[0]))
     if kind == "__inbounds__":
         return InBoundsRef(tuple(key))
     if kind == "__index__":

@@ -9,9 +9,11 @@ from . import EXAMPLES
 from ._image import png_backend
 
 SIZES = {"laplacian": (64, 48), "poisson": (128, 128), "arap": (48, 32),
-         "laplacian_mesh": (24, 16), "arap_mesh": (24, 16), "intrinsic": (24, 16)}
+         "laplacian_mesh": (24, 16), "arap_mesh": (24, 16), "intrinsic": (24, 16),
+         "flow": (64, 48)}
 FULL_SIZES = {"laplacian": (64, 48), "poisson": (512, 512), "arap": (48, 32),
-              "laplacian_mesh": (64, 32), "arap_mesh": (64, 32), "intrinsic": (96, 64)}
+              "laplacian_mesh": (64, 32), "arap_mesh": (64, 32), "intrinsic": (96, 64),
+              "flow": (128, 96)}
 
 
 def _check(name, r):
@@ -28,6 +30,8 @@ def _check(name, r):
         return r["monotone_accepted_costs"] and r["finite"] and r["handle_max_err"] <= 0.1
     if name == "intrinsic":
         return r["finite"] and r["grad_frac_p"] < 0.5 * r["grad_frac_p2"]
+    if name == "flow":
+        return r["finite"] and r["mean_epe_interior"] < 0.1
     return True
 
 
@@ -49,6 +53,8 @@ def main(argv=None) -> int:
         ok_all &= ok
         if name in ("laplacian", "laplacian_mesh"):
             check = f"max|x-spsolve(JtJ)| = {r['max_abs_diff_direct']:.1e}"
+        elif name == "flow":
+            check = f"mean endpoint error {r['mean_epe_interior']:.3f} px (interior)"
         elif name == "intrinsic":
             check = (f"refl. gradients > 1e-3: p=0.8 {r['grad_frac_p']:.2f} vs p=2 "
                      f"{r['grad_frac_p2']:.2f} (truth {r['grad_frac_true']:.2f})")
