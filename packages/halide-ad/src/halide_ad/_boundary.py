@@ -69,7 +69,8 @@ def mirror_image(source, bounds=None) -> Func:
 
     def m(v, lo, ext):
         t = (v - lo) % (2 * ext)
-        return E.select(t < ext, t, 2 * ext - 1 - t) + lo
+        # the clamp changes no value; it tells bounds inference the result is in range
+        return E.clamp(E.select(t < ext, t, 2 * ext - 1 - t), 0, ext - 1) + lo
 
     return _wrap(source, bounds, "mirror_image", m)
 
@@ -80,6 +81,6 @@ def mirror_interior(source, bounds=None) -> Func:
     def m(v, lo, ext):
         period = E.max(2 * ext - 2, 1)
         t = (v - lo) % period
-        return E.min(E.select(t < ext, t, 2 * ext - 2 - t), ext - 1) + lo
+        return E.clamp(E.select(t < ext, t, 2 * ext - 2 - t), 0, ext - 1) + lo
 
     return _wrap(source, bounds, "mirror_interior", m)

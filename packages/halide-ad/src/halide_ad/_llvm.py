@@ -200,7 +200,7 @@ class ModuleBuilder:
         err_block = fn.append_basic_block("oom")
         ir.IRBuilder(err_block).ret(ir.Constant(I32, 2))
         self.err_block = err_block
-        env, storage = self._prologue(b, ptrs, ints)
+        env, storage = self._prologue(b, ptrs, ints, _uses(stmt))
         ranged = isinstance(stmt, For) and stmt.kind in ("serial", "parallel")
         if ranged:
             self._loop(b, stmt, env, storage, None, lo=b.trunc(start, I32),
@@ -210,20 +210,29 @@ class ModuleBuilder:
         b.ret(ir.Constant(I32, 0))
         return ranged
 
-    def _prologue(self, b, ptrs, ints):
+    def _prologue(self, b, ptrs, ints, uses):
+        """Loads of the sizes, params and storage the kernel uses (``uses``: leaves and
+        callee ids)."""
         env = {}
+        fids, leaves = uses
         for key, slot in self.slots.int.items():
             if key[0] == "leaf":
                 leaf = key[1]
+                if leaf.key[0] not in fids and leaf not in leaves:
+                    continue
                 v = b.load(b.gep(ints, [ir.Constant(I64, slot)]))
                 env[leaf] = b.trunc(v, I32)
         for leaf in self.params:
+            if leaf not in leaves:
+                continue
             slot = self.slots.ptr_slot(("param", leaf))
             p = b.load(b.gep(ptrs, [ir.Constant(I64, slot)]))
             t = _mem_type(leaf.dtype)
             env[leaf] = _to_reg(b, b.load(b.bitcast(p, t.as_pointer())), leaf.dtype)
         storage = {}
         for fid, (dtypes, ndim, kind) in self.root_storage.items():
+            if fid not in fids:
+                continue
             ps = []
             for k, dt in enumerate(dtypes):
                 slot = self.slots.ptr_slot(("store", fid, k))
@@ -397,6 +406,24 @@ class ModuleBuilder:
         self._stmt(b, s.body, env, inner, vec)
         for p in raw:
             b.call(self.free, [p])
+
+
+def _uses(stmt):
+    """(callee / stored Func ids, leaves) of every expression in ``stmt``."""
+    from ._lower import _provide_nodes
+
+    nodes = _provide_nodes(stmt)
+    fids = {c.params["fid"] for c in sym.calls(nodes, E.CALL)}
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, Provide):
+            fids.add(s.func.fid)
+        elif isinstance(s, Block):
+            stack += s.stmts
+        elif isinstance(s, (For, Allocate)):
+            stack.append(s.body)
+    return fids, set(sym.free_leaves(nodes))
 
 
 def _const_extent(s: For):
