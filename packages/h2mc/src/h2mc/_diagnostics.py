@@ -22,11 +22,12 @@ def autocovariance(chains) -> np.ndarray:
     return ac.mean(axis=1) / N
 
 
-def integrated_autocorrelation_time(chains, monotone: bool = True) -> float:
+def integrated_autocorrelation_time(chains, monotone: bool = False) -> float:
     """tau = 1 + 2 sum rho_k with Geyer's initial positive sequence truncation.
 
-    The pairs ``Gamma_m = rho_{2m} + rho_{2m+1}`` are summed while positive (and, with
-    ``monotone``, made non-increasing: Geyer's initial monotone sequence). A constant chain
+    The pairs ``Gamma_m = rho_{2m} + rho_{2m+1}`` are summed while positive (Geyer's initial
+    positive sequence, the spec's estimator); ``monotone=True`` also makes them non-increasing
+    (Geyer's initial monotone sequence). A constant chain
     returns ``inf``.
     """
     ac = autocovariance(chains)
@@ -45,7 +46,7 @@ def integrated_autocorrelation_time(chains, monotone: bool = True) -> float:
     return max(tau, 1.0 / np.log10(max(N, 10)))  # Stan's cap: ESS <= N log10(N) per chain
 
 
-def ess(chains, monotone: bool = True) -> float:
+def ess(chains, monotone: bool = False) -> float:
     """Effective sample size of a scalar from ``(N, B)`` draws (B chains, pooled)."""
     x = np.asarray(chains, dtype=np.float64)
     total = x.size
@@ -53,7 +54,7 @@ def ess(chains, monotone: bool = True) -> float:
     return 0.0 if not np.isfinite(tau) else total / tau
 
 
-def min_ess(samples, logf=None, monotone: bool = True) -> dict:
+def min_ess(samples, logf=None, monotone: bool = False) -> dict:
     """ESS of every coordinate (and of log f when given); ``"min"`` is the minimum.
 
     ``samples`` ``(N, B, n)``. The spec's AE convention: min over coordinates and log f.

@@ -149,7 +149,13 @@ def h2mc_proposal(grad, hess, sigma2, *, log_f=None, T=T_DEFAULT, eps=1e-10,
     flat = np.abs(lam) <= eps
     a = np.where(flat, 0.0, 1.0 / np.where(flat, 1.0, np.abs(lam)))
     alpha = np.where(flat, 0.0, np.sign(lam))
-    s, o = dynamics_coefficients(alpha, a * g, T, offset_variant)
+    if np.ndim(T) == 0:
+        # alpha is -1, 0 or +1: evaluate the closed forms once (o is linear in beta)
+        s3, o3 = dynamics_coefficients(np.array([-1.0, 0.0, 1.0]), 1.0, T, offset_variant)
+        k = (alpha + 1).astype(np.int64)
+        s, o = s3[k], o3[k] * (a * g)
+    else:
+        s, o = dynamics_coefficients(alpha, a * g, T, offset_variant)
     v = s * s * a
     small = v <= min_variance  # rule 4.7.1
     inv_v = np.where(small, 0.0, 1.0 / np.where(small, 1.0, v))
