@@ -652,6 +652,32 @@ class Plan:
             return self.fused.jtjp(x, p)
         return self.jtjp_lanes(x, p)
 
+    def jtj_matrix(self, x):
+        """J^T J on the free unknowns (scipy CSR) at x: assembled from generated stencil
+        planes for an energy on one grid (fused kernels), else J^T J of the materialised J."""
+        if self.kernels == "fused":
+            try:
+                return self.fused.jtj_matrix(x)
+            except NotImplementedError:
+                pass
+        J = self.jacobian(x)
+        return (J.T @ J).tocsr()
+
+    def unknown_coords(self) -> np.ndarray:
+        """(n, 1 + max ndim) int: per free unknown, a plane id (unknown, channel) and its grid
+        position (vertex index for 1-D index spaces); for geometric multigrid aggregation."""
+        nd = max(len(self.decls[u][1]) for u in self.unknowns)
+        parts, plane = [], 0
+        for u in self.unknowns:
+            shp = self._ushape[u]
+            idx = np.indices(shp).reshape(len(shp), -1).T  # (..., channel) C-order
+            c = np.zeros((idx.shape[0], 1 + nd), np.int64)
+            c[:, 0] = plane + idx[:, -1]
+            c[:, 1: len(shp)] = idx[:, :-1]
+            parts.append(c)
+            plane += shp[-1]
+        return np.concatenate(parts)[self.free_idx]
+
     def jtf_lanes(self, x) -> np.ndarray:
         lin = self._linearize(x)
         return self._transpose_apply(lin, [F for F, _ in lin])[self.free_idx]

@@ -111,7 +111,7 @@ def _hsum(b, v, width):
 # =========================================================================== grid domains
 class _GridDomain:
     # pointer slots of every grid function
-    B_X, B_P, B_OUT, B_OUT2, B_VALID, B_DATA, B_INB, B_IDX, B_PARAMS, B_SEGBASE, B_SEGLEN, B_ROWSUM, B_BUF = range(13)
+    B_X, B_P, B_OUT, B_OUT2, B_VALID, B_DATA, B_INB, B_IDX, B_PARAMS, B_SEGBASE, B_SEGLEN, B_ROWSUM, B_BUF, B_SOUT = range(14)
 
     def __init__(self, plan, dims, terms):
         self.plan, self.dims, self.terms = plan, dims, terms
@@ -150,6 +150,21 @@ class _GridDomain:
                     self.dplane[d.name] = nd
                     nd += plan.decls[d.name][2]
         self.nu, self.nd = nu, nd
+        # J^T J as a stencil: one coefficient plane per (row plane, column plane, offset)
+        keys = []
+        for t in terms:
+            groups = {}
+            for j, (_, d) in enumerate(t.ureads):
+                groups.setdefault(d.offset, []).append(j)
+            for o, js in groups.items():
+                for j in js:
+                    dj = t.ureads[j][1]
+                    for _, d2 in t.ureads:
+                        k = (self.uplane[dj.name] + dj.channel, self.uplane[d2.name] + d2.channel,
+                             tuple(a - c for a, c in zip(d2.offset, o)))
+                        if k not in keys:
+                            keys.append(k)
+        self.skeys = keys
         # whole-array buffers (SampledImage gathers): one flat array, one block per channel
         self.bufoff, off = {}, 0
         for t in terms:
@@ -233,6 +248,7 @@ class _GridDomain:
     def _static(self):
         plan, dt = self.plan, self.dtype
         self.bufs = np.zeros(max(1, self.nbuf), dt)
+        self.sout = np.zeros(1, dt)  # J^T J stencil planes (allocated on first use)
         self.data = np.zeros((max(1, self.nd),) + self.PS, dt)
         self.refresh_data()
         self.inbuf = np.zeros((max(1, len(self.inb)),) + self.PS, np.uint8)
@@ -274,7 +290,7 @@ class _GridDomain:
         f = _Fn(module, name)
         b = f.b
         ptr = {k: f.ptr(k, T) for k in (self.B_X, self.B_P, self.B_OUT, self.B_OUT2, self.B_DATA,
-                                         self.B_IDX, self.B_PARAMS)}
+                                         self.B_IDX, self.B_PARAMS, self.B_SOUT)}
         ptr[self.B_VALID] = f.ptr(self.B_VALID, _I8)
         ptr[self.B_INB] = f.ptr(self.B_INB, _I8)
         segbase = f.ptr(self.B_SEGBASE, _I64)
@@ -379,6 +395,36 @@ class _GridDomain:
             b.ret(_I32(0))
             return
 
+        if kind == "jtjs":
+            saccs = {}
+            for ti, t in enumerate(self.terms):
+                groups = {}
+                for j, (_, d) in enumerate(t.ureads):
+                    groups.setdefault(d.offset, []).append(j)
+                for o, js in groups.items():
+                    env = env_at(t, o)
+                    valid = load_bool(self.B_VALID, ti, self.disp(tuple(-c for c in o)))
+                    K, R = t.K, t.R
+                    D = emit([t.partials[k][j] for k in range(K) for j in range(R)], env)
+                    for j in js:
+                        dj = t.ureads[j][1]
+                        for j2, (_, d2) in enumerate(t.ureads):
+                            key = (self.uplane[dj.name] + dj.channel,
+                                   self.uplane[d2.name] + d2.channel,
+                                   tuple(a - c for a, c in zip(d2.offset, o)))
+                            s_ = None
+                            for k in range(K):
+                                m = b.fmul(D[k * R + j], D[k * R + j2])
+                                s_ = m if s_ is None else b.fadd(s_, m)
+                            s_ = b.select(valid, s_, zero)
+                            saccs[key] = s_ if key not in saccs else b.fadd(saccs[key], s_)
+            for kk, key in enumerate(self.skeys):
+                store(self.B_SOUT, kk, saccs.get(key, zero))
+            lane.close()
+            seg.close()
+            b.ret(_I32(0))
+            return
+
         accs = {}  # (u, c) -> accumulated value (jtjp / jtf)
         accs2 = {}  # diag
         for ti, t in enumerate(self.terms):
@@ -442,18 +488,55 @@ class _GridDomain:
     # ---- calls ------------------------------------------------------------------------
     def bind(self, addrs):
         self.fns = {k: _FN(a) for k, a in addrs.items()}
+        self._ptrs()
 
+    def _ptrs(self):
         def arr(base, ln):
-            return (ctypes.c_void_p * 13)(*[
+            return (ctypes.c_void_p * 14)(*[
                 a.ctypes.data for a in (self.x, self.p, self.out, self.out2, self.valid,
                                         self.data, self.inbuf, self.idxbuf, self.params, base,
-                                        ln, self.rowsum, self.bufs)])
+                                        ln, self.rowsum, self.bufs, self.sout)])
 
         self.ptr_all = arr(self.seg_base, self.seg_len)
         self.ptr_out = arr(self.oseg_base, self.oseg_len)
 
     def set_x(self, full):
         self.x.reshape(-1)[self.full_posv] = full[self.full_sel]
+
+    def jtj_matrix(self, n):
+        """J^T J over the free unknowns as a scipy CSR matrix, from the stencil planes of the
+        ``jtjs`` kernel (run at the packed x)."""
+        import scipy.sparse as sp
+
+        if self.sout.shape[0] != len(self.skeys):
+            self.sout = np.zeros((len(self.skeys),) + self.PS, self.dtype)
+            self._ptrs()
+            self.colidx = np.full((max(1, self.nu),) + self.PS, -1, np.int64)
+            self.colidx.reshape(-1)[self.free_pos] = self.free_cols
+            self._fp_plane = self.free_pos // self.plane
+            self._fp_q = self.free_pos % self.plane
+        self.run("jtjs", self.plan_threads)
+        rows, cols, vals = [], [], []
+        cflat = self.colidx.reshape(len(self.colidx), -1)
+        for kk, (rp, cp, delta) in enumerate(self.skeys):
+            sel = self._fp_plane == rp
+            q = self._fp_q[sel]
+            c = cflat[cp][q + self.disp(delta)]
+            keep = c >= 0
+            rows.append(self.free_cols[sel][keep])
+            cols.append(c[keep])
+            vals.append(self.sout[kk].reshape(-1)[q[keep]])
+        return sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                             shape=(n, n))
+
+    def coords(self):
+        """(plane, grid coordinates) of every free unknown on this domain, in ``free_cols``
+        order (for geometric aggregation)."""
+        q = self.free_pos % self.plane
+        out = [self.free_pos // self.plane]
+        for k, st in enumerate(self.strides):
+            out.append((q // st) % self.PS[k] - self.g)
+        return np.stack(out, 1)
 
     def set_params(self):
         for k, n in enumerate(self.plan._param_order):
@@ -862,6 +945,33 @@ class FusedPlan:
     def jtjp(self, x, p):
         self.set_x(x)
         return self._jtjp(p)
+
+    def _stencil_ready(self):
+        if len(self.grids) != 1 or self.graph is not None:
+            raise NotImplementedError(
+                "the multigrid preconditioner needs an energy on one grid index space (no graph "
+                "terms); use preconditioner='jacobi'")
+        gd = self.grids[0]
+        if "jtjs" not in gd.fns:
+            module = ir.Module(name="lsq_opt_fused_jtjs")
+            name = f"grid0_{_TOKEN}_jtjs"
+            gd._build_fn(module, name, "jtjs")
+            addrs, _, _ = _compile(module, [name])
+            gd.fns["jtjs"] = _FN(addrs[name])
+            gd.plan_threads = self.threads
+        return gd
+
+    def jtj_matrix(self, x):
+        """J^T J on the free unknowns (scipy CSR) at x, assembled from generated stencil
+        planes (one grid domain only)."""
+        gd = self._stencil_ready()
+        self.set_x(x)
+        return gd.jtj_matrix(self.plan.n)
+
+    def coords(self):
+        gd = self._stencil_ready()
+        order = np.argsort(gd.free_cols)
+        return gd.coords()[order]
 
     def _jtjp(self, p):
         plan = self.plan

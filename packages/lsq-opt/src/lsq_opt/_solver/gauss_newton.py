@@ -18,7 +18,7 @@ import numpy as np
 from .levenberg_marquardt import _emit, start
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
-from .problem import call_linearize, jtjp_operator
+from .problem import call_linearize, jtjp_operator, multigrid_preconditioner
 from .report import IterationLog, SolveResult
 
 __all__ = ["gauss_newton"]
@@ -51,7 +51,10 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
             break
         it += 1
         t0 = time.perf_counter()
-        m_inv = inverse_diagonal(diag, opts.preconditioner)
+        if opts.preconditioner == "multigrid":
+            m_inv = multigrid_preconditioner(problem, x)
+        else:
+            m_inv = inverse_diagonal(diag, opts.preconditioner)
         jtjp = jtjp_operator(problem, x)
         res = pcg(jtjp, -g, m_inv, max_iterations=opts.pcg_max_iterations,
                   tolerance=opts.pcg_tolerance, q_tolerance=None, residual_reset_period=0)

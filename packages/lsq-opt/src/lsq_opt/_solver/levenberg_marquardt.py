@@ -36,7 +36,7 @@ import numpy as np
 
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
-from .problem import call_linearize, jtjp_operator
+from .problem import call_linearize, jtjp_operator, multigrid_preconditioner
 from .report import IterationLog, SolveResult
 
 __all__ = ["levenberg_marquardt", "lm_damping", "lm_step_accepted", "lm_update_radius"]
@@ -132,7 +132,10 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
         t0 = time.perf_counter()
         mu_used = mu
         D = lm_damping(diag, s, mu, opts.min_lm_diagonal, opts.max_lm_diagonal)
-        m_inv = inverse_diagonal(diag + D, opts.preconditioner)
+        if opts.preconditioner == "multigrid":
+            m_inv = multigrid_preconditioner(problem, x, D)
+        else:
+            m_inv = inverse_diagonal(diag + D, opts.preconditioner)
 
         jtjp = jtjp_operator(problem, x)
 

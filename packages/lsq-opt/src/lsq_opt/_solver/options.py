@@ -25,7 +25,7 @@ class SolverOptions:
     max_lm_diagonal: float = 1e32
     min_relative_decrease: float = 1e-3
     jacobi_scaling: bool = True  # Ceres ONCE_PER_SOLVE scaling s_i = (1+sqrt(diag_i))^2 in the D clamp
-    preconditioner: str = "jacobi"  # "jacobi" | "none" | "ceres" | "modified_ceres" | "epsilon"
+    preconditioner: str = "jacobi"  # "jacobi" | "none" | "ceres" | "modified_ceres" | "epsilon" | "multigrid"
     verbose: bool = False  # print one flushed line per iteration
     progress: Callable[[str], Any] | None = None  # receives each formatted progress line
     callback: Callable[..., Any] | None = None  # callback(entry, x) -> True to stop ("user callback")

@@ -37,7 +37,7 @@ from ._dot import dot
 
 __all__ = ["PCGResult", "pcg", "inverse_diagonal", "PRECONDITIONERS"]
 
-PRECONDITIONERS = ("jacobi", "none", "ceres", "modified_ceres", "epsilon")
+PRECONDITIONERS = ("jacobi", "none", "ceres", "modified_ceres", "epsilon", "multigrid")
 
 
 def inverse_diagonal(diag: np.ndarray, kind: str = "jacobi", epsilon: float = 1e-12) -> np.ndarray:
@@ -92,7 +92,8 @@ def pcg(
 ) -> PCGResult:
     """Solve ``A x = b`` by PCG from ``x = 0`` (see the module docstring for the exact loop).
 
-    ``m_inv``: the inverse diagonal preconditioner (vector), or ``None`` for plain CG.
+    ``m_inv``: the inverse diagonal preconditioner (vector), a callable ``r -> M^-1 r`` (a
+    symmetric positive definite operator, e.g. a multigrid V-cycle), or ``None`` for plain CG.
     ``tolerance``: relative residual ``||r|| / ||b||`` stop (0 disables).
     ``q_tolerance``: Nash-Sofer / Ceres early exit (None disables; LM uses 1e-4).
     ``residual_reset_period``: recompute ``r = b - A x`` every that many iterations (0 disables).
@@ -105,9 +106,17 @@ def pcg(
         return PCGResult(x, 0, "zero rhs", 0.0, 0.0, 0)
     if not np.isfinite(b_norm):
         return PCGResult(x, 0, "non-finite", float("nan"), b_norm, 0)
-    minv = np.ones_like(b) if m_inv is None else np.asarray(m_inv, dtype=dt)
+    if callable(m_inv):  # a preconditioner operator (e.g. a multigrid V-cycle)
+        def precond(v, out):
+            out[...] = m_inv(v)
+    else:
+        minv = np.ones_like(b) if m_inv is None else np.asarray(m_inv, dtype=dt)
+
+        def precond(v, out):
+            np.multiply(minv, v, out=out)
     r = b.copy()
-    z = minv * r
+    z = np.empty_like(b)
+    precond(r, z)
     p = z.copy()
     tmp = np.empty_like(b)
     rho_old = dt.type(dot(r, z))
@@ -139,7 +148,7 @@ def pcg(
         else:
             np.multiply(q, alpha, out=tmp)
             r -= tmp
-        np.multiply(minv, r, out=z)
+        precond(r, z)
         rho_new = dt.type(dot(z, r))
         beta = dt.type(rho_new / rho_old) if rho_old > 0 else dt.type(0)
         p *= beta

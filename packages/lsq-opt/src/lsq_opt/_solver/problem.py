@@ -20,7 +20,8 @@ from typing import Any, Callable, Protocol, runtime_checkable
 import numpy as np
 import scipy.sparse as sp
 
-__all__ = ["LeastSquaresProblem", "DenseProblem", "call_linearize", "jtjp_operator"]
+__all__ = ["LeastSquaresProblem", "DenseProblem", "call_linearize", "jtjp_operator",
+           "multigrid_preconditioner"]
 
 
 @runtime_checkable
@@ -54,6 +55,20 @@ def call_linearize(problem: Any, x: np.ndarray) -> None:
     hook = getattr(problem, "linearize", None)
     if hook is not None:
         hook(x)
+
+
+def multigrid_preconditioner(problem: Any, x: np.ndarray, shift=None):
+    """A :class:`~.multigrid.Multigrid` V-cycle for ``J^T J (+ diag(shift))`` at x; needs
+    ``problem.jtj_matrix(x)`` (scipy sparse) and ``problem.unknown_coords()``."""
+    from .multigrid import Multigrid
+
+    if not (hasattr(problem, "jtj_matrix") and hasattr(problem, "unknown_coords")):
+        raise TypeError("preconditioner='multigrid' needs a problem with jtj_matrix(x) and "
+                        "unknown_coords() (a compiled Plan)")
+    A = problem.jtj_matrix(x)
+    if shift is not None:
+        A = A + sp.diags(np.asarray(shift, A.dtype))
+    return Multigrid(A, problem.unknown_coords())
 
 
 def jtjp_operator(problem: Any, x: np.ndarray):
