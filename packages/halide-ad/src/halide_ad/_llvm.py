@@ -74,25 +74,30 @@ class _Ctx:
 
 
 def _flat_index(b, st: _Storage, args, width):
-    """Σ (coord_d - min_d) * stride_d as i64 (a vector for a vector context)."""
+    """Σ (coord_d - min_d) * stride_d in int32 (Halide's index type: every buffer has fewer
+    than 2^31 elements, checked at realize), a vector in a vector context."""
     acc = None
     for d, a in enumerate(args):
-        ty = a.type
-        if isinstance(ty, ir.VectorType):
-            a64 = b.sext(a, ir.VectorType(I64, ty.count))
-            mn = _splat(b, st.mins[d], ty.count)
-            sd = _splat(b, st.strides[d], ty.count)
+        if isinstance(a.type, ir.VectorType):
+            mn, sd = _splat(b, st.mins[d], a.type.count), _splat(b, st.strides[d], a.type.count)
         else:
-            a64, mn, sd = b.sext(a, I64), st.mins[d], st.strides[d]
-        t = b.sub(a64, mn)
+            mn, sd = st.mins[d], st.strides[d]
+        t = b.sub(a, mn)
         if d > 0:
             t = b.mul(t, sd)
         acc = t if acc is None else _add(b, acc, t)
     if acc is None:
-        acc = ir.Constant(I64, 0)
+        acc = ir.Constant(I32, 0)
     if width and not isinstance(acc.type, ir.VectorType):
         acc = _splat(b, acc, width)
     return acc
+
+
+def _scalar_index(b, st: _Storage, args):
+    """The flat index of lane 0 (dense accesses)."""
+    lane0 = [b.extract_element(a, ir.Constant(I32, 0)) if isinstance(a.type, ir.VectorType)
+             else a for a in args]
+    return _flat_index(b, st, lane0, None)
 
 
 def _add(b, x, y):
@@ -140,19 +145,59 @@ def _lower_call(em, node, args):
     ptr, dt = st.ptrs[k], st.dtypes[k]
     mt = _mem_type(dt)
     width = em.width if em.vector else None
-    idx = _flat_index(b, st, args, width)
     if width is None:
-        return _to_reg(b, b.load(b.gep(ptr, [idx])), dt)
+        return _to_reg(b, b.load(b.gep(ptr, [_flat_index(b, st, args, None)])), dt)
     if _dense(node.args, ctx.vleaf):
-        base = b.extract_element(idx, ir.Constant(I32, 0))
-        vp = b.bitcast(b.gep(ptr, [base]), ir.VectorType(mt, width).as_pointer())
-        return _to_reg(b, b.load(vp, align=np.dtype(dt).itemsize if np.dtype(dt).kind != "b"
-                                 else 1), dt)
+        return _to_reg(b, _vector_load_at(b, ptr, _scalar_index(b, st, args), mt, width), dt)
+    idx = _flat_index(b, st, args, width)
+    if not _maybe_dense(node.args, ctx.vleaf):
+        return _to_reg(b, _gather(b, ptr, idx, mt, width), dt)
+    # Coordinates like clamp(x + 1, lo, hi) are consecutive except near the edges: test the
+    # lanes at run time and take one vector load where they are (the interior).
+    ramp = b.sub(idx, _splat(b, b.extract_element(idx, ir.Constant(I32, 0)), width))
+    steps = ir.Constant(ir.VectorType(I32, width), list(range(width)))
+    eq = b.icmp_signed("==", ramp, steps)
+    all_ok = b.icmp_signed("==", b.bitcast(eq, ir.IntType(width)),
+                           ir.Constant(ir.IntType(width), (1 << width) - 1))
+    fn = b.function
+    dense_bb, gather_bb = fn.append_basic_block("ld.dense"), fn.append_basic_block("ld.gather")
+    merge = fn.append_basic_block("ld.merge")
+    b.cbranch(all_ok, dense_bb, gather_bb)
+    b.position_at_end(dense_bb)
+    v1 = _vector_load(b, ptr, idx, mt, width)
+    b.branch(merge)
+    b.position_at_end(gather_bb)
+    v2 = _gather(b, ptr, idx, mt, width)
+    g_end = b.block
+    b.branch(merge)
+    b.position_at_end(merge)
+    phi = b.phi(v1.type)
+    phi.add_incoming(v1, dense_bb)
+    phi.add_incoming(v2, g_end)
+    return _to_reg(b, phi, dt)
+
+
+def _maybe_dense(node_args, vleaf) -> bool:
+    """Coordinate 0 depends on the vector lane (clamped or selected, say) and no other does."""
+    return vleaf in sym.free_leaves(node_args[0]) and \
+        all(vleaf not in sym.free_leaves(a) for a in node_args[1:])
+
+
+def _vector_load(b, ptr, idx, mt, width):
+    return _vector_load_at(b, ptr, b.extract_element(idx, ir.Constant(I32, 0)), mt, width)
+
+
+def _vector_load_at(b, ptr, base, mt, width):
+    vp = b.bitcast(b.gep(ptr, [base]), ir.VectorType(mt, width).as_pointer())
+    return b.load(vp, align=1)
+
+
+def _gather(b, ptr, idx, mt, width):
     out = ir.Constant(ir.VectorType(mt, width), ir.Undefined)
     for lane in range(width):
         i = b.extract_element(idx, ir.Constant(I32, lane))
         out = b.insert_element(out, b.load(b.gep(ptr, [i])), ir.Constant(I32, lane))
-    return _to_reg(b, out, dt)
+    return out
 
 
 E.CALL.extra["llvm_lowering"] = _lower_call
@@ -239,10 +284,10 @@ class ModuleBuilder:
                 p = b.load(b.gep(ptrs, [ir.Constant(I64, slot)]))
                 ps.append(b.bitcast(p, _mem_type(dt).as_pointer()))
             if kind == "buffer":
-                mins = [b.sext(env[sym.leaf("hl.bufdim", (fid, d, "min"), np.int32)], I64)
+                mins = [env[sym.leaf("hl.bufdim", (fid, d, "min"), np.int32)]
                         for d in range(ndim)]
-                strides = [b.load(b.gep(ints, [ir.Constant(I64, self.slots.int_slot(
-                    ("stride", fid, d)))])) for d in range(ndim)]
+                strides = [b.trunc(b.load(b.gep(ints, [ir.Constant(I64, self.slots.int_slot(
+                    ("stride", fid, d)))])), I32) for d in range(ndim)]
             else:
                 mins, strides, _ = self._dense_layout(b, env, fid, ndim)
             storage[fid] = _Storage(ps, mins, strides, dtypes)
@@ -250,14 +295,17 @@ class ModuleBuilder:
 
     @staticmethod
     def _dense_layout(b, env, fid, ndim):
+        """Mins and strides (int32) of a dense Func storage, and its element count (int64)."""
         mins, strides = [], []
-        stride = ir.Constant(I64, 1)
+        stride = ir.Constant(I32, 1)
+        total = ir.Constant(I64, 1)
         for d in range(ndim):
-            mins.append(b.sext(env[sym.leaf("hl.store", (fid, d, "min"), np.int32)], I64))
+            mins.append(env[sym.leaf("hl.store", (fid, d, "min"), np.int32)])
             strides.append(stride)
-            ext = b.sext(env[sym.leaf("hl.store", (fid, d, "extent"), np.int32)], I64)
+            ext = env[sym.leaf("hl.store", (fid, d, "extent"), np.int32)]
             stride = b.mul(stride, ext)
-        return mins, strides, stride
+            total = b.mul(total, b.sext(ext, I64))
+        return mins, strides, total
 
     # ---- statements --------------------------------------------------------------------
     def _emit(self, b, exprs, env, storage, vec):
@@ -350,8 +398,8 @@ class ModuleBuilder:
         if width is not None:
             coords = [_splat(b, c, width) if not isinstance(c.type, ir.VectorType) else c
                       for c in coords]
-        idx = _flat_index(b, st, coords, width)
         dense = width is not None and _dense(s.args, vec[0])
+        idx = _scalar_index(b, st, coords) if dense else _flat_index(b, st, coords, width)
         if pred is not None and width is None:
             with b.if_then(pred):
                 self._store(b, st, values, idx, None, dense)
@@ -368,8 +416,7 @@ class ModuleBuilder:
             if not isinstance(v.type, ir.VectorType):
                 v = _splat(b, v, width)
             if dense:
-                base = b.extract_element(idx, ir.Constant(I32, 0))
-                vp = b.bitcast(b.gep(ptr, [base]), v.type.as_pointer())
+                vp = b.bitcast(b.gep(ptr, [idx]), v.type.as_pointer())
                 if pred is not None:
                     v = b.select(pred, v, b.load(vp, align=1))
                 b.store(v, vp, align=1)
@@ -389,6 +436,10 @@ class ModuleBuilder:
         f = s.func
         ndim = f.dimensions()
         mins, strides, total = self._dense_layout(b, env, f.fid, ndim)
+        too_big = b.icmp_signed(">=", total, ir.Constant(I64, 2**31))
+        ok = b.function.append_basic_block("alloc.size_ok")
+        b.cbranch(too_big, self.err_block, ok)
+        b.position_at_end(ok)
         total = b.select(b.icmp_signed(">", total, ir.Constant(I64, 0)), total,
                          ir.Constant(I64, 1))
         ptrs, raw = [], []

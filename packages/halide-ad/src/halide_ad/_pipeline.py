@@ -119,6 +119,10 @@ class Pipeline:
                 f = g.funcs[fid]
                 shape = tuple(ext for _, ext in reversed(regions[fid]))
                 arrays[fid] = [np.empty(shape, t.dtype) for t in f.types()]
+        for fid, arrs in arrays.items():
+            _check_index_range(g.funcs[fid].name(), arrs[0])
+        for buf in g.buffers.values():
+            _check_index_range(buf.name(), buf.numpy())
         ints = np.zeros(max(len(c.slots.int), 1), np.int64)
         for key, slot in c.slots.int.items():
             ints[slot] = self._int_value(key, g, regions, values)
@@ -236,6 +240,15 @@ class Pipeline:
     def ir(self) -> str:
         """The LLVM IR of the compiled pipeline."""
         return self._compile().ir
+
+
+def _check_index_range(name, a):
+    span = sum((n - 1) * abs(st) // a.itemsize for n, st in zip(a.shape, a.strides) if n > 0)
+    if a.size and span >= 2**31:
+        raise FuncError(
+            f"{name}: {a.size} elements span {span + 1} positions; compiled pipelines index"
+            " with int32 (as Halide), so a buffer must span fewer than 2^31 elements"
+        )
 
 
 def _check_rc(rc):
