@@ -68,13 +68,22 @@ class Multigrid:
             nc = len(uniq)
             if nc >= A.shape[0]:
                 break
-            P0 = sp.csr_matrix((np.ones(A.shape[0], dt), (np.arange(A.shape[0]), agg)),
-                               shape=(A.shape[0], nc))
             om = 4.0 / (3.0 * rho)
-            P = (P0 - sp.diags(om * dinv) @ (A @ P0)).tocsr() if smooth else P0
-            R = P.T.tocsr()
-            self.levels.append((A, dinv * dt.type(om), P, R))
-            A = (R @ A @ P).tocsr()
+            if smooth:
+                P0 = sp.csr_matrix((np.ones(A.shape[0], dt), (np.arange(A.shape[0]), agg)),
+                                   shape=(A.shape[0], nc))
+                P = (P0 - sp.diags(om * dinv) @ (A @ P0)).tocsr()
+                R = P.T.tocsr()
+                self.levels.append((A, dinv * dt.type(om), P, R))
+                A = (R @ A @ P).tocsr()
+            else:
+                # P = aggregate indicator: P e = e[agg], R r = bincount(agg, r), and the
+                # Galerkin product sums A's entries by (row aggregate, column aggregate)
+                self.levels.append((A, dinv * dt.type(om), agg, nc))
+                rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+                Ac = sp.coo_matrix((A.data, (agg[rows], agg[A.indices])), shape=(nc, nc))
+                A = Ac.tocsr()
+                A.sum_duplicates()
             coords = uniq
         self.coarse = None
         if A.shape[0] > 0:
@@ -98,7 +107,10 @@ class Multigrid:
         for _ in range(self.sweeps - 1):
             x += wd * (b - A @ x)
         r = b - A @ x
-        x += P @ self._cycle(k + 1, R @ r)
+        if isinstance(P, np.ndarray):  # unsmoothed aggregation: P = indicator of agg
+            x += self._cycle(k + 1, np.bincount(P, weights=r, minlength=R).astype(r.dtype))[P]
+        else:
+            x += P @ self._cycle(k + 1, R @ r)
         for _ in range(self.sweeps):
             x += wd * (b - A @ x)
         return x
