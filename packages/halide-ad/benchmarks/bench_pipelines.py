@@ -1,0 +1,259 @@
+"""halide_ad pipelines vs Halide 21 (JIT), numpy and torch (CPU): a separable 3x3 blur and
+the bilateral grid on a 4096 x 4096 float32 image, timed side by side in one run.
+
+* halide_ad and Halide 21 run the *same* pipeline code (``halide_ad.apps.blur`` /
+  ``halide_ad.apps.bilateral_grid``, ``build(hl, ...)`` with ``hl = halide_ad`` or
+  ``hl = halide``) under the same "tiled" schedule (``schedule(app, "tiled", tile=...)``), each
+  compiled once (``compile_jit``, timed separately as "first call") before the timed runs; every
+  timed call is one ``realize`` into a freshly allocated output, like the numpy / torch calls.
+* numpy: the apps' own numpy implementations (``reference(..., dtype=float32)``).
+* torch (eager, CPU): the blur as ``torch.nn.functional.conv2d`` after replicate padding, both
+  as one 3x3 kernel and as two separable (1x3, 3x1) passes; the bilateral grid as the same
+  algorithm written with tensor ops (``index_add_`` scatter into the grid, slice-add blurs,
+  gathered trilinear slicing).
+
+Every output is checked against the numpy result before timing. Cases are alternated per
+repeat (``_timing.compare``); the figure is the median. Goal (project issue 4): halide_ad within
+1.5x of Halide 21 and faster than torch CPU.
+
+Run from the repository root (Halide 21 is optional: its column is skipped when ``import halide``
+fails; likewise torch and halide_ad):
+
+    pip install -e "packages/halide-ad[bench]"      # or: pip install halide==21.0.0 torch numpy
+    python packages/halide-ad/benchmarks/bench_pipelines.py [--size 4096] [--repeats 5]
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+# The workspace's one benchmark helper lives with core_ad's benchmarks.
+sys.path.insert(0, str(HERE.parents[1] / "core-ad" / "benchmarks"))
+from _timing import (  # noqa: E402
+    compare, error_reason, fmt_time, load_note, machine_info, max_rel_diff, print_table,
+    time_first_call,
+)
+
+APPS_DIR = HERE.parent / "src" / "halide_ad" / "apps"
+
+
+def load_apps(notes):
+    """``halide_ad.apps``; loaded from its directory when halide_ad itself does not import
+    (the apps need only numpy and the ``hl`` module they are given)."""
+    try:
+        return importlib.import_module("halide_ad.apps")
+    except Exception as err:  # noqa: BLE001
+        notes.append(f"halide_ad.apps imported from {APPS_DIR} ({error_reason(err)})")
+    name = "_halide_ad_apps_bench"
+    spec = importlib.util.spec_from_file_location(
+        name, APPS_DIR / "__init__.py", submodule_search_locations=[str(APPS_DIR)])
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def import_or_note(name, notes):
+    try:
+        return importlib.import_module(name)
+    except Exception as err:  # noqa: BLE001
+        notes.append(f"{name} not importable, its column is skipped ({error_reason(err)})")
+        return None
+
+
+# ----------------------------------------------------------------------------- torch
+def torch_blur_3x3(torch, t):
+    F = torch.nn.functional
+    k = torch.tensor([1.0, 2.0, 1.0]) / 4
+    w = (k[:, None] * k[None, :]).reshape(1, 1, 3, 3)
+    return lambda: F.conv2d(F.pad(t[None, None], (1, 1, 1, 1), mode="replicate"), w)[0, 0]
+
+
+def torch_blur_separable(torch, t):
+    F = torch.nn.functional
+    k = torch.tensor([1.0, 2.0, 1.0]) / 4
+    wx, wy = k.reshape(1, 1, 1, 3), k.reshape(1, 1, 3, 1)
+    return lambda: F.conv2d(F.conv2d(F.pad(t[None, None], (1, 1, 1, 1), mode="replicate"),
+                                     wx), wy)[0, 0]
+
+
+def torch_bilateral_grid(torch, t, s_sigma=8, r_sigma=0.1):
+    """The bilateral_grid app's algorithm in torch ops (float32; index tensors precomputed)."""
+    h, w = t.shape
+    s = int(s_sigma)
+    inv_r = float(np.float32(1.0 / r_sigma))
+    nz = int(1.0 * inv_r + 0.5) + 1
+    mx, my = (w - 1) // s + 1, (h - 1) // s + 1
+    cx, cy = torch.arange(-2, mx + 3), torch.arange(-2, my + 3)
+    ncx, ncy = len(cx), len(cy)
+    px = (cx[:, None] * s + torch.arange(s) - s // 2).clamp(0, w - 1).reshape(-1)
+    py = (cy[:, None] * s + torch.arange(s) - s // 2).clamp(0, h - 1).reshape(-1)
+    zpad, nzt = 2, nz + 5
+    size = ncy * ncx * nzt
+    # linear grid index of every gathered sample, without its z part
+    cell = ((torch.arange(ncy).repeat_interleave(s)[:, None] * ncx
+             + torch.arange(ncx).repeat_interleave(s)[None, :]) * nzt + zpad)
+    # the blurred grid covers cells 0..my, 0..mx, z 0..nz: strides of that array
+    sy, sx = (mx + 1) * (nz + 1), nz + 1
+    xs, ys = torch.arange(w), torch.arange(h)
+    xy_base = (ys // s)[:, None] * sy + (xs // s)[None, :] * sx           # (h, w)
+    xf = ((xs % s).to(torch.float32) * (1.0 / s)).expand(h, w)
+    yf = ((ys % s).to(torch.float32) * (1.0 / s))[:, None].expand(h, w)
+
+    def blur(a, dim):
+        n = a.shape[dim] - 4
+        p = [a.narrow(dim, k, n) for k in range(5)]
+        return p[0] + 4 * p[1] + 6 * p[2] + 4 * p[3] + p[4]
+
+    def slice_(grid, base):
+        def at(dy, dx, dz):
+            return torch.take(grid, base + (dy * sy + dx * sx + dz))
+        lerp = torch.lerp
+        c0 = lerp(lerp(at(0, 0, 0), at(0, 1, 0), xf), lerp(at(1, 0, 0), at(1, 1, 0), xf), yf)
+        c1 = lerp(lerp(at(0, 0, 1), at(0, 1, 1), xf), lerp(at(1, 0, 1), at(1, 1, 1), xf), yf)
+        return c0, c1
+
+    def run():
+        v = t[py][:, px].clamp_(0, 1)                             # (ncy*s, ncx*s)
+        lin = (cell + (v * inv_r + 0.5).to(torch.int64)).reshape(-1)
+        gv = torch.zeros(size).index_add_(0, lin, v.reshape(-1)).reshape(ncy, ncx, nzt)
+        gw = torch.bincount(lin, minlength=size).to(torch.float32).reshape(ncy, ncx, nzt)
+        bv = blur(blur(blur(gv, 2), 1), 0).contiguous()           # (my+1, mx+1, nz+1)
+        bw = blur(blur(blur(gw, 2), 1), 0).contiguous()
+        zv = t.clamp(0, 1) * inv_r
+        z0 = zv.to(torch.int64)
+        zf = zv - z0.to(torch.float32)
+        base = xy_base + z0
+        v0, v1 = slice_(bv, base)
+        w0, w1 = slice_(bw, base)
+        return torch.lerp(v0, v1, zf) / torch.lerp(w0, w1, zf)
+    return run
+
+
+# ----------------------------------------------------------------------------- driver
+def halide_case(hl, mod, img, kw, tile, vec, label, first, notes):
+    """(realize callable) for one Halide-like module, compiled once; None on failure."""
+    try:
+        app = mod.build(hl, img, **kw)
+        mod.schedule(app, "tiled", tile=tile, vec=vec)
+        out = app.output
+        sizes = list(next(iter(app.sizes.values())))
+        first[label], _ = time_first_call(out.compile_jit)
+        fn = (lambda: out.realize(sizes))
+        fn.app = app  # keep the input buffers alive
+        return fn
+    except Exception as err:  # noqa: BLE001 - report, skip the column
+        notes.append(f"{label} failed ({error_reason(err)}); skipped")
+        return None
+
+
+def as_numpy(x):
+    if hasattr(x, "detach"):
+        return x.detach().numpy()
+    return np.asarray(x)
+
+
+def bench_pipeline(title, cases, first, ref, repeats, tol):
+    checked = {}
+    for name, fn in cases.items():
+        d = max_rel_diff(as_numpy(fn()), ref)
+        checked[name] = d
+        if d > tol:
+            print(f"  {name}: max rel diff vs numpy {d:.2e} > {tol:g}: not timed")
+    cases = {k: v for k, v in cases.items() if checked[k] <= tol}
+    res = compare(cases, repeats=repeats, warmup=1)
+    med = {k: v["median"] for k, v in res.items()}
+    ours = med.get("halide_ad")
+    hal = med.get("Halide 21 (JIT)")
+    rows = []
+    for k, v in med.items():
+        rows.append([k, f"{v * 1e3:.1f}",
+                     f"{v / ours:.2f}" if ours else "-",
+                     f"{v / hal:.2f}" if hal else "-",
+                     fmt_time(first[k]) if k in first else "-",
+                     f"{checked[k]:.1e}"])
+    print_table(["implementation", "median ms", "this / halide_ad", "this / Halide 21",
+                 "compile (first)", "max rel diff vs numpy"], rows, title=title)
+    print(load_note("on average during the timed runs", compare.other_load))
+    if ours:
+        torch_best = min((v for k, v in med.items() if k.startswith("torch")), default=None)
+        goal = []
+        if hal:
+            goal.append(f"halide_ad / Halide 21 = {ours / hal:.2f} (goal <= 1.5)")
+        if torch_best:
+            goal.append(f"halide_ad / best torch = {ours / torch_best:.2f} (goal < 1)")
+        print("goal    : " + "; ".join(goal))
+    print()
+    return med
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--size", type=int, default=4096, help="image side (default 4096)")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--tile", type=int, nargs=2, default=(256, 32),
+                   help="tile of the 'tiled' schedule (default 256 32)")
+    p.add_argument("--vec", type=int, default=8, help="vector width (default 8: AVX2 floats)")
+    p.add_argument("--only", choices=("blur", "bilateral_grid"), default=None)
+    p.add_argument("--threads", type=int, default=None,
+                   help="threads for Halide 21 / halide_ad (HL_NUM_THREADS) and torch "
+                        "(set_num_threads); default: the libraries' defaults (all cores)")
+    args = p.parse_args()
+    notes = []
+    if args.threads:
+        os.environ["HL_NUM_THREADS"] = str(args.threads)   # read when the pool starts
+    apps = load_apps(notes)
+    hl_ad = import_or_note("halide_ad", notes)
+    hl_21 = import_or_note("halide", notes)
+    torch = import_or_note("torch", notes)
+    if torch is not None and args.threads:
+        torch.set_num_threads(args.threads)
+    n = args.size
+    img = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    tile, vec = tuple(args.tile), args.vec
+    print(f"bench_pipelines: {n} x {n} float32, 'tiled' schedule tile={tile} vec={vec}, "
+          f"median of {args.repeats}")
+    print(machine_info(
+        "threads : Halide 21 / halide_ad thread pools: default (HL_NUM_THREADS="
+        f"{os.environ.get('HL_NUM_THREADS', 'unset')}); numpy single-threaded",
+        modules=("numpy", "halide_ad", "halide", "torch")))
+
+    pipelines = [
+        ("blur", apps.blur, {}, 1e-6),
+        ("bilateral_grid", apps.bilateral_grid, dict(s_sigma=8, r_sigma=0.1), 1e-4),
+    ]
+    for name, mod, kw, tol in pipelines:
+        if args.only and args.only != name:
+            continue
+        first, cases = {}, {}
+        for hl, label in ((hl_ad, "halide_ad"), (hl_21, "Halide 21 (JIT)")):
+            if hl is not None:
+                fn = halide_case(hl, mod, img, kw, tile, vec, label, first, notes)
+                if fn is not None:
+                    cases[label] = fn
+        cases["numpy"] = lambda mod=mod, kw=kw: mod.reference(img, dtype=np.float32, **kw)
+        if torch is not None:
+            t = torch.from_numpy(img)
+            if name == "blur":
+                cases["torch conv2d 3x3"] = torch_blur_3x3(torch, t)
+                cases["torch conv2d 1x3+3x1"] = torch_blur_separable(torch, t)
+            else:
+                cases["torch (index_add_ grid)"] = torch_bilateral_grid(torch, t, **kw)
+        ref = cases["numpy"]()
+        title = (f"{name}: {n} x {n} float32" +
+                 (f" (s_sigma={kw['s_sigma']}, r_sigma={kw['r_sigma']})" if kw else ""))
+        bench_pipeline(title, cases, first, ref, args.repeats, tol)
+    for note in notes:
+        print("note:", note)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""Shared plumbing of the application pipelines: the ``App`` record and the schedule names.
+
+Every app module has
+
+* ``build(hl, inputs..., params...) -> App`` -- the algorithm, written against the Halide
+  Python API subset that ``halide_ad`` copies; ``hl`` is either ``halide`` (Halide 21 from PyPI)
+  or ``halide_ad``, so the same code defines the pipeline on both;
+* ``schedule(app, name, **options)`` -- applies one of ``SCHEDULES`` to the app's Funcs;
+* ``reference(inputs..., params...)`` -- an independent plain-numpy implementation.
+
+Layout convention (the same for every app): a grey image is a numpy ``(h, w)`` array and a
+multi-channel image a planar numpy ``(c, h, w)`` array. ``hl.Buffer(ndarray)`` reverses the
+axes, so the pipeline sees ``img[x, y]`` / ``img[x, y, c]`` with ``x`` the last numpy axis, and
+``np.asarray(f.realize([w, h, c]))`` comes back as ``(c, h, w)`` again.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+#: the named schedules every app implements
+#: * "inline": all default (pure Funcs inlined; Funcs with updates computed where Halide puts
+#:   them by default, i.e. at the innermost loop of their consumer);
+#: * "root":   every intermediate Func compute_root();
+#: * "tiled":  outputs tiled + vectorised + parallel; intermediates compute_at the tile or
+#:   compute_root (then vectorised / parallel themselves).
+SCHEDULES = ("inline", "root", "tiled")
+
+
+class App:
+    """What ``build`` returns.
+
+    Attributes: ``hl`` (the module used), ``outputs`` (name -> output Func, the first one is
+    the main output, also ``output``), ``funcs`` (name -> intermediate Func), ``vars`` (name ->
+    Var: the pure Vars plus the tile Vars ``xo, yo, xi, yi``), ``rdoms`` (name -> RDom),
+    ``params`` (name -> hl.Param), ``buffers`` (name -> hl.Buffer; kept here so the numpy
+    memory they wrap stays alive), ``sizes`` (output name -> the realize() sizes that cover
+    the input) and ``meta`` (plain Python values the app was built with).
+    """
+
+    def __init__(self, hl, outputs, funcs, vars, sizes, rdoms=None, params=None,
+                 buffers=None, meta=None):
+        self.hl = hl
+        self.outputs = dict(outputs)
+        self.funcs = dict(funcs)
+        self.vars = dict(vars)
+        self.sizes = dict(sizes)
+        self.rdoms = dict(rdoms or {})
+        self.params = dict(params or {})
+        self.buffers = dict(buffers or {})
+        self.meta = dict(meta or {})
+        self.schedule_name = None
+
+    @property
+    def output(self):
+        return next(iter(self.outputs.values()))
+
+    def func(self, name):
+        """An output or intermediate Func by name."""
+        if name in self.outputs:
+            return self.outputs[name]
+        return self.funcs[name]
+
+    def realize(self, name=None, sizes=None):
+        """Realize output ``name`` (default: the main one) and return a numpy copy.
+
+        ``sizes`` defaults to ``self.sizes[name]`` (Halide order: x extent first).
+        """
+        name = name or next(iter(self.outputs))
+        f = self.outputs[name]
+        sz = list(self.sizes[name] if sizes is None else sizes)
+        return np.array(np.asarray(f.realize(sz)), copy=True)
+
+    def __repr__(self):
+        return (f"App(outputs={list(self.outputs)}, funcs={list(self.funcs)}, "
+                f"schedule={self.schedule_name!r})")
+
+
+def check_schedule_name(name):
+    if name not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}; expected one of {SCHEDULES}")
+
+
+def boundary(hl, buf, kind, value=0.0):
+    """``hl.BoundaryConditions.<kind>(buf)``; ``constant_exterior`` takes ``value``."""
+    bc = hl.BoundaryConditions
+    if kind == "constant_exterior":
+        return bc.constant_exterior(buf, hl.f32(value))
+    if kind in ("repeat_edge", "mirror_image", "mirror_interior", "repeat_image"):
+        return getattr(bc, kind)(buf)
+    raise ValueError(f"unknown boundary condition {kind!r}")
+
+
+#: numpy.pad mode of each Halide boundary condition
+NUMPY_PAD_MODE = {
+    "constant_exterior": "constant",
+    "repeat_edge": "edge",
+    "mirror_image": "symmetric",    # edge pixel repeated: c b a | a b c | c b a
+    "mirror_interior": "reflect",   # edge pixel not repeated: c b | a b c | b a
+    "repeat_image": "wrap",
+}
