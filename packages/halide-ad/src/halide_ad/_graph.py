@@ -221,22 +221,19 @@ class Graph:
                     f" {', '.join(others)}: compute_root() it, or compute it where all its"
                     " users run"
                 )
-            if len({k for _, k in users}) > 1:
-                raise ScheduleError(
-                    f"{f.name()} is computed at {host.name()}.{lvl.var} but several definitions"
-                    f" of {host.name()} call it: compute_root() it"
-                )
-            d = self.defs[host.fid][users[0][1]]
-            if lvl.var not in d.schedule.names():
-                raise ScheduleError(
-                    f"{f.name()}.compute_at({host.name()}, {lvl.var!r}):"
-                    f" {host.name()}{d.source.stage_name()} has no loop {lvl.var!r} (its loops,"
-                    f" innermost first: {', '.join(d.schedule.names())})"
-                )
+            for k in sorted({k for _, k in users}):  # computed in each definition using it
+                d = self.defs[host.fid][k]
+                if lvl.var not in d.schedule.names():
+                    raise ScheduleError(
+                        f"{f.name()}.compute_at({host.name()}, {lvl.var!r}):"
+                        f" {host.name()}{d.source.stage_name()} has no loop {lvl.var!r} (its"
+                        f" loops, innermost first: {', '.join(d.schedule.names())})"
+                    )
             st = self.stores[fid]
             if st.kind == "at" and st.func is not host:
                 raise ScheduleError(f"{f.name()}: store_at must name the compute_at Func")
 
-    def host_def(self, fid) -> int:
-        """Index of the definition of the compute_at host that calls ``fid``."""
-        return self.consumers[fid][0][1]
+    def host_defs(self, fid) -> set:
+        """Indices of the definitions of the compute_at host that call ``fid`` (the producer
+        is computed inside each of them)."""
+        return {k for _, k in self.consumers[fid]}

@@ -349,7 +349,7 @@ def _lower_def(graph, fid, d):
     at = {}
     for p in graph.order:
         lvl, st = graph.levels[p], graph.stores[p]
-        if lvl.kind == "at" and lvl.func.fid == fid and graph.host_def(p) == d.index:
+        if lvl.kind == "at" and lvl.func.fid == fid and d.index in graph.host_defs(p):
             at.setdefault(lvl.var, []).append(("compute", p))
             if st.kind == "at" and st.var != lvl.var:
                 at.setdefault(st.var, []).append(("store", p))
