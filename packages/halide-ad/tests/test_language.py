@@ -200,3 +200,32 @@ def test_boundary_conditions_match_numpy_pad():
     g[x, y] = f[x - 2, y - 2]
     np.testing.assert_array_equal(np.asarray(g.realize([11, 9])),
                                   np.pad(a, 2, constant_values=7.0))
+
+
+def test_rfactor_sum_and_max():
+    a = np.random.default_rng(4).random((40, 30))
+    b = hl.Buffer(a)
+    u = hl.Var("u")
+    r = hl.RDom(b)
+    s = hl.Func("s")
+    s[()] = hl.f64(0)
+    s[()] += b[r.x, r.y]
+    intm = s.update(0).rfactor([(r.y, u)])
+    intm.compute_root().update(0).vectorize(u, 4).parallel(u)
+    np.testing.assert_allclose(float(np.asarray(s.realize([]))), a.sum(), rtol=1e-12)
+    assert "s_intm" in s.loop_nest()
+    m = hl.Func("m")
+    r2 = hl.RDom([(0, 30)])
+    m[y] = hl.f64(-1e9)
+    m[y] = hl.max(m[y], b[r2.x, y])
+    m.update(0).rfactor(r2.x, u)
+    np.testing.assert_array_equal(np.asarray(m.realize([40])), a.max(axis=1))
+
+
+def test_rfactor_refuses_non_associative_updates():
+    f = hl.Func("f")
+    r = hl.RDom([(0, 4)])
+    f[x] = 1.0 * hl.f32(1)
+    f[x] = f[x] * 0.5 + hl.f32(r.x)
+    with pytest.raises(hl.ScheduleError, match="associative"):
+        f.update(0).rfactor(r.x, hl.Var("u"))
