@@ -203,7 +203,8 @@ def main(argv=None):
 
         errs = check_same(n, min(B, 2000), tc, J)
         print(f"\nn = {n}: same computation (max relative differences, core_ad vs jax): "
-              + ", ".join(f"{k} {v:.3f}" if k in ("acceptance", "isotropic fallback lanes") else f"{k} {v:.1e}"
+              + ", ".join(f"{k} {v:.3f}" if k in ("acceptance", "isotropic fallback lanes")
+                          else f"{k} {v:.1e}"
                           for k, v in errs.items()))
         assert errs["hess"] < 1e-10 and errs["cov"] < 1e-8, errs
         assert errs["accept decisions differing"] < 1e-3, errs

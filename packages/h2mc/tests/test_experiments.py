@@ -63,8 +63,10 @@ def test_ae4_spec_size(key):
 @pytest.mark.slow
 @pytest.mark.parametrize("key", ["b", "c"])
 def test_ae4_from_uniform_starts(key):
-    """Convergence, not just invariance: uniform seeds, 300 burn-in steps, 2e6 states."""
-    r = E.ae4_stationarity(key, chains=4000, steps=500, seed=11, start="uniform", burn_in=300)
-    assert r["tv"] < 0.03
+    """Convergence, not just invariance: uniform seeds, 1500 burn-in steps (the ring <-> floor
+    exchange has tau ~ 150-300 steps), then 4e6 states (unstratified seeds: at 2e6 states the
+    histogram noise alone is ~0.015-0.02 TV)."""
+    r = E.ae4_stationarity(key, chains=8000, steps=500, seed=11, start="uniform", burn_in=1500)
+    assert r["tv"] < 0.02
     for k in ("Ex", "Ey", "Ex2"):
         assert abs(r[k]["z"]) < 4

@@ -61,7 +61,8 @@ def ae4_stationarity(key: str, chains=4000, steps=250, seed=0, sigma2=None, bins
     sampler = Sampler(target, mixture(key, sigma2))
     state = sampler.init(x0)
     if burn_in:
-        sampler.run(state, burn_in, rng, record=False, progress=progress and f"AE-4 ({key}) burn-in")
+        sampler.run(state, burn_in, rng, record=False,
+                    progress=progress and f"AE-4 ({key}) burn-in")
         sampler.reset_stats()
     acc = HistogramAccumulator(bins)
     sums = np.zeros((3, chains))
@@ -112,8 +113,9 @@ def ae5_mixing(key: str, chains=64, steps=2000, seed=0, sigma2=None,
     tau is the largest Geyer integrated autocorrelation time over the coordinates and log f
     (the spec's min-ESS), from ``chains`` chains seeded at stationarity. RWM and MALA take the
     best of their grids. ``with_mixture`` also runs the AE-4 mixture (large 0.1, isotropic
-    0.2, H2MC 0.7), the thesis' sampler. ``reliable`` says whether the run was >= 20 tau long; a short run
-    under-estimates tau (over-estimates ESS), which only favours the baselines here.
+    0.2, H2MC 0.7), the thesis' sampler. ``reliable`` says whether the run was >= 20 tau
+    long; a short run under-estimates tau (over-estimates ESS), which only favours the
+    baselines here.
     """
     target = make_target(key, derivatives)
     x0 = stationary_starts(target, chains, np.random.default_rng(seed + 1000))

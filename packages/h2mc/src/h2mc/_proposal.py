@@ -126,9 +126,10 @@ def h2mc_proposal(grad, hess, sigma2, *, log_f=None, T=T_DEFAULT, eps=1e-10,
     ``grad`` ``(B, n)`` and ``hess`` ``(B, n, n)`` are the gradient and Hessian of **log f** at
     the lanes' states (a single ``(n,)``/``(n, n)`` pair is accepted too and gives ``B = 1``).
     ``sigma2`` is the prior *variance* (``np.inf`` disables the prior and the fallbacks of
-    rule 4.7.2: used to check that Gaussian targets are reproduced exactly). ``log_f`` ``(B,)``, when given, enables the
-    ``f <= min_f`` isotropic fallback. ``T`` is the simulation time, ``eps`` the eigenvalue
-    cutoff, ``offset_variant`` ``"exact"`` (default) or ``"thesis"`` (erratum D1).
+    rule 4.7.2: used to check that Gaussian targets are reproduced exactly). ``log_f``
+    ``(B,)``, when given, enables the ``f <= min_f`` isotropic fallback. ``T`` is the
+    simulation time, ``eps`` the eigenvalue cutoff, ``offset_variant`` ``"exact"`` (default)
+    or ``"thesis"`` (erratum D1).
     """
     _check_variant(offset_variant)
     inv_s2 = _inv_sigma2(sigma2)

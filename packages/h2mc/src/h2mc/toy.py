@@ -11,3 +11,15 @@ from ._toy import (  # noqa: F401
     ring,
     stationary_starts,
 )
+
+__all__ = [
+    "TOY_TARGETS",
+    "cut_ring",
+    "gaussian_ridge",
+    "grid_density",
+    "half_plane",
+    "reference_histogram",
+    "reference_moments",
+    "ring",
+    "stationary_starts",
+]
