@@ -33,7 +33,12 @@ expressions with the ONE emitter here rather than writing another::
   MCJIT engine at O3, with the ``CORE_AD_CACHE_DIR`` object cache: put a content hash in
   ``module_name``), ``host_signature()`` (CPU, features, LLVM version: part of such a hash),
   ``thread_pool()`` and ``num_threads(requested=None)`` (the kernels' thread pool and the
-  ``CORE_AD_NUM_THREADS`` rule), ``host_vector_width(dtype)`` (lanes of one SIMD register).
+  ``CORE_AD_NUM_THREADS`` rule), ``host_vector_width(dtype)`` (lanes of one SIMD register);
+* for siblings that write CUDA C loop nests: ``c_spell(prim, operands, arg_dtypes,
+  out_dtype)`` (one lane-wise primitive over C operand expressions, numpy's promotion rules),
+  ``c_type(dtype)``, ``c_literal(value, dtype)``, ``CUDA_PREAMBLE`` (the device helpers the
+  spellings use), ``cuda_kernel(source, name)`` (a cached ``cupy.RawKernel``) and
+  ``cuda_available()`` (CuPy with a device).
 """
 
 from ._codegen import (
@@ -55,6 +60,8 @@ from ._codegen.llvm.emitter import (
     lowering_for,
     register_lowering,
 )
+from ._codegen.cuda.launcher import available as cuda_available, get_kernel as cuda_kernel
+from ._codegen.cuda.source import PREAMBLE as CUDA_PREAMBLE, c_literal, c_type, spell as c_spell
 from ._codegen.llvm.jit import host_signature, jit as _jit
 from ._codegen.llvm.runtime import num_threads, thread_pool
 from ._codegen.llvm.vecmath import VecMath
@@ -79,6 +86,12 @@ __all__ = [
     "Unsupported",
     "VecMath",
     "available_backends",
+    "CUDA_PREAMBLE",
+    "c_literal",
+    "c_spell",
+    "c_type",
+    "cuda_available",
+    "cuda_kernel",
     "compile_ir",
     "host_signature",
     "host_vector_width",

@@ -287,6 +287,7 @@ class _Loops:
                 self._substitute(extents, values, subs_f)
         self.extents = extents
         self.values = values  # name -> (original leaf, value)
+        self.factors = {sp.inner: sp.factor for sp in s.splits if sp.kind == "split"}
         self.dims = list(s.dims)
         self.where = where
         names = [dm.name for dm in self.dims]
@@ -367,8 +368,9 @@ def _lower_def(graph, fid, d):
                 body = Block(lets + [Allocate(graph.funcs[p], Block([produce, body]))])
             else:
                 body = Block(lets + [produce, body])
-        body = For(dm.name, loops.leaf(dm.name), loops.extents[dm.name], dm.kind, dm.factor,
-                   body)
+        factor = dm.factor if dm.factor is not None else (
+            loops.factors.get(dm.name) if dm.kind == "gpu_thread" else None)
+        body = For(dm.name, loops.leaf(dm.name), loops.extents[dm.name], dm.kind, factor, body)
     return body
 
 

@@ -20,7 +20,9 @@ from ._buffer import Buffer
 from ._func import Func, FuncError, epoch
 from ._graph import Graph
 from ._llvm import ModuleBuilder, Slots
+from ._cuda import is_gpu_stmt, kernel_source
 from ._lower import lower_root
+from ._schedule import ScheduleError
 from ._print import loop_nest_text
 
 __all__ = ["Pipeline", "Realization"]
@@ -64,14 +66,34 @@ class _Compiled:
         for p in self.params:
             slots.ptr_slot(("param", p))
         self.kernels = []  # (fid, def index, stmt, kernel index, ranged)
+        lowered = [(fid, k, stmt) for fid in self.roots
+                   for k, stmt in enumerate(lower_root(g, fid))]
+        gpu = [is_gpu_stmt(stmt) for _, _, stmt in lowered]
+        self.gpu = any(gpu)
+        if self.gpu:
+            if not all(gpu):
+                cpu = sorted({g.funcs[fid].name() for (fid, _, _), on in zip(lowered, gpu)
+                              if not on})
+                raise ScheduleError(
+                    "a pipeline runs wholly on the GPU or on the CPU: give "
+                    f"{', '.join(cpu)} a GPU schedule (gpu_tile) too"
+                )
+            self.gpu_kernels = []
+            for n, (fid, k, stmt) in enumerate(lowered):
+                where = f"{g.funcs[fid].name()}{g.defs[fid][k].source.stage_name()}"
+                self.gpu_kernels.append(
+                    (stmt, kernel_source(f"halide_ad_k{n}", stmt, slots, storage, where)))
+                self.kernels.append((fid, k, stmt, n, False))
+            self.ir = "\n\n".join(kern.source for _, kern in self.gpu_kernels)
+            self.epoch = epoch()
+            return
         mb = ModuleBuilder("halide_ad_pipeline", slots, storage, self.params)
         names = []
-        for fid in self.roots:
-            for k, stmt in enumerate(lower_root(g, fid)):
-                name = f"def{len(names)}"
-                ranged = mb.add_kernel(name, stmt)
-                self.kernels.append((fid, k, stmt, len(names), ranged))
-                names.append(name)
+        for fid, k, stmt in lowered:
+            name = f"def{len(names)}"
+            ranged = mb.add_kernel(name, stmt)
+            self.kernels.append((fid, k, stmt, len(names), ranged))
+            names.append(name)
         text = mb.finish(names)
         key = hashlib.sha256(text.encode()).hexdigest()[:24]
         entry = _ADDRESSES.get(key)
@@ -137,14 +159,23 @@ class Pipeline:
                 a = np.array(values[p], dtype=p.dtype).reshape(1)
             keep.append(a)
             ptrs[slot] = a.__array_interface__["data"][0]
+        if c.gpu:
+            _run_gpu(c, g, arrays, ints, values, regions)
+            del keep
+            return self._results(outs, arrays)
         for fid, k, stmt, index, ranged in c.kernels:
             n = 1
             if ranged:
                 n = _outer_extent(stmt, g, regions, values)
             self._run(c, index, n, ranged and stmt.kind == "parallel", ptrs, ints)
         del keep
+        return self._results(outs, arrays)
+
+    @staticmethod
+    def _results(outs, arrays):
         results = []
-        for f, arrs in outs:
+        for f, _ in outs:
+            arrs = arrays[f.fid]
             bufs = [Buffer(a, name=f.name()) for a in arrs]
             results.append(bufs[0] if len(bufs) == 1 else Realization(bufs))
         return results[0] if len(results) == 1 else Realization(results)
@@ -240,6 +271,47 @@ class Pipeline:
     def ir(self) -> str:
         """The LLVM IR of the compiled pipeline."""
         return self._compile().ir
+
+
+def _run_gpu(c, g, arrays, ints, values, regions):
+    """Run a GPU pipeline: inputs and Funcs on the device, outputs copied back."""
+    if not codegen.cuda_available():
+        raise RuntimeError(
+            "this pipeline has a GPU schedule (gpu_tile / gpu_blocks), which needs CuPy and a"
+            " CUDA device (pip install 'halide-ad[cuda]'); none is available here"
+        )
+    import cupy as cp
+
+    dev = {}
+    ptrs = np.zeros(max(len(c.slots.ptr), 1), np.uint64)
+    for key, slot in c.slots.ptr.items():
+        if key[0] == "store":
+            _, fid, k = key
+            if fid in g.buffers:
+                a = cp.asarray(np.ascontiguousarray(g.buffers[fid].numpy()))
+            else:
+                a = cp.empty(arrays[fid][k].shape, arrays[fid][k].dtype)
+        else:
+            a = cp.asarray(np.array(values[key[1]], dtype=key[1].dtype).reshape(1))
+        dev[key] = a
+        ptrs[slot] = a.data.ptr
+    # device buffers are contiguous: their strides replace the host ones
+    for (kind, *rest), slot in c.slots.int.items():
+        if kind == "stride":
+            fid, d = rest
+            a = dev[("store", fid, 0)]
+            ints[slot] = a.strides[a.ndim - 1 - d] // a.itemsize
+    d_ptrs, d_ints = cp.asarray(ptrs), cp.asarray(ints)
+    for stmt, kern in c.gpu_kernels:
+        grid = tuple(max(_outer_extent(b, g, regions, values), 0) for b in kern.blocks)
+        if min(grid) == 0:
+            continue
+        block = tuple(kern.threads) or (1,)
+        fn = codegen.cuda_kernel(kern.source, kern.name)
+        fn(grid, block, (d_ptrs, d_ints))
+    for fid, arrs in arrays.items():
+        for k, a in enumerate(arrs):
+            a[...] = cp.asnumpy(dev[("store", fid, k)])
 
 
 def _check_index_range(name, a):
