@@ -12,8 +12,9 @@ Problems (cost = 1/2 sum r^2 on every side):
     shifted, in one solve. Graph energy (directed edges) + per-vertex fit. Nonlinear.
 
 lsq_opt runs with its fused LLVM kernels (``--kernels lanes``: the numpy composition of the
-previous version, for before/after) and Jacobi-PCG; on Poisson also GN with the multigrid
-preconditioner (``--multigrid-everywhere`` adds LM + multigrid on every problem).
+previous version, for before/after) and Jacobi-PCG, in float64 and (one LM config) float32
+(compared to the same float64 target); on Poisson also GN with the multigrid preconditioner
+(``--multigrid-everywhere`` adds LM + multigrid on every problem).
 
 Baselines: scipy.optimize.least_squares(method="trf", tr_solver="lsmr") with the sparse
 Jacobian materialised by ``plan.jacobian`` and an independent numpy residual function; for the
@@ -473,8 +474,15 @@ def direct_gn(plan, x0, target, max_iter=20):
     return None, c, x
 
 
+F32_PLANS = {}  # id(float64 plan) -> the same problem compiled in float32
+
+
 def lsq_time_to(plan, x0, method, target, budget=60.0, **kw):
-    """(time to target or None, cost at stop, iterations, SolveResult)."""
+    """(time to target or None, cost at stop, iterations, SolveResult). ``dtype="float32"`` in
+    ``kw`` solves the float32 plan of the same problem (cost compared to the same target)."""
+    if kw.pop("dtype", "float64") == "float32":
+        plan = F32_PLANS[id(plan)]
+        x0 = np.asarray(x0, np.float32)
     state = {"t": None}
     t0 = time.perf_counter()
 
@@ -627,29 +635,29 @@ def main():
     have_ceres, why = pyceres_available()
     if not have_ceres:
         print(f"pyceres: not available ({why}); skipping the Ceres baseline")
-    print(machine_info(extra=f"scipy {scipy.__version__}; lsq_opt backend llvm, kernels {args.kernels}, float64; "
+    print(machine_info(extra=f"scipy {scipy.__version__}; lsq_opt backend llvm, kernels {args.kernels}, float64 (+ float32 configs); "
                              f"pyceres {'yes' if have_ceres else 'no'}",
                        modules=("numpy", "scipy", "core_ad", "lsq_opt", "pyceres")))
 
+    def cfg(label, method, pcg, **kw):
+        return (label, method, dict(max_iterations=100000, pcg_max_iterations=pcg,
+                                    function_tolerance=0.0, **kw))
+
+    # (PCG 10 configs: too many outer iterations on every problem here; dropped)
     lsq_configs = [
-        ("lsq_opt LM (PCG 10)", "lm", dict(max_iterations=100000, pcg_max_iterations=10,
-                                           function_tolerance=0.0)),
-        ("lsq_opt LM (PCG 100)", "lm", dict(max_iterations=100000, pcg_max_iterations=100,
-                                            function_tolerance=0.0)),
-        ("lsq_opt GN (PCG 10)", "gn", dict(max_iterations=100000, pcg_max_iterations=10,
-                                           function_tolerance=0.0)),
-        ("lsq_opt GN (PCG 100)", "gn", dict(max_iterations=100000, pcg_max_iterations=100,
-                                            function_tolerance=0.0)),
-        ("lsq_opt GN (PCG 1000)", "gn", dict(max_iterations=100000, pcg_max_iterations=1000,
-                                             function_tolerance=0.0)),
+        cfg("lsq_opt LM (PCG 50)", "lm", 50),
+        cfg("lsq_opt LM (PCG 100)", "lm", 100),
+        cfg("lsq_opt LM f32 (PCG 50)", "lm", 50, dtype="float32"),
+        cfg("lsq_opt GN (PCG 100)", "gn", 100),
+        cfg("lsq_opt GN (PCG 1000)", "gn", 1000),
     ]
     # the multigrid preconditioner (J^T J assembled from generated stencil planes, aggregation
     # AMG V-cycle): a win on the linear Poisson problem; on the nonlinear ARAP problems its
     # per-iteration setup costs more than it saves (measured; not in the default configs)
     poisson_extra = [
-        ("lsq_opt GN multigrid (PCG 15)", "gn", dict(max_iterations=100000, pcg_max_iterations=15,
-                                                     function_tolerance=0.0,
-                                                     preconditioner="multigrid")),
+        cfg("lsq_opt GN multigrid (PCG 15)", "gn", 15, preconditioner="multigrid"),
+        cfg("lsq_opt GN f32 multigrid (PCG 15)", "gn", 15, preconditioner="multigrid",
+            dtype="float32"),
     ]
     if args.multigrid_everywhere:
         lsq_configs = lsq_configs + [
@@ -664,6 +672,8 @@ def main():
         energy, data = poisson_problem(args.poisson_size)
         t0 = time.perf_counter()
         plan = compile_problem(energy, arrays=data, kernels=args.kernels)
+        F32_PLANS[id(plan)] = compile_problem(energy, arrays=data, kernels=args.kernels,
+                                              dtype=np.float32)
         x0 = plan.x0.copy()
         plan.cost(x0)
         plan.jtf(x0)
@@ -679,6 +689,8 @@ def main():
         energy, data, params = arap_problem(args.arap_size)
         t0 = time.perf_counter()
         plan = compile_problem(energy, arrays=data, params=params, kernels=args.kernels)
+        F32_PLANS[id(plan)] = compile_problem(energy, arrays=data, params=params,
+                                              kernels=args.kernels, dtype=np.float32)
         x0 = plan.x0.copy()
         plan.cost(x0)
         plan.jtf(x0)
@@ -694,6 +706,8 @@ def main():
     if args.only in (None, "arap_mesh"):
         t0 = time.perf_counter()
         plan, data, params = arap_mesh_problem(*args.mesh_size, kernels=args.kernels)
+        F32_PLANS[id(plan)] = mesh_example.arap_plan(*args.mesh_size, kernels=args.kernels,
+                                                     dtype=np.float32)[0]
         x0 = plan.x0.copy()
         plan.cost(x0)
         plan.jtf(x0)

@@ -337,10 +337,12 @@ class _GridDomain:
             else:
                 b.store(val, p, align=item)
 
-        def env_at(t, o):
-            """Leaf values of term t at lane q - o."""
+        def env_at(t, o, have=()):
+            """Leaf values of term t at lane q - o (leaves in ``have`` are not loaded again)."""
             env = {}
             for lf in t.leaves:
+                if lf in have:
+                    continue
                 d = t.decoded[lf]
                 if isinstance(d, Read):
                     rel = self.disp(tuple(a - c for a, c in zip(d.offset, o)))
@@ -427,20 +429,37 @@ class _GridDomain:
 
         accs = {}  # (u, c) -> accumulated value (jtjp / jtf)
         accs2 = {}  # diag
+        # one program per lane shift o over every term evaluated at q - o: subexpressions of
+        # different terms at the same lane (loads, sin/cos of a shared angle ...) are shared
+        by_o = {}
         for ti, t in enumerate(self.terms):
             groups = {}
             for j, (_, d) in enumerate(t.ureads):
                 groups.setdefault(d.offset, []).append(j)
             for o, js in groups.items():
-                env = env_at(t, o)
+                by_o.setdefault(o, []).append((ti, t, js))
+        for o, entries in by_o.items():
+            env = {}
+            roots, spans = [], []
+            for ti, t, js in entries:
+                env.update(env_at(t, o, have=env))
+                K, R = t.K, t.R
+                a = len(roots)
+                if kind == "jtjp":
+                    roots += [t.partials[k][j] for k in range(K) for j in range(R)]
+                else:
+                    roots += list(t.chans) + [t.partials[k][j] for k in range(K) for j in js]
+                spans.append((a, len(roots)))
+            vals_all = emit(roots, env)
+            for (ti, t, js), (a, z) in zip(entries, spans):
+                vals = vals_all[a:z]
                 valid = load_bool(self.B_VALID, ti, self.disp(tuple(-c for c in o)))
                 K, R = t.K, t.R
                 if kind == "jtjp":
-                    D = emit([t.partials[k][j] for k in range(K) for j in range(R)], env)
-                    D = [D[k * R:(k + 1) * R] for k in range(K)]
+                    D = [vals[k * R:(k + 1) * R] for k in range(K)]
                     pv = []
                     for j, (_, d) in enumerate(t.ureads):
-                        rel = self.disp(tuple(a - c for a, c in zip(d.offset, o)))
+                        rel = self.disp(tuple(a_ - c for a_, c in zip(d.offset, o)))
                         pv.append(load(self.B_P, self.uplane[d.name] + d.channel, rel))
                     jp = []
                     for k in range(K):
@@ -459,8 +478,6 @@ class _GridDomain:
                         key = (d.name, d.channel)
                         accs[key] = s if key not in accs else b.fadd(accs[key], s)
                 else:  # grad: J^T F and diag
-                    vals = emit(list(t.chans) + [t.partials[k][j] for k in range(K) for j in js],
-                                env)
                     F, Dg = vals[:K], vals[K:]
                     for jj, j in enumerate(js):
                         d = t.ureads[j][1]
