@@ -536,22 +536,34 @@ def run_case(name, plan, fun, x0, args, rng, ceres_builder, lsq_configs):
         print("  AGREEMENT CHECK FAILED: not timing this case")
         return None
     # ---- baseline to convergence (untimed reference run for the target cost)
-    res, rec, t_full = scipy_trf(fun, plan.jacobian, x0, ftol=1e-12, xtol=1e-12, gtol=1e-12,
-                                 max_nfev=args.max_nfev)
-    base_cost = float(res.cost)
+    lsq_only = args.targets is not None
+    if lsq_only:  # the target of an earlier full run (--save-targets): time lsq_opt only
+        import json
+
+        with open(args.targets) as f:
+            base_cost = float(json.load(f)[name])
+        t_full = None
+        print(f"  scipy trf final cost from {args.targets}: {base_cost:.10e} (baselines not run)")
+    else:
+        res, rec, t_full = scipy_trf(fun, plan.jacobian, x0, ftol=1e-12, xtol=1e-12,
+                                     gtol=1e-12, max_nfev=args.max_nfev)
+        base_cost = float(res.cost)
     target = (1 + REL) * base_cost
-    print(f"  scipy trf/lsmr to convergence: cost {base_cost:.10e} (scipy res.cost; 1/2 sum r^2 of "
-          f"its x = {0.5 * float(fun(res.x) @ fun(res.x)):.10e}), nfev {res.nfev}, status "
-          f"{res.status} ({res.message}), {t_full:.2f} s")
+    if not lsq_only:
+        print(f"  scipy trf/lsmr to convergence: cost {base_cost:.10e} (scipy res.cost; 1/2 sum r^2 "
+              f"of its x = {0.5 * float(fun(res.x) @ fun(res.x)):.10e}), nfev {res.nfev}, status "
+              f"{res.status} ({res.message}), {t_full:.2f} s")
     print(f"  initial cost {plan.cost(x0):.6e}; target = (1 + {REL:g}) x {base_cost:.6e} = {target:.6e}")
-    t_trf_first = next((t for t, c in rec if c <= target), None)
-    print(f"  scipy trf time to target within that run: {fmt_time(t_trf_first)}")
+    if not lsq_only:
+        t_trf_first = next((t for t, c in rec if c <= target), None)
+        print(f"  scipy trf time to target within that run: {fmt_time(t_trf_first)}")
 
     cases = {}
-    cases["scipy trf/lsmr"] = lambda: scipy_trf(fun, plan.jacobian, x0, target=target,
-                                                ftol=1e-12, xtol=1e-12, gtol=1e-12,
-                                                max_nfev=args.max_nfev)[2]
-    if name.startswith("Poisson"):
+    if not lsq_only:
+        cases["scipy trf/lsmr"] = lambda: scipy_trf(fun, plan.jacobian, x0, target=target,
+                                                    ftol=1e-12, xtol=1e-12, gtol=1e-12,
+                                                    max_nfev=args.max_nfev)[2]
+    if name.startswith("Poisson") and not lsq_only:
         cases["scipy GN + SuperLU(J^T J)"] = lambda: direct_gn(plan, x0, target)[0]
 
     # one untimed warm-up + report of the final costs of each lsq_opt config
@@ -582,7 +594,7 @@ def run_case(name, plan, fun, x0, args, rng, ceres_builder, lsq_configs):
 
     # ---- pyceres
     ceres_row = None
-    if ceres_builder is not None and not args.no_ceres:
+    if ceres_builder is not None and not args.no_ceres and not lsq_only:
         try:
             t0 = time.perf_counter()
             prob, blocks, const, keep = ceres_builder()
@@ -625,6 +637,10 @@ def main():
     ap.add_argument("--profile", action="store_true", help="cProfile one lsq_opt solve per problem")
     ap.add_argument("--mesh-size", type=int, nargs=2, default=(64, 32), metavar=("RINGS", "SEGS"),
                     help="ARAP mesh tube: rings x vertices per ring")
+    ap.add_argument("--save-targets", metavar="JSON", help="write each problem's scipy final cost")
+    ap.add_argument("--targets", metavar="JSON",
+                    help="read the final costs of --save-targets and time lsq_opt only (e.g. "
+                         "--kernels lanes for a before/after comparison)")
     ap.add_argument("--multigrid-everywhere", action="store_true",
                     help="also time LM with the multigrid preconditioner on every problem")
     ap.add_argument("--kernels", choices=["fused", "lanes"], default="fused",
@@ -720,6 +736,11 @@ def main():
             results.append(r)
             plans["ARAP mesh"] = (plan, x0, r["target"])
 
+    if args.save_targets:
+        import json
+
+        with open(args.save_targets, "w") as f:
+            json.dump({r["name"]: r["base_cost"] for r in results}, f, indent=1)
     print("\nlsq_opt compile + first evaluation (not in the solve times): " +
           ", ".join(f"{k} {v:.2f} s" for k, v in compile_times.items()))
 
