@@ -97,7 +97,7 @@ def _tau_run(target, kernel, chains, steps, seed, x0):
     taus.append(integrated_autocorrelation_time(lf))
     tau = max(taus)
     evals_per_step = res.evals / (steps * chains)
-    acc = next(iter(s.stats.values())).acceptance
+    acc = s.stats["h2mc"].acceptance if "h2mc" in s.stats else s.stats[s.names[0]].acceptance
     return {"kernel": repr(kernel), "tau": tau, "acceptance": acc,
             "evals_per_step": evals_per_step,
             "ess_per_eval": 1.0 / (tau * evals_per_step),
