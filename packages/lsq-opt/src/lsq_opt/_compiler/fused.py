@@ -20,6 +20,14 @@ rows):
   masked by ``valid_t(l)``. No intermediate J p buffer, no atomics, each output written once.
 * ``grad``: J^T F and diag(J^T J) in the same gather form.
 * ``cost``: per residual lane, ``sum valid F^2`` accumulated per row (float64).
+* ``jtjs`` (compiled on first use, for the multigrid preconditioner): J^T J as stencil planes,
+  one per (row plane, column plane, offset), from which ``Plan.jtj_matrix`` assembles CSR.
+
+All terms evaluated at the same lane shift ``o`` are emitted as ONE cse program (shared loads
+and subexpressions). The output kernels visit, per row, only the span that holds free
+unknowns; rows are split over ``codegen.thread_pool()`` when there are >= 32k lanes.
+``SampledImage`` reads are ``sym.gather`` from whole-array buffers (``codegen.BufferArg``); a
+failed bounds check returns 1 and raises IndexError in Python.
 
 Out-of-domain lanes are masked by the valid planes (zero in the halo); reads past the domain
 get the halo's zeros, which is the ``InBounds`` semantics (OOB reads give 0, partials of OOB
@@ -37,7 +45,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import math
 import time
 
 import numpy as np
