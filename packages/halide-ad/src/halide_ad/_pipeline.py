@@ -66,6 +66,7 @@ class _Compiled:
         for p in self.params:
             slots.ptr_slot(("param", p))
         self.kernels = []  # (fid, def index, stmt, kernel index, ranged)
+        self.regions_cache: dict = {}
         lowered = [(fid, k, stmt) for fid in self.roots
                    for k, stmt in enumerate(lower_root(g, fid))]
         gpu = [is_gpu_stmt(stmt) for _, _, stmt in lowered]
@@ -134,7 +135,17 @@ class Pipeline:
         values = self._values(c)
         out_regions = {f.fid: [(0, int(ext)) for ext in reversed(arrs[0].shape)]
                        for f, arrs in outs}
-        regions = _root_regions(g, out_regions, values)
+        key = (tuple((fid, tuple(r)) for fid, r in out_regions.items()),
+               tuple((leaf, np.asarray(v).item()) for leaf, v in values.items()))
+        cached = c.regions_cache.get(key)
+        if cached is None:  # bounds depend only on sizes and Param values: remember them
+            regions = _root_regions(g, out_regions, values)
+            extents = [_outer_extent(stmt, g, regions, values) if ranged else 1
+                       for _, _, stmt, _, ranged in c.kernels]
+            if len(c.regions_cache) > 16:
+                c.regions_cache.clear()
+            cached = c.regions_cache[key] = (regions, extents)
+        regions, extents = cached
         arrays = {f.fid: arrs for f, arrs in outs}
         for fid in c.python_stored:
             if fid not in arrays:
@@ -163,10 +174,7 @@ class Pipeline:
             _run_gpu(c, g, arrays, ints, values, regions)
             del keep
             return self._results(outs, arrays)
-        for fid, k, stmt, index, ranged in c.kernels:
-            n = 1
-            if ranged:
-                n = _outer_extent(stmt, g, regions, values)
+        for (fid, k, stmt, index, ranged), n in zip(c.kernels, extents):
             self._run(c, index, n, ranged and stmt.kind == "parallel", ptrs, ints)
         del keep
         return self._results(outs, arrays)
