@@ -382,6 +382,7 @@ class Func(_Scheduling):
         self.compute_level = None  # LoopLevel; None: default (inline if possible, else root)
         self.store_level = None
         self.version = 0
+        self._own_pipeline = None
         self.bound_estimates: dict = {}
         self.gpu_target = False
         if expr is not None:
@@ -440,7 +441,6 @@ class Func(_Scheduling):
 
     def _touch(self):
         self.version += 1
-        _bump_epoch()
 
     # ---- calls -------------------------------------------------------------------------
     def __getitem__(self, key) -> FuncRef:
@@ -671,36 +671,23 @@ class Func(_Scheduling):
         return self
 
     # ---- running -----------------------------------------------------------------------
-    def realize(self, sizes=None, target=None):
+    def _pipeline(self):
+        """This Func as a one-output Pipeline, kept so realizing again compiles nothing."""
         from ._pipeline import Pipeline
 
-        return Pipeline([self]).realize(sizes, target=target)
+        if self._own_pipeline is None:
+            self._own_pipeline = Pipeline([self])
+        return self._own_pipeline
+
+    def realize(self, sizes=None, target=None):
+        return self._pipeline().realize(sizes, target=target)
 
     def compile_jit(self, target=None):
-        from ._pipeline import Pipeline
-
-        Pipeline([self]).compile_jit(target)
+        self._pipeline().compile_jit(target)
         return self
 
-    def print_loop_nest(self, sizes=None):
-        from ._pipeline import Pipeline
-
-        return Pipeline([self]).print_loop_nest()
+    def print_loop_nest(self):
+        return self._pipeline().print_loop_nest()
 
     def loop_nest(self) -> str:
-        from ._pipeline import Pipeline
-
-        return Pipeline([self]).loop_nest()
-
-
-_EPOCH = [0]
-
-
-def _bump_epoch():
-    _EPOCH[0] += 1
-
-
-def epoch() -> int:
-    """Incremented by every definition or schedule change (compiled pipelines check it)."""
-    return _EPOCH[0]
-
+        return self._pipeline().loop_nest()

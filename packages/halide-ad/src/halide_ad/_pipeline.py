@@ -17,7 +17,7 @@ from core_ad import codegen, sym
 from . import _expr as E
 from ._bounds import const_value, interval
 from ._buffer import Buffer
-from ._func import Func, FuncError, epoch
+from ._func import Func, FuncError
 from ._graph import Graph
 from ._llvm import ModuleBuilder, Slots
 from ._cuda import is_gpu_stmt, kernel_source
@@ -86,7 +86,7 @@ class _Compiled:
                     (stmt, kernel_source(f"halide_ad_k{n}", stmt, slots, storage, where)))
                 self.kernels.append((fid, k, stmt, n, False))
             self.ir = "\n\n".join(kern.source for _, kern in self.gpu_kernels)
-            self.epoch = epoch()
+            self.versions = _versions(g)
             return
         mb = ModuleBuilder("halide_ad_pipeline", slots, storage, self.params)
         names = []
@@ -103,7 +103,11 @@ class _Compiled:
             entry = _ADDRESSES[key] = _ENTRY(addr)
         self.entry = entry
         self.ir = text
-        self.epoch = epoch()
+        self.versions = _versions(g)
+
+    def current(self) -> bool:
+        """No Func of the pipeline was redefined or rescheduled since compilation."""
+        return all(f.version == v for f, v in self.versions)
 
 
 class Pipeline:
@@ -119,7 +123,7 @@ class Pipeline:
 
     def _compile(self) -> _Compiled:
         c = self._compiled
-        if c is None or c.epoch != epoch():
+        if c is None or not c.current():
             c = self._compiled = _Compiled(self.outputs)
         return c
 
@@ -320,6 +324,10 @@ def _run_gpu(c, g, arrays, ints, values, regions):
     for fid, arrs in arrays.items():
         for k, a in enumerate(arrs):
             a[...] = cp.asnumpy(dev[("store", fid, k)])
+
+
+def _versions(g):
+    return [(f, f.version) for f in g.funcs.values()]
 
 
 def _check_index_range(name, a):
