@@ -363,9 +363,35 @@ class ModuleBuilder:
                 with other:
                     self._serial(b, s, env, storage, vec, ir.Constant(I32, 0), hi)
             return
+        inner = s.body
+        if (vec is None and s.split_extent is not None and isinstance(inner, For)
+                and inner.kind in ("vectorized", "unrolled") and inner.factor is not None):
+            # iterations with a full inner tile first, without a per-tile extent test
+            w = inner.factor
+            scalars = {k: v for k, v in env.items() if not isinstance(v.type, ir.VectorType)}
+            e = self._emit(b, s.split_extent, scalars, storage, None)
+            full = b.sdiv(e, ir.Constant(I32, w))
+            mid = _imin(b, _imax(b, full, lo), hi)
+            self._serial(b, s, env, storage, vec, lo, mid,
+                         emit_body=lambda e2: self._full(b, inner, e2, storage))
+            self._serial(b, s, env, storage, vec, mid, hi)
+            return
         self._serial(b, s, env, storage, vec, lo, hi)
 
-    def _serial(self, b, s, env, storage, vec, lo, hi):
+    def _full(self, b, s: For, env, storage):
+        """The body of a vectorized / unrolled loop known to run its full width."""
+        w = s.factor
+        if s.kind == "vectorized":
+            e = dict(env)
+            e[s.leaf] = ir.Constant(ir.VectorType(I32, w), list(range(w)))
+            self._stmt(b, s.body, e, storage, (s.leaf, w))
+            return
+        for k in range(w):
+            e = dict(env)
+            e[s.leaf] = ir.Constant(I32, k)
+            self._stmt(b, s.body, e, storage, None)
+
+    def _serial(self, b, s, env, storage, vec, lo, hi, emit_body=None):
         fn = b.function
         pre = b.block
         head = fn.append_basic_block(f"{s.name}.head")
@@ -379,7 +405,10 @@ class ModuleBuilder:
         b.position_at_end(body)
         e = dict(env)
         e[s.leaf] = i
-        self._stmt(b, s.body, e, storage, vec)
+        if emit_body is None:
+            self._stmt(b, s.body, e, storage, vec)
+        else:
+            emit_body(e)
         nxt = b.add(i, ir.Constant(I32, 1))
         i.add_incoming(nxt, b.block)
         b.branch(head)
@@ -457,6 +486,14 @@ class ModuleBuilder:
         self._stmt(b, s.body, env, inner, vec)
         for p in raw:
             b.call(self.free, [p])
+
+
+def _imin(b, x, y):
+    return b.select(b.icmp_signed("<", x, y), x, y)
+
+
+def _imax(b, x, y):
+    return b.select(b.icmp_signed(">", x, y), x, y)
 
 
 def _uses(stmt):

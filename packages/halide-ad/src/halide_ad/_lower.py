@@ -64,6 +64,9 @@ class For:
     kind: str
     factor: int | None
     body: object
+    # for the outer loop of a split: the extent of the dimension that was split; code
+    # generation runs full inner tiles without per-tile extent checks up to extent // factor
+    split_extent: object = None
 
 
 @dataclass
@@ -264,6 +267,7 @@ class _Loops:
             name = _rvar_name(d, leaf)
             extents[name] = ext
             values[name] = (leaf, lo + loop_leaf(fid, d.index, name))
+        split_of = {}  # outer loop name -> extent of the dimension it was split from
         for sp in s.splits:
             if sp.kind == "split":
                 old = loop_leaf(fid, d.index, sp.old)
@@ -271,11 +275,14 @@ class _Loops:
                 # the outer loop may reuse the old name: go through a fresh leaf
                 tmp = loop_leaf(fid, d.index, sp.outer + "#split")
                 e = extents.pop(sp.old)
+                split_of.pop(sp.old, None)
                 f_ = sym.const(sp.factor, I32)
-                self._substitute(extents, values, {old: tmp * f_ + li})
+                self._substitute(extents, values, {old: tmp * f_ + li}, split_of)
                 extents[sp.outer] = sym.floor_divide(e + (sp.factor - 1), f_)
                 extents[sp.inner] = sym.minimum(f_, e - tmp * f_)
-                self._substitute(extents, values, {tmp: loop_leaf(fid, d.index, sp.outer)})
+                split_of[sp.outer] = e
+                self._substitute(extents, values, {tmp: loop_leaf(fid, d.index, sp.outer)},
+                                 split_of)
                 continue
             else:  # fuse
                 inner, outer = loop_leaf(fid, d.index, sp.inner), loop_leaf(fid, d.index,
@@ -284,10 +291,13 @@ class _Loops:
                 ei, eo = extents.pop(sp.inner), extents.pop(sp.outer)
                 extents[sp.old] = ei * eo
                 subs_f = {inner: sym.mod(fl, ei), outer: sym.floor_divide(fl, ei)}
-                self._substitute(extents, values, subs_f)
+                split_of.pop(sp.inner, None)
+                split_of.pop(sp.outer, None)
+                self._substitute(extents, values, subs_f, split_of)
         self.extents = extents
         self.values = values  # name -> (original leaf, value)
         self.factors = {sp.inner: sp.factor for sp in s.splits if sp.kind == "split"}
+        self.split_of = split_of
         self.dims = list(s.dims)
         self.where = where
         names = [dm.name for dm in self.dims]
@@ -302,9 +312,10 @@ class _Loops:
                     )
 
     @staticmethod
-    def _substitute(extents, values, mapping):
-        for n, e in list(extents.items()):
-            extents[n] = sym.substitute(e, mapping)
+    def _substitute(extents, values, mapping, split_of):
+        for d in (extents, split_of):
+            for n, e in list(d.items()):
+                d[n] = sym.substitute(e, mapping)
         for n, (orig, v) in list(values.items()):
             values[n] = (orig, sym.substitute(v, mapping))
 
@@ -370,7 +381,8 @@ def _lower_def(graph, fid, d):
                 body = Block(lets + [produce, body])
         factor = dm.factor if dm.factor is not None else (
             loops.factors.get(dm.name) if dm.kind == "gpu_thread" else None)
-        body = For(dm.name, loops.leaf(dm.name), loops.extents[dm.name], dm.kind, factor, body)
+        body = For(dm.name, loops.leaf(dm.name), loops.extents[dm.name], dm.kind, factor, body,
+                   loops.split_of.get(dm.name))
     return body
 
 
