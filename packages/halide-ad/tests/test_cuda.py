@@ -5,11 +5,10 @@ every machine; running them needs a GPU (``-m gpu`` tests skip cleanly without o
 import shutil
 import subprocess
 
+import halide_ad as hl
 import numpy as np
 import pytest
 from core_ad import codegen
-
-import halide_ad as hl
 
 x, y, xi, yi = hl.Var("x"), hl.Var("y"), hl.Var("xi"), hl.Var("yi")
 
@@ -44,7 +43,7 @@ def test_generated_cuda_compiles_with_nvcc(tmp_path):
     f = tmp_path / "k.cu"
     f.write_text(src)
     r = subprocess.run(["nvcc", "-std=c++17", "-c", "-o", str(tmp_path / "k.o"), str(f)],
-                       capture_output=True, text=True)
+                       capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
 
 

@@ -2,10 +2,9 @@
 RDoms with predicates, update rules, multi-output Pipelines, realize into Buffers, and the
 compile cache."""
 
+import halide_ad as hl
 import numpy as np
 import pytest
-
-import halide_ad as hl
 
 x, y, c = hl.Var("x"), hl.Var("y"), hl.Var("c")
 

@@ -8,8 +8,13 @@ from . import _expr as E
 from ._buffer import Buffer
 from ._func import Func, FuncError
 
-__all__ = ["constant_exterior", "repeat_edge", "repeat_image", "mirror_image",
-           "mirror_interior"]
+__all__ = [
+    "constant_exterior",
+    "mirror_image",
+    "mirror_interior",
+    "repeat_edge",
+    "repeat_image",
+]
 
 
 def _bounds(source, bounds):

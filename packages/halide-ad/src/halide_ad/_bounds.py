@@ -20,7 +20,7 @@ from core_ad import sym
 
 from . import _expr as E
 
-__all__ = ["interval", "union", "const_value", "Unbounded"]
+__all__ = ["Unbounded", "const_value", "interval", "union"]
 
 Unbounded = None
 

@@ -26,7 +26,7 @@ from . import _expr as E
 from ._lower import Allocate, Block, For, LetStmt, Provide
 from ._schedule import ScheduleError
 
-__all__ = ["is_gpu_stmt", "kernel_source", "GpuKernel"]
+__all__ = ["GpuKernel", "is_gpu_stmt", "kernel_source"]
 
 _AXES = "xyz"
 

@@ -25,9 +25,36 @@ from core_ad import Primitive, sym
 from ._types import Float, Int, Type, UInt, common_type, type_of_dtype
 
 __all__ = [
-    "Expr", "Var", "RVar", "RDom", "Range", "Param", "CALL", "ExprError", "as_expr", "cast",
-    "select", "clamp", "min", "max", "abs", "lerp", "f32", "f64", "i8", "i16", "i32", "i64",
-    "u8", "u16", "u32", "u64", "is_call", "is_var", "is_rvar", "is_param",
+    "CALL",
+    "Expr",
+    "ExprError",
+    "Param",
+    "RDom",
+    "RVar",
+    "Range",
+    "Var",
+    "abs",
+    "as_expr",
+    "cast",
+    "clamp",
+    "f32",
+    "f64",
+    "i8",
+    "i16",
+    "i32",
+    "i64",
+    "is_call",
+    "is_param",
+    "is_rvar",
+    "is_var",
+    "lerp",
+    "max",
+    "min",
+    "select",
+    "u8",
+    "u16",
+    "u32",
+    "u64",
 ]
 
 
@@ -181,7 +208,7 @@ class Expr:
         a, b = _coerce(self, o)
         return _wrap(sym.ge(a, b))
 
-    def __eq__(self, o):  # noqa: D105
+    def __eq__(self, o):
         a, b = _coerce(self, o)
         return _wrap(sym.eq(a, b))
 
@@ -331,13 +358,13 @@ def select(*args) -> Expr:
     return _wrap(sym.where(cn, an, bn))
 
 
-def min(a, b, *more) -> Expr:  # noqa: A001
+def min(a, b, *more) -> Expr:
     x, y = _coerce(a, b)
     r = _wrap(sym.minimum(x, y))
     return min(r, *more) if more else r
 
 
-def max(a, b, *more) -> Expr:  # noqa: A001
+def max(a, b, *more) -> Expr:
     x, y = _coerce(a, b)
     r = _wrap(sym.maximum(x, y))
     return max(r, *more) if more else r
@@ -352,7 +379,7 @@ def clamp(x, lo, hi) -> Expr:
     return _wrap(sym.clamp(e.node, lo_e.node, hi_e.node))
 
 
-def abs(x) -> Expr:  # noqa: A001
+def abs(x) -> Expr:
     """Absolute value (of the operand's type; Halide returns an unsigned type for ints)."""
     return _wrap(sym.abs(as_expr(x).node))
 
@@ -365,7 +392,7 @@ def lerp(a, b, w) -> Expr:
     return xe + (ye - xe) * cast(xe.type(), wt)
 
 
-def pow(a, b) -> Expr:  # noqa: A001
+def pow(a, b) -> Expr:
     x, y = _coerce(_float(a) if not _is_literal(a) else a, b if _is_literal(b) else _float(b))
     return _wrap(sym.pow(x, y))
 
@@ -398,7 +425,7 @@ tanh = _math1("tanh", sym.tanh)
 erf = _math1("erf", sym.erf)
 floor = _math1("floor", sym.floor)
 ceil = _math1("ceil", sym.ceil)
-round = _math1("round", sym.round)  # noqa: A001 (half to even, as Halide)
+round = _math1("round", sym.round)
 trunc = _math1("trunc", sym.trunc)
 asinh = _math1("asinh", lambda x: sym.log(x + sym.sqrt(x * x + 1.0)))
 acosh = _math1("acosh", lambda x: sym.log(x + sym.sqrt(x * x - 1.0)))
@@ -436,16 +463,16 @@ class Var(Expr):
         return f"Var({self._name!r})"
 
     @staticmethod
-    def implicit(i: int) -> "Var":
+    def implicit(i: int) -> Var:
         return Var(f"_{i}")
 
 
 class RVar(Expr):
     """One dimension of an :class:`RDom` (``r.x``, ``r[1]``)."""
 
-    __slots__ = ("rdom", "dim")
+    __slots__ = ("dim", "rdom")
 
-    def __init__(self, rdom: "RDom", dim: int):
+    def __init__(self, rdom: RDom, dim: int):
         self.rdom, self.dim = rdom, dim
         super().__init__(_node=sym.leaf("hl.rvar", (rdom.uid, dim), np.int32))
 
@@ -465,7 +492,7 @@ class RVar(Expr):
 class Range:
     """``hl.Range(min, extent)``."""
 
-    def __init__(self, min, extent):  # noqa: A002
+    def __init__(self, min, extent):
         self.min, self.extent = min, extent
 
 
@@ -516,7 +543,7 @@ class RDom:
     def w(self):
         return self[3]
 
-    def where(self, pred) -> "RDom":
+    def where(self, pred) -> RDom:
         """Restrict the domain to the points where ``pred`` (over the RVars) holds."""
         e = as_expr(pred)
         if not e.type().is_bool():
@@ -572,15 +599,15 @@ def _rdom_ranges(ranges, more):
     return out
 
 
-PARAMS: "weakref.WeakValueDictionary[str, Param]" = weakref.WeakValueDictionary()
+PARAMS: weakref.WeakValueDictionary[str, Param] = weakref.WeakValueDictionary()
 
 
 class Param(Expr):
     """A scalar runtime parameter: ``hl.Param(hl.Float(32), "gamma", 2.2)``; ``.set(v)``."""
 
-    __slots__ = ("_name", "_type", "_value", "__weakref__")
+    __slots__ = ("__weakref__", "_name", "_type", "_value")
 
-    def __init__(self, type: Type, name: str | None = None, value=None):  # noqa: A002
+    def __init__(self, type: Type, name: str | None = None, value=None):
         if not isinstance(type, Type):
             raise ExprError(f"Param: expected an hl type first, got {type!r}")
         self._type = type

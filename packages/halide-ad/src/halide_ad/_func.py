@@ -19,16 +19,24 @@ from . import _expr as E
 from ._schedule import Dim, LoopLevel, ScheduleError, Split, StageSchedule, dim_name
 from ._types import Int, Type
 
-__all__ = ["Func", "FuncRef", "Tuple", "Stage", "Definition", "FuncError", "callee",
-           "rdom_of"]
+__all__ = [
+    "Definition",
+    "Func",
+    "FuncError",
+    "FuncRef",
+    "Stage",
+    "Tuple",
+    "callee",
+    "rdom_of",
+]
 
 
 class FuncError(ValueError):
     """A Func is used or defined wrongly (undefined, wrong argument count, bad update)."""
 
 
-_CALLEES: "weakref.WeakValueDictionary[str, object]" = weakref.WeakValueDictionary()
-_RDOMS: "weakref.WeakValueDictionary[str, E.RDom]" = weakref.WeakValueDictionary()
+_CALLEES: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
+_RDOMS: weakref.WeakValueDictionary[str, E.RDom] = weakref.WeakValueDictionary()
 _func_ids = itertools.count()
 
 
@@ -142,7 +150,7 @@ def _coord(func_name, k, a):
 class _Update:
     """What ``ref += v`` hands to ``Func.__setitem__``."""
 
-    __slots__ = ("ref", "op", "value")
+    __slots__ = ("op", "ref", "value")
 
     def __init__(self, ref, op, value):
         self.ref, self.op, self.value = ref, op, value
@@ -151,7 +159,7 @@ class _Update:
 class FuncRef(E.Expr):
     """``f[x, y]``: a call of ``f`` in an expression, or the left-hand side of a definition."""
 
-    __slots__ = ("func", "args", "index")
+    __slots__ = ("args", "func", "index")
 
     def __init__(self, func, args, index=None):
         self.func, self.args, self.index = func, tuple(args), index
@@ -163,7 +171,7 @@ class FuncRef(E.Expr):
             self._node = self.func._call_node(self.args, self.index)
         return self._node
 
-    def __getitem__(self, i) -> "FuncRef":
+    def __getitem__(self, i) -> FuncRef:
         if self.index is not None:
             raise FuncError(f"{self.func.name()}: a Tuple component cannot be indexed again")
         n = len(self.func._types) if self.func.defined() else None
@@ -539,13 +547,13 @@ class Func(_Scheduling):
             )
         coords = []
         for k, a in enumerate(args):
-            if isinstance(a, E.Var) and not isinstance(a, E.RVar):
-                if a.name() != self._pure_arg_names[k]:
-                    raise FuncError(
-                        f"update of {self._name}: the pure Var {a.name()!r} must appear at its"
-                        f" own position ({k} holds {self._pure_arg_names[k]!r} in the pure"
-                        " definition)"
-                    )
+            if isinstance(a, E.Var) and not isinstance(a, E.RVar) and \
+                    a.name() != self._pure_arg_names[k]:
+                raise FuncError(
+                    f"update of {self._name}: the pure Var {a.name()!r} must appear at its"
+                    f" own position ({k} holds {self._pure_arg_names[k]!r} in the pure"
+                    " definition)"
+                )
             coords.append(_coord(self._name, k, a))
         exprs = []
         for k, (v, t) in enumerate(zip(values, self._types)):
@@ -573,7 +581,7 @@ class Func(_Scheduling):
     def _define_update_op(self, args, upd: _Update):
         v = upd.value
         if self._pure is None:
-            ve = E.as_expr(v) if not E._is_literal(v) else E.as_expr(v)
+            ve = E.as_expr(v)
             init = 1 if upd.op in "*/" else 0
             t = self._declared[0][0] if self._declared else ve.type()
             pure = [E.Var.implicit(i) for i in range(len(args))]
@@ -657,7 +665,7 @@ class Func(_Scheduling):
     def memoize(self):
         return self
 
-    def set_estimate(self, var, min, extent):  # noqa: A002
+    def set_estimate(self, var, min, extent):
         self.bound_estimates[dim_name(var)] = (int(min), int(extent))
         return self
 
@@ -666,7 +674,7 @@ class Func(_Scheduling):
             self.set_estimate(v, lo, ext)
         return self
 
-    def bound(self, var, min, extent):  # noqa: A002
+    def bound(self, var, min, extent):
         self.bound_estimates[dim_name(var)] = (int(min), int(extent))
         return self
 

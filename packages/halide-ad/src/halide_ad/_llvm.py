@@ -48,7 +48,7 @@ class Slots:
 
 
 class _Storage:
-    __slots__ = ("ptrs", "mins", "strides", "dtypes")
+    __slots__ = ("dtypes", "mins", "ptrs", "strides")
 
     def __init__(self, ptrs, mins, strides, dtypes):
         self.ptrs, self.mins, self.strides, self.dtypes = ptrs, mins, strides, dtypes
@@ -330,7 +330,7 @@ class ModuleBuilder:
         elif isinstance(s, Allocate):
             self._allocate(b, s, env, storage, vec)
         else:
-            raise AssertionError(s)
+            raise TypeError(f"unknown statement {type(s).__name__}")
 
     def _loop(self, b, s: For, env, storage, vec, lo=None, hi=None):
         if lo is None:
@@ -344,7 +344,7 @@ class ModuleBuilder:
             w = s.factor if s.factor is not None else _const_extent(s)
             if w is None:
                 raise ScheduleError(
-                    f"cannot {kind[:-1] if kind.endswith('d') else kind} loop {s.name}: its"
+                    f"cannot {kind.removesuffix('d')} loop {s.name}: its"
                     " extent is not a constant (give a factor: vectorize(x, 8))"
                 )
             full = b.icmp_signed("==", hi, ir.Constant(I32, w))

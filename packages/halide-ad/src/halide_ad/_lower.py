@@ -30,8 +30,19 @@ from ._bounds import const_value, interval, union
 from ._func import FuncError
 from ._schedule import ScheduleError
 
-__all__ = ["For", "Block", "LetStmt", "Allocate", "Provide", "root_regions", "lower_root",
-           "region_leaf", "store_leaf", "bufdim_leaf", "BoundsError"]
+__all__ = [
+    "Allocate",
+    "Block",
+    "BoundsError",
+    "For",
+    "LetStmt",
+    "Provide",
+    "bufdim_leaf",
+    "lower_root",
+    "region_leaf",
+    "root_regions",
+    "store_leaf",
+]
 
 I32 = np.int32
 

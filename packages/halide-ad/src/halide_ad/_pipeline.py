@@ -17,13 +17,13 @@ from core_ad import codegen, sym
 from . import _expr as E
 from ._bounds import const_value, interval
 from ._buffer import Buffer
+from ._cuda import is_gpu_stmt, kernel_source
 from ._func import Func, FuncError
 from ._graph import Graph
 from ._llvm import ModuleBuilder, Slots
-from ._cuda import is_gpu_stmt, kernel_source
 from ._lower import lower_root
-from ._schedule import ScheduleError
 from ._print import loop_nest_text
+from ._schedule import ScheduleError
 
 __all__ = ["Pipeline", "Realization"]
 

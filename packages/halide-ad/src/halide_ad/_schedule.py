@@ -15,8 +15,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["Dim", "Split", "StageSchedule", "ScheduleError", "LOOP_KINDS", "dim_name",
-           "LoopLevel"]
+__all__ = [
+    "LOOP_KINDS",
+    "Dim",
+    "LoopLevel",
+    "ScheduleError",
+    "Split",
+    "StageSchedule",
+    "dim_name",
+]
 
 
 class ScheduleError(ValueError):

@@ -5,17 +5,17 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["Type", "Float", "Int", "UInt", "Bool", "type_of_dtype", "common_type"]
+__all__ = ["Bool", "Float", "Int", "Type", "UInt", "common_type", "type_of_dtype"]
 
 
 class Type:
     """A Halide scalar type: ``code`` in {"float", "int", "uint", "bool"} and ``bits``."""
 
-    __slots__ = ("code", "bits")
+    __slots__ = ("bits", "code")
 
     def __init__(self, code: str, bits: int):
         self.code, self.bits = code, bits
-        self.dtype  # validate
+        _ = self.dtype  # validates the combination
 
     @property
     def dtype(self) -> np.dtype:
@@ -39,7 +39,7 @@ class Type:
     def is_bool(self) -> bool:
         return self.code == "bool"
 
-    def with_bits(self, bits: int) -> "Type":
+    def with_bits(self, bits: int) -> Type:
         return Type(self.code, bits)
 
     def min(self):
@@ -60,19 +60,19 @@ class Type:
     __str__ = __repr__
 
 
-def Float(bits: int = 32) -> Type:  # noqa: N802 (Halide's name)
+def Float(bits: int = 32) -> Type:
     return Type("float", bits)
 
 
-def Int(bits: int = 32) -> Type:  # noqa: N802
+def Int(bits: int = 32) -> Type:
     return Type("int", bits)
 
 
-def UInt(bits: int = 32) -> Type:  # noqa: N802
+def UInt(bits: int = 32) -> Type:
     return Type("uint", bits)
 
 
-def Bool() -> Type:  # noqa: N802
+def Bool() -> Type:
     return Type("bool", 1)
 
 

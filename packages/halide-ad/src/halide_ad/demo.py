@@ -89,8 +89,8 @@ def main(argv=None) -> int:
         mod.schedule(app, "tiled")
         app.realize(key)
         compile_s = time.perf_counter() - t0
-        got, t_hl = _time(lambda: app.realize(key))
-        ref, t_np = _time(lambda: mod.reference(*inputs, **kw))
+        got, t_hl = _time(lambda app=app, key=key: app.realize(key))
+        ref, t_np = _time(lambda mod=mod, inputs=inputs, kw=kw: mod.reference(*inputs, **kw))
         ref = ref if pos is None else ref[pos]
         err = float(np.max(np.abs(got.astype(np.float64) - np.asarray(ref, np.float64))))
         scale = max(float(np.max(np.abs(ref))), 1e-12)

@@ -1,10 +1,9 @@
 """Programs that must fail, each with a named error that says what is wrong (Halide keeps
 these apart in test/error; so do we)."""
 
+import halide_ad as hl
 import numpy as np
 import pytest
-
-import halide_ad as hl
 
 x, y = hl.Var("x"), hl.Var("y")
 
