@@ -148,22 +148,28 @@ def _describe(obj):
     return f"{'Buffer' if not hasattr(obj, 'definitions') else 'Func'} {obj.name()}"
 
 
+def _coord_intervals(args, env, memo, what):
+    """Intervals of coordinate expressions; an unbounded one raises a BoundsError
+    ``what(k, node)``."""
+    out = []
+    for k, a in enumerate(args):
+        iv = interval(a, env, memo)
+        if iv is None:
+            raise BoundsError(what(k, a))
+        out.append(iv)
+    return out
+
+
 def _call_intervals(graph, caller, d, env, req, memo):
     """Union the coordinate intervals of every call in ``d`` into ``req[callee fid]``."""
     for c in sym.calls(d.nodes(), E.CALL):
         g = c.params["fid"]
-        ivs = []
-        for k, a in enumerate(c.args):
-            iv = interval(a, env, memo)
-            if iv is None:
-                callee = graph.buffers.get(g) or graph.funcs[g]
-                raise BoundsError(
-                    f"cannot bound coordinate {k} of {_describe(callee)} read by"
-                    f" {caller.name()}{d.source.stage_name()}: {sym.to_str(a, limit=120)} has"
-                    " no provable range (clamp it with hl.clamp, or read through a"
-                    " BoundaryConditions wrapper)"
-                )
-            ivs.append(iv)
+        callee = graph.buffers.get(g) or graph.funcs[g]
+        ivs = _coord_intervals(c.args, env, memo, lambda k, a, callee=callee: (
+            f"cannot bound coordinate {k} of {_describe(callee)} read by"
+            f" {caller.name()}{d.source.stage_name()}: {sym.to_str(a, limit=120)} has no"
+            " provable range (clamp it with hl.clamp, or read through a BoundaryConditions"
+            " wrapper)"))
         prev = req.get(g)
         req[g] = ivs if prev is None else [union(p, q) for p, q in zip(prev, ivs)]
 
@@ -189,15 +195,9 @@ def root_regions(graph, out_regions: dict, values: dict):
             for _ in range(2):
                 env = _def_env(graph, fid, d, regions[fid], values)
                 memo: dict = {}
-                lhs = []
-                for k, a in enumerate(d.args):
-                    iv = interval(a, env, memo)
-                    if iv is None:
-                        raise BoundsError(
-                            f"cannot bound coordinate {k} written by {f.name()}"
-                            f"{d.source.stage_name()}: {sym.to_str(a, limit=120)} (clamp it)"
-                        )
-                    lhs.append(iv)
+                lhs = _coord_intervals(d.args, env, memo, lambda k, a, f=f, d=d: (
+                    f"cannot bound coordinate {k} written by {f.name()}"
+                    f"{d.source.stage_name()}: {sym.to_str(a, limit=120)} (clamp it)"))
                 own = {}
                 _call_intervals(graph, f, d, env, own, memo)
                 want = _numeric(lhs, f"writes of {f.name()}")
@@ -413,15 +413,9 @@ def _region_lets(graph, p, kind, loops, k, consumer_body):
     for c in sym.calls(_provide_nodes(consumer_body), E.CALL):
         if c.params["fid"] != p:
             continue
-        ivs = []
-        for j, a in enumerate(c.args):
-            iv = interval(a, env, memo)
-            if iv is None:
-                raise BoundsError(
-                    f"cannot bound coordinate {j} of Func {f.name()} read by {loops.where}:"
-                    f" {sym.to_str(a, limit=120)} (clamp it)"
-                )
-            ivs.append(iv)
+        ivs = _coord_intervals(c.args, env, memo, lambda j, a: (
+            f"cannot bound coordinate {j} of Func {f.name()} read by {loops.where}:"
+            f" {sym.to_str(a, limit=120)} (clamp it)"))
         req = ivs if req is None else [union(x, y) for x, y in zip(req, ivs)]
     if req is None:
         raise BoundsError(f"{f.name()} is computed at {loops.where} but not read there")
