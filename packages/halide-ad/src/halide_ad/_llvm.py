@@ -48,10 +48,22 @@ class Slots:
 
 
 class _Storage:
-    __slots__ = ("dtypes", "mins", "ptrs", "strides")
+    """Pointers (one per Tuple component), mins and strides (int32) of a Func or Buffer, and
+    its alias metadata: accesses to different storages never alias (as in Halide; realize
+    refuses an output that shares memory with an input)."""
 
-    def __init__(self, ptrs, mins, strides, dtypes):
+    __slots__ = ("alias", "dtypes", "mins", "ptrs", "strides")
+
+    def __init__(self, ptrs, mins, strides, dtypes, alias=None):
         self.ptrs, self.mins, self.strides, self.dtypes = ptrs, mins, strides, dtypes
+        self.alias = alias  # (alias.scope node, noalias node)
+
+
+def _tag(instr, st: _Storage):
+    if st.alias is not None:
+        instr.set_metadata("alias.scope", st.alias[0])
+        instr.set_metadata("noalias", st.alias[1])
+    return instr
 
 
 def _dense(node_args, vleaf) -> bool:
@@ -146,12 +158,12 @@ def _lower_call(em, node, args):
     mt = _mem_type(dt)
     width = em.width if em.vector else None
     if width is None:
-        return _to_reg(b, b.load(b.gep(ptr, [_flat_index(b, st, args, None)])), dt)
+        return _to_reg(b, _tag(b.load(b.gep(ptr, [_flat_index(b, st, args, None)])), st), dt)
     if _dense(node.args, ctx.vleaf):
-        return _to_reg(b, _vector_load_at(b, ptr, _scalar_index(b, st, args), mt, width), dt)
+        return _to_reg(b, _vector_load_at(b, ptr, _scalar_index(b, st, args), mt, width, st), dt)
     idx = _flat_index(b, st, args, width)
     if not _maybe_dense(node.args, ctx.vleaf):
-        return _to_reg(b, _gather(b, ptr, idx, mt, width), dt)
+        return _to_reg(b, _gather(b, ptr, idx, mt, width, st), dt)
     # Coordinates like clamp(x + 1, lo, hi) are consecutive except near the edges: test the
     # lanes at run time and take one vector load where they are (the interior).
     ramp = b.sub(idx, _splat(b, b.extract_element(idx, ir.Constant(I32, 0)), width))
@@ -164,10 +176,10 @@ def _lower_call(em, node, args):
     merge = fn.append_basic_block("ld.merge")
     b.cbranch(all_ok, dense_bb, gather_bb)
     b.position_at_end(dense_bb)
-    v1 = _vector_load(b, ptr, idx, mt, width)
+    v1 = _vector_load(b, ptr, idx, mt, width, st)
     b.branch(merge)
     b.position_at_end(gather_bb)
-    v2 = _gather(b, ptr, idx, mt, width)
+    v2 = _gather(b, ptr, idx, mt, width, st)
     g_end = b.block
     b.branch(merge)
     b.position_at_end(merge)
@@ -183,20 +195,20 @@ def _maybe_dense(node_args, vleaf) -> bool:
         all(vleaf not in sym.free_leaves(a) for a in node_args[1:])
 
 
-def _vector_load(b, ptr, idx, mt, width):
-    return _vector_load_at(b, ptr, b.extract_element(idx, ir.Constant(I32, 0)), mt, width)
+def _vector_load(b, ptr, idx, mt, width, st):
+    return _vector_load_at(b, ptr, b.extract_element(idx, ir.Constant(I32, 0)), mt, width, st)
 
 
-def _vector_load_at(b, ptr, base, mt, width):
+def _vector_load_at(b, ptr, base, mt, width, st):
     vp = b.bitcast(b.gep(ptr, [base]), ir.VectorType(mt, width).as_pointer())
-    return b.load(vp, align=1)
+    return _tag(b.load(vp, align=1), st)
 
 
-def _gather(b, ptr, idx, mt, width):
+def _gather(b, ptr, idx, mt, width, st):
     out = ir.Constant(ir.VectorType(mt, width), ir.Undefined)
     for lane in range(width):
         i = b.extract_element(idx, ir.Constant(I32, lane))
-        out = b.insert_element(out, b.load(b.gep(ptr, [i])), ir.Constant(I32, lane))
+        out = b.insert_element(out, _tag(b.load(b.gep(ptr, [i])), st), ir.Constant(I32, lane))
     return out
 
 
@@ -206,13 +218,24 @@ E.CALL.extra["llvm_lowering"] = _lower_call
 class ModuleBuilder:
     """Builds the module of one pipeline: ``add_kernel(name, stmt, roots)`` per definition."""
 
-    def __init__(self, name: str, slots: Slots, root_storage: dict, params: list):
+    def __init__(self, name: str, slots: Slots, root_storage: dict, params: list, fids=()):
         self.module = ir.Module(name=name)
+        self.alias = self._alias_scopes(list(fids))
         self.slots = slots
         self.root_storage = root_storage  # fid -> (dtypes, ndims, kind)
         self.params = params
         self.malloc = ir.Function(self.module, ir.FunctionType(I8P, [I64]), "malloc")
         self.free = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I8P]), "free")
+
+    def _alias_scopes(self, fids):
+        """One alias scope per storage: ``(alias.scope, noalias)`` metadata by id."""
+        m = self.module
+        domain = m.add_metadata([ir.MetaDataString(m, "halide_ad.storage")])
+        scopes = {f: m.add_metadata([ir.MetaDataString(m, f"storage.{k}"), domain])
+                  for k, f in enumerate(fids)}
+        return {f: (m.add_metadata([sc]), m.add_metadata([o for g, o in scopes.items()
+                                                          if g != f]))
+                for f, sc in scopes.items()} if len(fids) > 1 else {}
 
     # ---- kernels -----------------------------------------------------------------------
     def finish(self, names) -> str:
@@ -290,7 +313,7 @@ class ModuleBuilder:
                     ("stride", fid, d)))])), I32) for d in range(ndim)]
             else:
                 mins, strides, _ = self._dense_layout(b, env, fid, ndim)
-            storage[fid] = _Storage(ps, mins, strides, dtypes)
+            storage[fid] = _Storage(ps, mins, strides, dtypes, self.alias.get(fid))
         return env, storage
 
     @staticmethod
@@ -440,15 +463,15 @@ class ModuleBuilder:
             ptr, dt = st.ptrs[k], st.dtypes[k]
             v = _to_mem(b, v, dt)
             if width is None:
-                b.store(v, b.gep(ptr, [idx]))
+                _tag(b.store(v, b.gep(ptr, [idx])), st)
                 continue
             if not isinstance(v.type, ir.VectorType):
                 v = _splat(b, v, width)
             if dense:
                 vp = b.bitcast(b.gep(ptr, [idx]), v.type.as_pointer())
                 if pred is not None:
-                    v = b.select(pred, v, b.load(vp, align=1))
-                b.store(v, vp, align=1)
+                    v = b.select(pred, v, _tag(b.load(vp, align=1), st))
+                _tag(b.store(v, vp, align=1), st)
                 continue
             for lane in range(width):
                 i = b.extract_element(idx, ir.Constant(I32, lane))
@@ -456,8 +479,8 @@ class ModuleBuilder:
                 p = b.gep(ptr, [i])
                 if pred is not None:
                     c = b.extract_element(pred, ir.Constant(I32, lane))
-                    x = b.select(c, x, b.load(p))
-                b.store(x, p)
+                    x = b.select(c, x, _tag(b.load(p), st))
+                _tag(b.store(x, p), st)
 
     def _allocate(self, b, s: Allocate, env, storage, vec):
         if vec is not None:
@@ -482,7 +505,8 @@ class ModuleBuilder:
             raw.append(p)
             ptrs.append(b.bitcast(p, _mem_type(t.dtype).as_pointer()))
         inner = dict(storage)
-        inner[f.fid] = _Storage(ptrs, mins, strides, [t.dtype for t in f.types()])
+        inner[f.fid] = _Storage(ptrs, mins, strides, [t.dtype for t in f.types()],
+                                self.alias.get(f.fid))
         self._stmt(b, s.body, env, inner, vec)
         for p in raw:
             b.call(self.free, [p])

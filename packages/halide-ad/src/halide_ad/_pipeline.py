@@ -88,7 +88,8 @@ class _Compiled:
             self.ir = "\n\n".join(kern.source for _, kern in self.gpu_kernels)
             self.versions = _versions(g)
             return
-        mb = ModuleBuilder("halide_ad_pipeline", slots, storage, self.params)
+        mb = ModuleBuilder("halide_ad_pipeline", slots, storage, self.params,
+                           list(g.buffers) + list(g.order))
         names = []
         for fid, k, stmt in lowered:
             name = f"def{len(names)}"
@@ -151,6 +152,14 @@ class Pipeline:
             cached = c.regions_cache[key] = (regions, extents)
         regions, extents = cached
         arrays = {f.fid: arrs for f, arrs in outs}
+        for f, arrs in outs:  # compiled code assumes storages never alias (as Halide)
+            for a in arrs:
+                for buf in g.buffers.values():
+                    if np.shares_memory(a, buf.numpy()):
+                        raise FuncError(
+                            f"realize: the output buffer of {f.name()} shares memory with the"
+                            f" input {buf.name()}; realize into a separate array"
+                        )
         for fid in c.python_stored:
             if fid not in arrays:
                 f = g.funcs[fid]

@@ -177,3 +177,12 @@ def test_vectorize_without_constant_extent():
     f.vectorize(x)
     with pytest.raises(hl.ScheduleError, match="not a constant"):
         f.realize([16])
+
+
+def test_output_sharing_memory_with_an_input():
+    a = np.zeros((4, 5), np.float32)
+    inp = hl.Buffer(a, name="img")
+    f = hl.Func("f")
+    f[x, y] = inp[x, y] + 1
+    with pytest.raises(hl.FuncError, match="shares memory with the input img"):
+        f.realize(hl.Buffer(a))
