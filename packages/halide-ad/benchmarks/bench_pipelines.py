@@ -8,9 +8,10 @@ the bilateral grid on a 4096 x 4096 float32 image, timed side by side in one run
   timed call is one ``realize`` into a freshly allocated output, like the numpy / torch calls.
 * numpy: the apps' own numpy implementations (``reference(..., dtype=float32)``).
 * torch (eager, CPU): the blur as ``torch.nn.functional.conv2d`` after replicate padding, both
-  as one 3x3 kernel and as two separable (1x3, 3x1) passes; the bilateral grid as the same
-  algorithm written with tensor ops (``index_add_`` scatter into the grid, slice-add blurs,
-  gathered trilinear slicing).
+  as one 3x3 kernel and as two separable (1x3, 3x1) passes, and as shifted-slice adds (what
+  numpy does); the bilateral grid as the same algorithm written with tensor ops
+  (``index_add_`` / ``bincount`` scatter into the grid, slice-add blurs, ``grid_sample``
+  trilinear slicing).
 
 Every output is checked against the numpy result before timing. Cases are alternated per
 repeat (``_timing.compare``); the figure is the median. Goal (project issue 4): halide_ad within
@@ -85,55 +86,56 @@ def torch_blur_separable(torch, t):
 
 
 def torch_bilateral_grid(torch, t, s_sigma=8, r_sigma=0.1):
-    """The bilateral_grid app's algorithm in torch ops (float32; index tensors precomputed)."""
+    """The bilateral_grid app's algorithm in torch ops (float32): the cells' samples are a
+    crop of the replicate-padded image, ``index_add_`` / ``bincount`` scatter them into the
+    grid, slice-adds blur it, and ``grid_sample`` (trilinear, align_corners=True) slices it."""
+    F = torch.nn.functional
     h, w = t.shape
     s = int(s_sigma)
     inv_r = float(np.float32(1.0 / r_sigma))
     nz = int(1.0 * inv_r + 0.5) + 1
     mx, my = (w - 1) // s + 1, (h - 1) // s + 1
-    cx, cy = torch.arange(-2, mx + 3), torch.arange(-2, my + 3)
-    ncx, ncy = len(cx), len(cy)
-    px = (cx[:, None] * s + torch.arange(s) - s // 2).clamp(0, w - 1).reshape(-1)
-    py = (cy[:, None] * s + torch.arange(s) - s // 2).clamp(0, h - 1).reshape(-1)
+    ncx, ncy = mx + 5, my + 5                    # cells -2 .. m + 2
+    # cell c gathers pixels c*s - s//2 .. c*s + s - 1 - s//2 (edge-clamped): pad, then crop
+    left, top = 2 * s + s // 2, 2 * s + s // 2
+    right, bottom = ncx * s - left - w, ncy * s - top - h
     zpad, nzt = 2, nz + 5
     size = ncy * ncx * nzt
-    # linear grid index of every gathered sample, without its z part
     cell = ((torch.arange(ncy).repeat_interleave(s)[:, None] * ncx
              + torch.arange(ncx).repeat_interleave(s)[None, :]) * nzt + zpad)
-    # the blurred grid covers cells 0..my, 0..mx, z 0..nz: strides of that array
-    sy, sx = (mx + 1) * (nz + 1), nz + 1
-    xs, ys = torch.arange(w), torch.arange(h)
-    xy_base = (ys // s)[:, None] * sy + (xs // s)[None, :] * sx           # (h, w)
-    xf = ((xs % s).to(torch.float32) * (1.0 / s)).expand(h, w)
-    yf = ((ys % s).to(torch.float32) * (1.0 / s))[:, None].expand(h, w)
+    # slicing at (x / s, y / s, val / r_sigma) in the blurred grid's coordinates, normalised
+    gxn = (torch.arange(w, dtype=torch.float64) / s / mx * 2 - 1).to(torch.float32)
+    gyn = (torch.arange(h, dtype=torch.float64) / s / my * 2 - 1).to(torch.float32)
+    zscale = inv_r / nz * 2
 
     def blur(a, dim):
         n = a.shape[dim] - 4
         p = [a.narrow(dim, k, n) for k in range(5)]
         return p[0] + 4 * p[1] + 6 * p[2] + 4 * p[3] + p[4]
 
-    def slice_(grid, base):
-        def at(dy, dx, dz):
-            return torch.take(grid, base + (dy * sy + dx * sx + dz))
-        lerp = torch.lerp
-        c0 = lerp(lerp(at(0, 0, 0), at(0, 1, 0), xf), lerp(at(1, 0, 0), at(1, 1, 0), xf), yf)
-        c1 = lerp(lerp(at(0, 0, 1), at(0, 1, 1), xf), lerp(at(1, 0, 1), at(1, 1, 1), xf), yf)
-        return c0, c1
+    def run():
+        v = F.pad(t[None, None], (left, right, top, bottom), mode="replicate")[0, 0]
+        v = v.clamp(0, 1)                                           # (ncy*s, ncx*s)
+        lin = (cell + (v * inv_r + 0.5).to(torch.int64)).reshape(-1)
+        gv = torch.zeros(size).index_add_(0, lin, v.reshape(-1))
+        gw = torch.bincount(lin, minlength=size).to(torch.float32)
+        g = torch.stack([gv, gw]).reshape(2, ncy, ncx, nzt)
+        b = blur(blur(blur(g, 3), 2), 1)                            # (2, my+1, mx+1, nz+1)
+        zn = t.clamp(0, 1) * zscale - 1
+        grid = torch.stack([zn, gxn.expand(h, w), gyn[:, None].expand(h, w)], -1)
+        out = F.grid_sample(b[None], grid[None, :, :, None, :], mode="bilinear",
+                            padding_mode="border", align_corners=True)[0, :, :, :, 0]
+        return out[0] / out[1]
+    return run
+
+
+def torch_blur_slices(torch, t):
+    F = torch.nn.functional
 
     def run():
-        v = t[py][:, px].clamp_(0, 1)                             # (ncy*s, ncx*s)
-        lin = (cell + (v * inv_r + 0.5).to(torch.int64)).reshape(-1)
-        gv = torch.zeros(size).index_add_(0, lin, v.reshape(-1)).reshape(ncy, ncx, nzt)
-        gw = torch.bincount(lin, minlength=size).to(torch.float32).reshape(ncy, ncx, nzt)
-        bv = blur(blur(blur(gv, 2), 1), 0).contiguous()           # (my+1, mx+1, nz+1)
-        bw = blur(blur(blur(gw, 2), 1), 0).contiguous()
-        zv = t.clamp(0, 1) * inv_r
-        z0 = zv.to(torch.int64)
-        zf = zv - z0.to(torch.float32)
-        base = xy_base + z0
-        v0, v1 = slice_(bv, base)
-        w0, w1 = slice_(bw, base)
-        return torch.lerp(v0, v1, zf) / torch.lerp(w0, w1, zf)
+        p = F.pad(t[None, None], (1, 1, 1, 1), mode="replicate")[0, 0]
+        bx = (p[:, :-2] + 2 * p[:, 1:-1] + p[:, 2:]) * 0.25
+        return (bx[:-2] + 2 * bx[1:-1] + bx[2:]) * 0.25
     return run
 
 
@@ -146,7 +148,8 @@ def halide_case(hl, mod, img, kw, tile, vec, label, first, notes):
         out = app.output
         sizes = list(next(iter(app.sizes.values())))
         first[label], _ = time_first_call(out.compile_jit)
-        fn = (lambda: out.realize(sizes))
+        def fn():
+            return out.realize(sizes)
         fn.app = app  # keep the input buffers alive
         return fn
     except Exception as err:  # noqa: BLE001 - report, skip the column
@@ -220,10 +223,17 @@ def main() -> int:
     tile, vec = tuple(args.tile), args.vec
     print(f"bench_pipelines: {n} x {n} float32, 'tiled' schedule tile={tile} vec={vec}, "
           f"median of {args.repeats}")
-    print(machine_info(
-        "threads : Halide 21 / halide_ad thread pools: default (HL_NUM_THREADS="
-        f"{os.environ.get('HL_NUM_THREADS', 'unset')}); numpy single-threaded",
-        modules=("numpy", "halide_ad", "halide", "torch")))
+    try:
+        from importlib.metadata import version
+        hver = version("halide") if hl_21 is not None else "not imported"
+    except Exception:  # noqa: BLE001
+        hver = "?"
+    extra = ("threads : Halide 21 / halide_ad thread pools: HL_NUM_THREADS="
+             f"{os.environ.get('HL_NUM_THREADS', 'unset (all cores)')}; numpy single-threaded")
+    if hl_21 is not None:
+        extra = (f"halide  : {hver} (PyPI), JIT target "
+                 f"{hl_21.get_jit_target_from_environment()}\n" + extra)
+    print(machine_info(extra, modules=("numpy", "halide_ad", "torch")))
 
     pipelines = [
         ("blur", apps.blur, {}, 1e-6),
@@ -244,8 +254,9 @@ def main() -> int:
             if name == "blur":
                 cases["torch conv2d 3x3"] = torch_blur_3x3(torch, t)
                 cases["torch conv2d 1x3+3x1"] = torch_blur_separable(torch, t)
+                cases["torch shifted slices"] = torch_blur_slices(torch, t)
             else:
-                cases["torch (index_add_ grid)"] = torch_bilateral_grid(torch, t, **kw)
+                cases["torch (index_add_, grid_sample)"] = torch_bilateral_grid(torch, t, **kw)
         ref = cases["numpy"]()
         title = (f"{name}: {n} x {n} float32" +
                  (f" (s_sigma={kw['s_sigma']}, r_sigma={kw['r_sigma']})" if kw else ""))
