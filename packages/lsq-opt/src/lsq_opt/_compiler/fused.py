@@ -644,6 +644,9 @@ class _GraphPart:
                 self._build_fn(module, f"{prefix}_{ti}_{kind}", ti, kind)
 
     def _build_fn(self, module, name, ti, kind):
+        """Edges ``[s0, s1)``: a vector main loop (W edges at a time: gathers of the reads,
+        libmvec math, lane-by-lane scatters, so repeated vertices within a vector are fine),
+        then a scalar remainder loop."""
         plan, t = self.plan, self.terms[ti]
         T = _ftype(self.dtype)
         f = _Fn(module, name)
@@ -654,85 +657,125 @@ class _GraphPart:
         rowsum = f.ptr(self.ROWSUM, ir.DoubleType())
         params = {n: b.load(b.gep(ptr[self.PARAMS], [_I64(k)]))
                   for k, n in enumerate(plan._param_order)}
+        slot = None
         if kind == "cost":
             slot = b.alloca(ir.DoubleType())
             b.store(ir.Constant(ir.DoubleType(), 0.0), slot)
-        loop = _Loop(b, f.s0, f.s1, _I64(1), "e")
-        e = loop.i
-        em = codegen.Emitter(b, width=None, math=codegen.VecMath())
+        W = max(1, codegen.host_vector_width(self.dtype))
+        math_ = codegen.VecMath()
+        span = b.sub(f.s1, f.s0)
+        vend = b.add(f.s0, b.mul(b.sdiv(span, _I64(W)), _I64(W))) if W > 1 else f.s0
+        if W > 1:
+            vloop = _Loop(b, f.s0, vend, _I64(W), "ev")
+            self._body(b, t, kind, vloop.i, W, ptr, idxp, params, slot, math_)
+            vloop.close()
+        sloop = _Loop(b, vend, f.s1, _I64(1), "es")
+        self._body(b, t, kind, sloop.i, None, ptr, idxp, params, slot, math_)
+        sloop.close()
+        if kind == "cost":
+            b.store(b.load(slot), b.gep(rowsum, [f.s0]))
+        b.ret(_I32(0))
+
+    def _body(self, b, t, kind, e, W, ptr, idxp, params, slot, math_):
+        plan = self.plan
+        T = _ftype(self.dtype)
+        vec = W is not None
+        VT = ir.VectorType(T, W) if vec else T
+        I64V = ir.VectorType(_I64, W) if vec else _I64
+        em = codegen.Emitter(b, width=W, math=math_)
         vidx = {}
+
+        def splat_i(c):
+            return ir.Constant(I64V, [c] * W) if vec else _I64(c)
 
         def vertex(d):
             key = (t.graph, d.slot)
             if key not in vidx:
-                vidx[key] = b.load(b.gep(idxp, [b.add(e, _I64(self.ioff[key]))]))
+                p = b.gep(idxp, [b.add(e, _I64(self.ioff[key]))])
+                if vec:
+                    p = b.bitcast(p, I64V.as_pointer())
+                vidx[key] = b.load(p, align=8)
             return vidx[key]
 
         def flat_pos(d):
-            if d.role == "unknown":
-                base = plan._uoff[d.name]
-            else:
-                base = self.doff[d.name]
-            return b.add(_I64(base + d.channel), b.mul(vertex(d), _I64(d.channels)))
+            base = plan._uoff[d.name] if d.role == "unknown" else self.doff[d.name]
+            return b.add(splat_i(base + d.channel), b.mul(vertex(d), splat_i(d.channels)))
+
+        def gather(buf, pos):
+            if not vec:
+                return b.load(b.gep(ptr[buf], [pos]))
+            v = ir.Constant(VT, ir.Undefined)
+            for k in range(W):
+                x = b.load(b.gep(ptr[buf], [b.extract_element(pos, _I32(k))]))
+                v = b.insert_element(v, x, _I32(k))
+            return v
+
+        def scatter(buf, d, val):
+            pos = flat_pos(d)
+            for k in range(W if vec else 1):
+                pk = b.extract_element(pos, _I32(k)) if vec else pos
+                vk = b.extract_element(val, _I32(k)) if vec else val
+                p = b.gep(ptr[buf], [pk])
+                b.store(b.fadd(b.load(p), vk), p)
 
         env = {}
         for lf in t.leaves:
             d = t.decoded[lf]
             if isinstance(d, Read):
-                buf = self.XF if d.role == "unknown" else self.DATA
-                env[lf] = b.load(b.gep(ptr[buf], [flat_pos(d)]))
+                env[lf] = gather(self.XF if d.role == "unknown" else self.DATA, flat_pos(d))
             elif isinstance(d, ParamRef):
                 env[lf] = params[d.name]
         K, R = t.K, t.R
-        zero = ir.Constant(T, 0.0)
+        zero = ir.Constant(VT, [0.0] * W) if vec else ir.Constant(T, 0.0)
 
         def emit(roots):
             vals = em.emit_program(sym.cse(roots), env)
-            return [em.convert(v, r.dtype, self.dtype) for r, v in zip(roots, vals)]
-
-        def scatter(buf, d, val):
-            p = b.gep(ptr[buf], [flat_pos(d)])
-            b.store(b.fadd(b.load(p), val), p)
+            return [em.splat(em.convert(v, r.dtype, self.dtype)) for r, v in zip(roots, vals)]
 
         if kind == "cost":
-            acc = b.load(slot)
+            acc = None
             for v in emit(list(t.chans)):
                 sq = b.fmul(v, v)
                 if self.dtype != np.float64:
-                    sq = b.fpext(sq, ir.DoubleType())
-                acc = b.fadd(acc, sq)
-            b.store(acc, slot)
+                    sq = b.fpext(sq, ir.VectorType(ir.DoubleType(), W) if vec
+                                 else ir.DoubleType())
+                acc = sq if acc is None else b.fadd(acc, sq)
+            if vec:
+                acc = _hsum(b, acc, W)
+            b.store(b.fadd(b.load(slot), acc), slot)
         elif kind == "jtjp":
             D = emit([t.partials[k][j] for k in range(K) for j in range(R)])
-            pv = [b.load(b.gep(ptr[self.PF], [flat_pos(d)])) for _, d in t.ureads]
+            pv = [gather(self.PF, flat_pos(d)) for _, d in t.ureads]
             jp = []
             for k in range(K):
-                s = zero
+                s_ = zero
                 for j in range(R):
-                    s = b.fadd(s, b.fmul(D[k * R + j], pv[j]))
-                jp.append(s)
+                    s_ = b.fadd(s_, b.fmul(D[k * R + j], pv[j]))
+                jp.append(s_)
             for j, (_, d) in enumerate(t.ureads):
-                s = zero
+                s_ = zero
                 for k in range(K):
-                    s = b.fadd(s, b.fmul(D[k * R + j], jp[k]))
-                scatter(self.OUT, d, s)
+                    s_ = b.fadd(s_, b.fmul(D[k * R + j], jp[k]))
+                scatter(self.OUT, d, s_)
         else:
             vals = emit(list(t.chans) + [t.partials[k][j] for k in range(K) for j in range(R)])
             F, D = vals[:K], vals[K:]
             groups = {}
             for j, (_, d) in enumerate(t.ureads):
                 groups.setdefault((d.name, d.channel), []).append(j)
+            true = ir.Constant(ir.VectorType(ir.IntType(1), W), [1] * W) if vec \
+                else ir.Constant(ir.IntType(1), 1)
             for j, (_, d) in enumerate(t.ureads):
-                s = zero
+                s_ = zero
                 for k in range(K):
-                    s = b.fadd(s, b.fmul(D[k * R + j], F[k]))
-                scatter(self.OUT, d, s)
+                    s_ = b.fadd(s_, b.fmul(D[k * R + j], F[k]))
+                scatter(self.OUT, d, s_)
                 # diagonal: the J entry of (edge, k) for the vertex of read j is the sum of the
                 # partials of every read of the same (unknown, channel) hitting that vertex;
                 # only the first such read adds its square
                 grp = groups[(d.name, d.channel)]
                 vj = vertex(d)
-                first = ir.Constant(ir.IntType(1), 1)
+                first = true
                 for j2 in grp:
                     if j2 < j:
                         d2 = t.ureads[j2][1]
@@ -747,10 +790,6 @@ class _GraphPart:
                             ent = b.fadd(ent, b.select(same, D[k * R + j2], zero))
                     s2 = b.fadd(s2, b.fmul(ent, ent))
                 scatter(self.OUT2, d, b.select(first, s2, zero))
-        loop.close()
-        if kind == "cost":
-            b.store(b.load(slot), b.gep(rowsum, [f.s0]))
-        b.ret(_I32(0))
 
     def bind(self, addrs, threads):
         self.fns = {k: _FN(a) for k, a in addrs.items()}
