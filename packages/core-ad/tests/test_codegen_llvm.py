@@ -662,3 +662,19 @@ def test_emitter_gather_with_bounds_callback():
     assert cf(tbl.ctypes.data, 3, 1) == 10
     assert cf(tbl.ctypes.data, 3, 3) == -1003
     assert cf(tbl.ctypes.data, 3, -2) == -998
+
+
+def test_emitter_marks_signed_integer_arithmetic_nsw_only_on_request():
+    from llvmlite import ir
+
+    i, j = sym.var("i", "int32"), sym.var("j", "int32")
+    texts = []
+    for flag in (False, True):
+        m = ir.Module()
+        fn = ir.Function(m, ir.FunctionType(ir.IntType(32), [ir.IntType(32)] * 2), "f")
+        b = ir.IRBuilder(fn.append_basic_block())
+        em = codegen.Emitter(b, signed_overflow_undefined=flag)
+        b.ret(em.emit(i * j + i, {i: fn.args[0], j: fn.args[1]}))
+        texts.append(str(m))
+    assert "nsw" not in texts[0]  # numpy semantics: wrap-around
+    assert "mul nsw i32" in texts[1] and "add nsw i32" in texts[1]

@@ -87,16 +87,18 @@ class _Ctx:
 
 def _flat_index(b, st: _Storage, args, width):
     """Σ (coord_d - min_d) * stride_d in int32 (Halide's index type: every buffer has fewer
-    than 2^31 elements, checked at realize), a vector in a vector context."""
+    than 2^31 elements, checked at realize), a vector in a vector context. The arithmetic is
+    ``nsw`` (it cannot wrap for in-bounds accesses), which lets LLVM widen it to 64-bit
+    induction variables instead of sign-extending every address."""
     acc = None
     for d, a in enumerate(args):
         if isinstance(a.type, ir.VectorType):
             mn, sd = _splat(b, st.mins[d], a.type.count), _splat(b, st.strides[d], a.type.count)
         else:
             mn, sd = st.mins[d], st.strides[d]
-        t = b.sub(a, mn)
+        t = b.sub(a, mn, flags=["nsw"])
         if d > 0:
-            t = b.mul(t, sd)
+            t = b.mul(t, sd, flags=["nsw"])
         acc = t if acc is None else _add(b, acc, t)
     if acc is None:
         acc = ir.Constant(I32, 0)
@@ -118,7 +120,7 @@ def _add(b, x, y):
         y = _splat(b, y, x.type.count)
     elif yv and not xv:
         x = _splat(b, x, y.type.count)
-    return b.add(x, y)
+    return b.add(x, y, flags=["nsw"])
 
 
 def _splat(b, v, n):
@@ -332,7 +334,7 @@ class ModuleBuilder:
 
     # ---- statements --------------------------------------------------------------------
     def _emit(self, b, exprs, env, storage, vec):
-        em = codegen.Emitter(b)
+        em = codegen.Emitter(b, signed_overflow_undefined=True)  # Halide: int overflow is UB
         em.hl_ctx = _Ctx(b, storage, vec[0] if vec else None, vec[1] if vec else None, None)
         return em.emit(exprs, env)
 
@@ -432,7 +434,7 @@ class ModuleBuilder:
             self._stmt(b, s.body, e, storage, vec)
         else:
             emit_body(e)
-        nxt = b.add(i, ir.Constant(I32, 1))
+        nxt = b.add(i, ir.Constant(I32, 1), flags=["nsw"])
         i.add_incoming(nxt, b.block)
         b.branch(head)
         b.position_at_end(done)

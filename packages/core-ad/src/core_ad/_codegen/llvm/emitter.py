@@ -183,8 +183,12 @@ class Emitter:
     def __init__(self, builder: ir.IRBuilder, width: int | None = None, *,
                  math: VecMath | None = None, buffers: dict | None = None,
                  scatter_targets: dict | None = None, on_bounds_error=None,
-                 bounds_check: bool = True, atomic_scatter: bool = False):
+                 bounds_check: bool = True, atomic_scatter: bool = False,
+                 signed_overflow_undefined: bool = False):
         self.b = builder
+        # numpy wraps signed integers; a DSL whose semantics leave overflow undefined (Halide's
+        # int32 coordinates) may set this so LLVM can widen index arithmetic ("nsw")
+        self.signed_overflow_undefined = signed_overflow_undefined
         self.width = width
         self.math = math if math is not None else VecMath()
         self.buffers = dict(buffers or {})
@@ -378,7 +382,8 @@ class Emitter:
             return {"add": bld.fadd, "sub": bld.fsub, "mul": bld.fmul, "div": bld.fdiv}[op](a, b)
         if out.kind == "b":
             return {"add": bld.or_, "mul": bld.and_}[op](a, b)
-        return {"add": bld.add, "sub": bld.sub, "mul": bld.mul}[op](a, b)
+        flags = ["nsw"] if self.signed_overflow_undefined and _signed(out) else []
+        return {"add": bld.add, "sub": bld.sub, "mul": bld.mul}[op](a, b, flags=flags)
 
     def fold(self, op: str, node: Apply, args: list) -> ir.Value:
         """Left fold of an n-ary add/mul with numpy's pairwise promotion."""
