@@ -664,7 +664,7 @@ def test_emitter_gather_with_bounds_callback():
     assert cf(tbl.ctypes.data, 3, -2) == -998
 
 
-def test_emitter_marks_signed_integer_arithmetic_nsw_only_on_request():
+def test_emitter_c_semantics_only_on_request():
     from llvmlite import ir
 
     i, j = sym.var("i", "int32"), sym.var("j", "int32")
@@ -673,7 +673,7 @@ def test_emitter_marks_signed_integer_arithmetic_nsw_only_on_request():
         m = ir.Module()
         fn = ir.Function(m, ir.FunctionType(ir.IntType(32), [ir.IntType(32)] * 2), "f")
         b = ir.IRBuilder(fn.append_basic_block())
-        em = codegen.Emitter(b, signed_overflow_undefined=flag)
+        em = codegen.Emitter(b, c_semantics=flag)
         b.ret(em.emit(i * j + i, {i: fn.args[0], j: fn.args[1]}))
         texts.append(str(m))
     assert "nsw" not in texts[0]  # numpy semantics: wrap-around

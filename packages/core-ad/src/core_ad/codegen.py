@@ -20,7 +20,7 @@ expressions with the ONE emitter here rather than writing another::
   shared program;
 * ``Emitter(builder, width=None, math=None, buffers=None, scatter_targets=None,
   on_bounds_error=None, bounds_check=True, atomic_scatter=False,
-  signed_overflow_undefined=False)`` -- the keyword arguments
+  c_semantics=False)`` -- the keyword arguments
   ``kw`` above; ``BufferArg(ptr, length)`` for ``sym.buffer`` leaves (gather / scatter_add),
   ``BoundsFailure(node, ordinal, lane, index)`` passed to ``on_bounds_error``;
 * ``LOWERINGS`` (primitive name -> ``fn(emitter, node, args)``), ``register_lowering(name,

@@ -334,7 +334,7 @@ class ModuleBuilder:
 
     # ---- statements --------------------------------------------------------------------
     def _emit(self, b, exprs, env, storage, vec):
-        em = codegen.Emitter(b, signed_overflow_undefined=True)  # Halide: int overflow is UB
+        em = codegen.Emitter(b, c_semantics=True)  # Halide: overflow, NaN order undefined
         em.hl_ctx = _Ctx(b, storage, vec[0] if vec else None, vec[1] if vec else None, None)
         return em.emit(exprs, env)
 

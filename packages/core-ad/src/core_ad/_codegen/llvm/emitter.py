@@ -184,11 +184,14 @@ class Emitter:
                  math: VecMath | None = None, buffers: dict | None = None,
                  scatter_targets: dict | None = None, on_bounds_error=None,
                  bounds_check: bool = True, atomic_scatter: bool = False,
-                 signed_overflow_undefined: bool = False):
+                 c_semantics: bool = False):
         self.b = builder
-        # numpy wraps signed integers; a DSL whose semantics leave overflow undefined (Halide's
-        # int32 coordinates) may set this so LLVM can widen index arithmetic ("nsw")
-        self.signed_overflow_undefined = signed_overflow_undefined
+        # numpy semantics by default (signed integers wrap, min/max propagate NaN, float->int
+        # casts give numpy's value out of range). A DSL whose semantics leave those cases
+        # undefined, as C and Halide do, sets c_semantics: signed arithmetic is "nsw" (LLVM
+        # may widen index arithmetic), min/max/clamp are one compare-and-select, float->int
+        # is a plain fptosi. Results agree wherever both are defined.
+        self.c_semantics = c_semantics
         self.width = width
         self.math = math if math is not None else VecMath()
         self.buffers = dict(buffers or {})
@@ -262,6 +265,8 @@ class Emitter:
         it = ir.IntType(bits)
         if self.vector:
             it = ir.VectorType(it, self.width)
+        if self.c_semantics:
+            return b.fptosi(v, it)
         lo, hi = -float(2 ** (bits - 1)), float(2 ** (bits - 1))
         ok = b.and_(b.fcmp_ordered(">=", v, self.const(lo, src)),
                     b.fcmp_ordered("<", v, self.const(hi, src)))
@@ -382,7 +387,7 @@ class Emitter:
             return {"add": bld.fadd, "sub": bld.fsub, "mul": bld.fmul, "div": bld.fdiv}[op](a, b)
         if out.kind == "b":
             return {"add": bld.or_, "mul": bld.and_}[op](a, b)
-        flags = ["nsw"] if self.signed_overflow_undefined and _signed(out) else []
+        flags = ["nsw"] if self.c_semantics and _signed(out) else []
         return {"add": bld.add, "sub": bld.sub, "mul": bld.mul}[op](a, b, flags=flags)
 
     def fold(self, op: str, node: Apply, args: list) -> ir.Value:
@@ -639,6 +644,8 @@ def _minmax(em, op, a, c, dt):
     b = em.b
     if _is_float(dt):
         pick = b.fcmp_ordered(op, a, c)
+        if em.c_semantics:
+            return b.select(pick, a, c)
         return b.select(em.isnan(a, dt), a, b.select(pick, a, c))
     cmp = b.icmp_signed if _signed(dt) else b.icmp_unsigned
     return b.select(cmp(op, a, c), a, c)
