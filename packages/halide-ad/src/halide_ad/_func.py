@@ -271,10 +271,10 @@ class _Scheduling:
             n = inner
         k = s.find(n, fn, st)
         d = s.dims[k]
-        if kind == "parallel" and not d.pure and not s.atomic:
+        if kind == "parallel" and not d.pure:
             raise ScheduleError(
                 f"{fn}{st}: cannot parallelize the reduction dimension {n!r} (its iterations"
-                " may write one location: use rfactor, or .atomic())"
+                " may write one location: use rfactor)"
             )
         if kind == "vectorized" and not d.pure:
             raise ScheduleError(
@@ -326,11 +326,6 @@ class _Scheduling:
             return self.gpu_blocks(xo, yo).gpu_threads(xi, yi)
         raise ScheduleError("gpu_tile takes 4, 6 or 8 arguments")
 
-    def atomic(self, override_associativity_test=False):
-        """Allow parallel loops over reduction dimensions (updates made with atomic adds)."""
-        s, _, _ = self._sched()
-        s.atomic = True
-        return self
 
 
 def _factor(f, what) -> int:

@@ -54,7 +54,6 @@ class Split:
 class StageSchedule:
     dims: list = field(default_factory=list)  # innermost first
     splits: list = field(default_factory=list)
-    atomic: bool = False
 
     def names(self):
         return [d.name for d in self.dims]
