@@ -724,7 +724,12 @@ def test_compiled_products_reuse_shorter_products():
     close(fn(xs), ref[::-1], rtol=1e-13)
 
 
-def test_deep_chain_is_iterative():
+@pytest.mark.parametrize("backend", [
+    "numpy",
+    # LLVM's O3 on one 10^4-call function takes about a minute on 2 cores
+    pytest.param("llvm", marks=pytest.mark.slow),
+])
+def test_deep_chain_is_iterative(backend):
     """10^4 nested nodes: construction, derivatives, queries and compile without recursion."""
     x = sym.var("x")
     e = x
@@ -736,7 +741,7 @@ def test_deep_chain_is_iterative():
     g = sym.grad(e, x)
     assert len(sym.free_leaves(d)) == 1
     xs = np.array([0.3, 1.0])
-    ev, dv, gv = sym.compile([e, d, g], [x])(xs)
+    ev, dv, gv = sym.compile([e, d, g], [x], backend=backend)(xs)
     ref, dref = xs.copy(), np.ones_like(xs)
     for _ in range(10_000):
         dref = dref * np.cos(ref)
