@@ -24,6 +24,7 @@ from core_ad import codegen, sym
 from llvmlite import ir
 
 from . import _expr as E
+from ._bounds import const_value
 from ._lower import Allocate, Block, For, LetStmt, Provide
 from ._schedule import ScheduleError
 
@@ -77,41 +78,66 @@ def _dense(node_args, vleaf) -> bool:
 
 
 class _Ctx:
-    def __init__(self, builder, storage, vleaf, width, fn_err):
+    def __init__(self, builder, storage, vleaf, width, env):
         self.b = builder
         self.storage = storage
         self.vleaf = vleaf
         self.width = width
-        self.err = fn_err
+        self.env = env
 
 
-def _flat_index(b, st: _Storage, args, width):
+def _split_const(node):
+    """``(rest, c)`` with ``node == rest + c`` for an integer constant ``c`` (``rest`` None
+    when ``node`` is a constant)."""
+    v = const_value(node)
+    if v is not None:
+        return None, int(v)
+    if getattr(node, "prim", None) is not None and node.prim.name == "add":
+        consts = [a for a in node.args if const_value(a) is not None]
+        if consts:
+            others = [a for a in node.args if const_value(a) is None]
+            rest = others[0]
+            for o in others[1:]:
+                rest = rest + o
+            return rest, sum(int(const_value(a)) for a in consts)
+    return node, 0
+
+
+def _flat_index(b, emit, st: _Storage, coords, width, lane0=False):
     """Σ (coord_d - min_d) * stride_d in int32 (Halide's index type: every buffer has fewer
-    than 2^31 elements, checked at realize), a vector in a vector context. The arithmetic is
-    ``nsw`` (it cannot wrap for in-bounds accesses), which lets LLVM widen it to 64-bit
-    induction variables instead of sign-extending every address."""
-    acc = None
-    for d, a in enumerate(args):
-        if isinstance(a.type, ir.VectorType):
-            mn, sd = _splat(b, st.mins[d], a.type.count), _splat(b, st.strides[d], a.type.count)
-        else:
-            mn, sd = st.mins[d], st.strides[d]
-        t = b.sub(a, mn, flags=["nsw"])
+    than 2^31 elements, checked at realize); a vector in a vector context, or the index of
+    lane 0 (``lane0``, for dense accesses).
+
+    Each coordinate is split into a variable part and an integer constant, so the index is
+    Σ rest_d * stride_d + Σ (c_d - min_d) * stride_d: the stencil taps ``f[x, y + k]`` of a
+    loop share one product and differ by a loop-invariant offset. The arithmetic is ``nsw``
+    (it cannot wrap for in-bounds accesses), so LLVM may widen it to 64-bit induction
+    variables."""
+    parts = [_split_const(a) for a in coords]
+    rests = [r for r, _ in parts if r is not None]
+    values = iter(emit(rests) if rests else [])
+    acc = off = None
+    for d, (rest, c) in enumerate(parts):
+        sd = st.strides[d]
+        o = b.sub(ir.Constant(I32, c), st.mins[d], flags=["nsw"])
         if d > 0:
-            t = b.mul(t, sd, flags=["nsw"])
-        acc = t if acc is None else _add(b, acc, t)
-    if acc is None:
-        acc = ir.Constant(I32, 0)
-    if width and not isinstance(acc.type, ir.VectorType):
-        acc = _splat(b, acc, width)
-    return acc
-
-
-def _scalar_index(b, st: _Storage, args):
-    """The flat index of lane 0 (dense accesses)."""
-    lane0 = [b.extract_element(a, ir.Constant(I32, 0)) if isinstance(a.type, ir.VectorType)
-             else a for a in args]
-    return _flat_index(b, st, lane0, None)
+            o = b.mul(o, sd, flags=["nsw"])
+        off = o if off is None else b.add(off, o, flags=["nsw"])
+        if rest is None:
+            continue
+        v = next(values)
+        if lane0 and isinstance(v.type, ir.VectorType):
+            v = b.extract_element(v, ir.Constant(I32, 0))
+        if d > 0:
+            v = b.mul(v, _splat(b, sd, v.type.count) if isinstance(v.type, ir.VectorType)
+                      else sd, flags=["nsw"])
+        acc = v if acc is None else _add(b, acc, v)
+    idx = ir.Constant(I32, 0) if off is None else off
+    if acc is not None:
+        idx = _add(b, acc, idx)
+    if width and not lane0 and not isinstance(idx.type, ir.VectorType):
+        idx = _splat(b, idx, width)
+    return idx
 
 
 def _add(b, x, y):
@@ -159,11 +185,16 @@ def _lower_call(em, node, args):
     ptr, dt = st.ptrs[k], st.dtypes[k]
     mt = _mem_type(dt)
     width = em.width if em.vector else None
+    def emit(nodes):
+        return em.emit(nodes, ctx.env)
+
     if width is None:
-        return _to_reg(b, _tag(b.load(b.gep(ptr, [_flat_index(b, st, args, None)])), st), dt)
+        idx = _flat_index(b, emit, st, node.args, None)
+        return _to_reg(b, _tag(b.load(b.gep(ptr, [idx])), st), dt)
     if _dense(node.args, ctx.vleaf):
-        return _to_reg(b, _vector_load_at(b, ptr, _scalar_index(b, st, args), mt, width, st), dt)
-    idx = _flat_index(b, st, args, width)
+        idx = _flat_index(b, emit, st, node.args, width, lane0=True)
+        return _to_reg(b, _vector_load_at(b, ptr, idx, mt, width, st), dt)
+    idx = _flat_index(b, emit, st, node.args, width)
     if not _maybe_dense(node.args, ctx.vleaf):
         return _to_reg(b, _gather(b, ptr, idx, mt, width, st), dt)
     # Coordinates like clamp(x + 1, lo, hi) are consecutive except near the edges: test the
@@ -335,7 +366,7 @@ class ModuleBuilder:
     # ---- statements --------------------------------------------------------------------
     def _emit(self, b, exprs, env, storage, vec):
         em = codegen.Emitter(b, c_semantics=True)  # Halide: overflow, NaN order undefined
-        em.hl_ctx = _Ctx(b, storage, vec[0] if vec else None, vec[1] if vec else None, None)
+        em.hl_ctx = _Ctx(b, storage, vec[0] if vec else None, vec[1] if vec else None, env)
         return em.emit(exprs, env)
 
     def _stmt(self, b, s, env, storage, vec):
@@ -442,18 +473,16 @@ class ModuleBuilder:
     def _provide(self, b, s: Provide, env, storage, vec):
         st = storage[s.func.fid]
         n = len(s.values)
-        exprs = list(s.values) + list(s.args)
+        exprs = list(s.values)
         if s.predicate is not None:
             exprs.append(s.predicate)
         vals = self._emit(b, exprs, env, storage, vec)
-        values, coords = vals[:n], vals[n:n + len(s.args)]
+        values = vals[:n]
         pred = vals[-1] if s.predicate is not None else None
         width = vec[1] if vec else None
-        if width is not None:
-            coords = [_splat(b, c, width) if not isinstance(c.type, ir.VectorType) else c
-                      for c in coords]
         dense = width is not None and _dense(s.args, vec[0])
-        idx = _scalar_index(b, st, coords) if dense else _flat_index(b, st, coords, width)
+        idx = _flat_index(b, lambda nodes: self._emit(b, nodes, env, storage, vec), st, s.args,
+                          width, lane0=dense)
         if pred is not None and width is None:
             with b.if_then(pred):
                 self._store(b, st, values, idx, None, dense)
