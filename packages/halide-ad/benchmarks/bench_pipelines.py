@@ -37,8 +37,14 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 # The workspace's one benchmark helper lives with core_ad's benchmarks.
 sys.path.insert(0, str(HERE.parents[1] / "core-ad" / "benchmarks"))
-from _timing import (  # noqa: E402
-    compare, error_reason, fmt_time, load_note, machine_info, max_rel_diff, print_table,
+from _timing import (
+    compare,
+    error_reason,
+    fmt_time,
+    load_note,
+    machine_info,
+    max_rel_diff,
+    print_table,
     time_first_call,
 )
 
@@ -237,7 +243,7 @@ def main() -> int:
 
     pipelines = [
         ("blur", apps.blur, {}, 1e-6),
-        ("bilateral_grid", apps.bilateral_grid, dict(s_sigma=8, r_sigma=0.1), 1e-4),
+        ("bilateral_grid", apps.bilateral_grid, {"s_sigma": 8, "r_sigma": 0.1}, 1e-4),
     ]
     for name, mod, kw, tol in pipelines:
         if args.only and args.only != name:

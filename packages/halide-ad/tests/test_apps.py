@@ -97,16 +97,16 @@ def _gamma(shape):
         rng = _rng(1)
         img = rng.uniform(-0.05, 1.0, shape).astype(np.float32)    # a few < 0: max(., 0)
         tgt = rng.uniform(0.0, 1.0, shape).astype(np.float32)
-        args, kw = (img, tgt), dict(gamma=2.2)
+        args, kw = (img, tgt), {"gamma": 2.2}
         out, loss = apps.gamma.reference(*args, **kw)
-        return args, kw, {"gamma": (out, dict(rtol=2e-6, atol=1e-7)),
-                          "loss": (np.float64(loss), dict(rtol=1e-4, atol=0))}
+        return args, kw, {"gamma": (out, {"rtol": 2e-6, "atol": 1e-7}),
+                          "loss": (np.float64(loss), {"rtol": 1e-4, "atol": 0})}
     return make
 
 
 def _blur():
     img = _rng(2).random((H, W), dtype=np.float32)
-    return (img,), {}, {"blur_y": (apps.blur.reference(img), dict(rtol=0, atol=2e-7))}
+    return (img,), {}, {"blur_y": (apps.blur.reference(img), {"rtol": 0, "atol": 2e-7})}
 
 
 def _conv2d(bc):
@@ -115,7 +115,7 @@ def _conv2d(bc):
         img = rng.random((H, W), dtype=np.float32)
         kernel = rng.uniform(-1, 1, (3, 5)).astype(np.float32)     # (kh, kw): not square
         ref = apps.conv2d.reference(img, kernel, bc=bc)
-        return (img, kernel), dict(bc=bc), {"output": (ref, dict(rtol=0, atol=2e-6))}
+        return (img, kernel), {"bc": bc}, {"output": (ref, {"rtol": 0, "atol": 2e-6})}
     return make
 
 
@@ -124,13 +124,13 @@ def _histogram(kind):
         rng = _rng(4)
         if kind == "uint8":
             img = rng.integers(0, 256, (H, W)).astype(np.uint8)
-            kw = dict(nbins=256)
+            kw = {"nbins": 256}
         else:
             img = rng.uniform(-0.1, 1.1, (H, W)).astype(np.float32)  # clamped bins too
-            kw = dict(nbins=64)
+            kw = {"nbins": 64}
         hist, cdf, eq = apps.histogram.reference(img, **kw)
-        tol = dict(rtol=1e-6, atol=0)
-        return (img,), kw, {"hist": (hist, dict(rtol=0, atol=0)), "cdf": (cdf, tol),
+        tol = {"rtol": 1e-6, "atol": 0}
+        return (img,), kw, {"hist": (hist, {"rtol": 0, "atol": 0}), "cdf": (cdf, tol),
                             "equalized": (eq, tol)}
     return make
 
@@ -139,15 +139,15 @@ def _upsample(shape, factor):
     def make():
         img = _rng(5).random(shape, dtype=np.float32)
         ref = apps.upsample.reference(img, factor=factor)
-        return (img,), dict(factor=factor), {"output": (ref, dict(rtol=0, atol=1e-5))}
+        return (img,), {"factor": factor}, {"output": (ref, {"rtol": 0, "atol": 1e-5})}
     return make
 
 
 def _bilateral():
     img = _rng(6).random((H, W), dtype=np.float32)
-    kw = dict(s_sigma=8, r_sigma=0.1)
+    kw = {"s_sigma": 8, "r_sigma": 0.1}
     ref = apps.bilateral_grid.reference(img, **kw)
-    return (img,), kw, {"bilateral_grid": (ref, dict(rtol=0, atol=1e-5))}
+    return (img,), kw, {"bilateral_grid": (ref, {"rtol": 0, "atol": 1e-5})}
 
 
 def _local_laplacian(levels, J):
@@ -156,9 +156,9 @@ def _local_laplacian(levels, J):
         rng = _rng(7)
         img = (0.5 + 0.3 * np.sin(x / 7.0) * np.cos(y / 5.0)
                + 0.1 * rng.standard_normal((H, W))).clip(0, 1).astype(np.float32)
-        kw = dict(levels=levels, J=J, alpha=1.0, beta=0.8)
+        kw = {"levels": levels, "J": J, "alpha": 1.0, "beta": 0.8}
         ref = apps.local_laplacian.reference(img, **kw)
-        return (img,), kw, {"output": (ref, dict(rtol=0, atol=2e-5))}
+        return (img,), kw, {"output": (ref, {"rtol": 0, "atol": 2e-5})}
     return make
 
 

@@ -357,6 +357,14 @@ class Stage(_Scheduling):
         return f"Stage({self.func.name()}.update({self.index}))"
 
 
+def _loop_level(what, func, var) -> LoopLevel:
+    if isinstance(func, Stage):
+        func = func.func
+    if not isinstance(func, Func):
+        raise ScheduleError(f"{what}: expected a Func, got {type(func).__name__}")
+    return LoopLevel("at", func, dim_name(var))
+
+
 class Func(_Scheduling):
     """A pipeline stage: ``hl.Func("f")``, ``hl.Func(hl.Float(32), 2, "f")``, or
     ``hl.Func(expr)`` (a zero-dimensional Func with that value)."""
@@ -637,11 +645,7 @@ class Func(_Scheduling):
         return self
 
     def compute_at(self, func, var):
-        if isinstance(func, Stage):
-            func = func.func
-        if not isinstance(func, Func):
-            raise ScheduleError(f"compute_at: expected a Func, got {type(func).__name__}")
-        self.compute_level = LoopLevel("at", func, dim_name(var))
+        self.compute_level = _loop_level("compute_at", func, var)
         self._touch()
         return self
 
@@ -651,13 +655,8 @@ class Func(_Scheduling):
         return self
 
     def store_at(self, func, var):
-        if isinstance(func, Stage):
-            func = func.func
-        self.store_level = LoopLevel("at", func, dim_name(var))
+        self.store_level = _loop_level("store_at", func, var)
         self._touch()
-        return self
-
-    def memoize(self):
         return self
 
     def set_estimate(self, var, min, extent):
@@ -667,10 +666,6 @@ class Func(_Scheduling):
     def set_estimates(self, estimates):
         for v, (lo, ext) in zip(self.args(), estimates):
             self.set_estimate(v, lo, ext)
-        return self
-
-    def bound(self, var, min, extent):
-        self.bound_estimates[dim_name(var)] = (int(min), int(extent))
         return self
 
     # ---- running -----------------------------------------------------------------------

@@ -178,6 +178,15 @@ def _numeric(ivs, what):
     return [(_as_int(lo, what), _as_int(hi, what)) for lo, hi in ivs]
 
 
+def _outside(need, have):
+    """The first dimension ``(k, need_k, have_k)`` where the closed range ``need_k`` is not
+    inside ``have_k``, or None."""
+    for k, (a, b) in enumerate(zip(need, have)):
+        if a[0] < b[0] or a[1] > b[1]:
+            return k, a, b
+    return None
+
+
 def root_regions(graph, out_regions: dict, values: dict):
     """Numeric regions ``{fid: [(min, extent), ...]}`` of every realized Func, and the
     required ranges of every Buffer (checked against it)."""
@@ -208,14 +217,13 @@ def root_regions(graph, out_regions: dict, values: dict):
                 grown = [(min(a[0], b[0]), max(a[1], b[1])) for a, b in zip(want, have)]
                 if grown == have:
                     break
-                if fid in out_regions:
-                    for k, (a, b) in enumerate(zip(want, have)):
-                        if a[0] < b[0] or a[1] > b[1]:
-                            raise BoundsError(
-                                f"{f.name()}{d.source.stage_name()} accesses {f.name()} at"
-                                f" coordinate {k} in [{a[0]}, {a[1]}], outside the realized"
-                                f" range [{b[0]}, {b[1]}]"
-                            )
+                bad = _outside(want, have)
+                if fid in out_regions and bad:
+                    k, a, b = bad
+                    raise BoundsError(
+                        f"{f.name()}{d.source.stage_name()} accesses {f.name()} at coordinate"
+                        f" {k} in [{a[0]}, {a[1]}], outside the realized range [{b[0]}, {b[1]}]"
+                    )
                 regions[fid] = [(lo, hi - lo + 1) for lo, hi in grown]
         for d in graph.defs[fid]:
             env = _def_env(graph, fid, d, regions[fid], values)
@@ -226,14 +234,14 @@ def root_regions(graph, out_regions: dict, values: dict):
                     continue
                 if g in out_regions and g in graph.funcs:
                     need = _numeric(ivs, f"region of {graph.funcs[g].name()}")
-                    have = [(lo, lo + ext - 1) for lo, ext in out_regions[g]]
-                    for k, (a, b) in enumerate(zip(need, have)):
-                        if a[0] < b[0] or a[1] > b[1]:
-                            raise BoundsError(
-                                f"pipeline output {graph.funcs[g].name()} is needed by"
-                                f" {f.name()} over [{a[0]}, {a[1]}] in dimension {k}, beyond"
-                                f" its realized range [{b[0]}, {b[1]}]"
-                            )
+                    bad = _outside(need, [(lo, lo + ext - 1) for lo, ext in out_regions[g]])
+                    if bad:
+                        k, a, b = bad
+                        raise BoundsError(
+                            f"pipeline output {graph.funcs[g].name()} is needed by {f.name()}"
+                            f" over [{a[0]}, {a[1]}] in dimension {k}, beyond its realized"
+                            f" range [{b[0]}, {b[1]}]"
+                        )
                     continue
                 prev = req.get(g)
                 req[g] = ivs if prev is None else [union(p, q) for p, q in zip(prev, ivs)]

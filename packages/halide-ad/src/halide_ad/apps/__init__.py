@@ -17,10 +17,16 @@ Modules: ``gamma``, ``blur``, ``conv2d``, ``histogram``, ``upsample``, ``bilater
 
 Nothing here imports ``halide`` or ``halide_ad``: the module is an argument.
 """
-from . import (  # noqa: F401
-    bilateral_grid, blur, conv2d, gamma, histogram, local_laplacian, upsample,
+from . import (
+    bilateral_grid,
+    blur,
+    conv2d,
+    gamma,
+    histogram,
+    local_laplacian,
+    upsample,
 )
-from ._common import SCHEDULES, App  # noqa: F401
+from ._common import SCHEDULES, App
 
 APPS = ("gamma", "blur", "conv2d", "histogram", "upsample", "bilateral_grid",
         "local_laplacian")

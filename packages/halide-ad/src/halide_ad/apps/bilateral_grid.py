@@ -83,9 +83,9 @@ def build(hl, img, s_sigma=8, r_sigma=0.1):
     return App(hl, outputs={"bilateral_grid": out},
                funcs={"clamped": clamped, "grid": grid, "blurz": blurz, "blurx": blurx,
                       "blury": blury, "interpolated": interpolated},
-               vars=dict(x=x, y=y, z=z, c=c, xo=xo, yo=yo, xi=xi, yi=yi),
+               vars={"x": x, "y": y, "z": z, "c": c, "xo": xo, "yo": yo, "xi": xi, "yi": yi},
                sizes={"bilateral_grid": [w, h]}, rdoms={"r": r}, buffers={"img": im},
-               meta=dict(s_sigma=s, r_sigma=float(r_sigma)))
+               meta={"s_sigma": s, "r_sigma": float(r_sigma)})
 
 
 def schedule(app, name, tile=(64, 32), vec=8):

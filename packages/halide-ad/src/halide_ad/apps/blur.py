@@ -29,7 +29,7 @@ def build(hl, img):
     blur_y = hl.Func("blur_y")
     blur_y[x, y] = (blur_x[x, y - 1] + two * blur_x[x, y] + blur_x[x, y + 1]) * quarter
     return App(hl, outputs={"blur_y": blur_y}, funcs={"clamped": clamped, "blur_x": blur_x},
-               vars=dict(x=x, y=y, xo=xo, yo=yo, xi=xi, yi=yi), sizes={"blur_y": [w, h]},
+               vars={"x": x, "y": y, "xo": xo, "yo": yo, "xi": xi, "yi": yi}, sizes={"blur_y": [w, h]},
                buffers={"img": im})
 
 

@@ -37,8 +37,8 @@ def build(hl, img, kernel, bc="constant_exterior"):
     out = hl.Func("output")
     out[x, y] = conv[x, y]
     return App(hl, outputs={"output": out}, funcs={"clamped": clamped, "conv": conv},
-               vars=dict(x=x, y=y, xo=xo, yo=yo, xi=xi, yi=yi), sizes={"output": [w, h]},
-               rdoms={"r": r}, buffers={"img": im, "kernel": kb}, meta=dict(bc=bc))
+               vars={"x": x, "y": y, "xo": xo, "yo": yo, "xi": xi, "yi": yi}, sizes={"output": [w, h]},
+               rdoms={"r": r}, buffers={"img": im, "kernel": kb}, meta={"bc": bc})
 
 
 def schedule(app, name, tile=(64, 32), vec=8):

@@ -39,10 +39,10 @@ def build(hl, img, target=None, gamma=2.2):
     loss[()] += diff * diff
 
     return App(hl, outputs={"gamma": out, "loss": loss}, funcs={"lin": lin},
-               vars=dict(x=x, y=y, c=c, xo=xo, yo=yo, xi=xi, yi=yi),
+               vars={"x": x, "y": y, "c": c, "xo": xo, "yo": yo, "xi": xi, "yi": yi},
                sizes={"gamma": list(shape_hl), "loss": []}, rdoms={"r": r},
                params={"g": g}, buffers={"img": im, "target": tgt},
-               meta=dict(ndim=img.ndim, gamma=float(gamma)))
+               meta={"ndim": img.ndim, "gamma": float(gamma)})
 
 
 def schedule(app, name, tile=(64, 32), vec=8):

@@ -64,9 +64,9 @@ def build(hl, img, nbins=256):
     eq[x, y] = cdf[bin_of(x, y)]
     return App(hl, outputs={"equalized": eq, "hist": hist, "cdf": cdf},
                funcs={"hist": hist, "cum": cum, "cdf": cdf},
-               vars=dict(x=x, y=y, i=i, xo=xo, yo=yo, xi=xi, yi=yi),
+               vars={"x": x, "y": y, "i": i, "xo": xo, "yo": yo, "xi": xi, "yi": yi},
                sizes={"equalized": [w, h], "hist": [nbins], "cdf": [nbins]},
-               rdoms={"r": r, "s": s}, buffers={"img": im}, meta=dict(nbins=nbins))
+               rdoms={"r": r, "s": s}, buffers={"img": im}, meta={"nbins": nbins})
 
 
 def schedule(app, name, tile=(64, 32), vec=8):

@@ -107,10 +107,10 @@ def build(hl, img, levels=8, J=4, alpha=1.0, beta=1.0):
     out = hl.Func("output")
     out[x, y] = outG[0][x, y]
     return App(hl, outputs={"output": out}, funcs=funcs,
-               vars=dict(x=x, y=y, k=k, i=i, xo=xo, yo=yo, xi=xi, yi=yi),
+               vars={"x": x, "y": y, "k": k, "i": i, "xo": xo, "yo": yo, "xi": xi, "yi": yi},
                sizes={"output": [w, h]}, params={"alpha": a_p, "beta": b_p},
                buffers={"img": im},
-               meta=dict(levels=levels, J=J, gP=gP, lP=lP, inG=inG, outL=outL, outG=outG))
+               meta={"levels": levels, "J": J, "gP": gP, "lP": lP, "inG": inG, "outL": outL, "outG": outG})
 
 
 def schedule(app, name, tile=(64, 32), vec=8):

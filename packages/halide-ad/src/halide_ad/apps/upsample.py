@@ -45,8 +45,8 @@ def build(hl, img, factor=2):
     size = [img.shape[-1] * factor, img.shape[-2] * factor] + \
         ([img.shape[0]] if img.ndim == 3 else [])
     return App(hl, outputs={"output": out}, funcs={"clamped": clamped, "upx": upx},
-               vars=dict(x=x, y=y, c=c, xo=xo, yo=yo, xi=xi, yi=yi), sizes={"output": size},
-               buffers={"img": im}, meta=dict(factor=factor))
+               vars={"x": x, "y": y, "c": c, "xo": xo, "yo": yo, "xi": xi, "yi": yi}, sizes={"output": size},
+               buffers={"img": im}, meta={"factor": factor})
 
 
 def schedule(app, name, tile=(64, 32), vec=8):
