@@ -103,7 +103,7 @@ def _split_const(node):
     return node, 0
 
 
-def _flat_index(b, emit, st: _Storage, coords, width, lane0=False):
+def _flat_index(b, emit, st: _Storage, coords, width, lane0=False, parts=False):
     """Σ (coord_d - min_d) * stride_d in int32 (Halide's index type: every buffer has fewer
     than 2^31 elements, checked at realize); a vector in a vector context, or the index of
     lane 0 (``lane0``, for dense accesses).
@@ -112,12 +112,13 @@ def _flat_index(b, emit, st: _Storage, coords, width, lane0=False):
     Σ rest_d * stride_d + Σ (c_d - min_d) * stride_d: the stencil taps ``f[x, y + k]`` of a
     loop share one product and differ by a loop-invariant offset. The arithmetic is ``nsw``
     (it cannot wrap for in-bounds accesses), so LLVM may widen it to 64-bit induction
-    variables."""
-    parts = [_split_const(a) for a in coords]
-    rests = [r for r, _ in parts if r is not None]
+    variables. With ``parts``: ``(variable part or None, constant offset)`` instead of their
+    sum, so that gathers at several taps share their per-lane addresses."""
+    split = [_split_const(a) for a in coords]
+    rests = [r for r, _ in split if r is not None]
     values = iter(emit(rests) if rests else [])
     acc = off = None
-    for d, (rest, c) in enumerate(parts):
+    for d, (rest, c) in enumerate(split):
         sd = st.strides[d]
         o = b.sub(ir.Constant(I32, c), st.mins[d], flags=["nsw"])
         if d > 0:
@@ -132,7 +133,11 @@ def _flat_index(b, emit, st: _Storage, coords, width, lane0=False):
             v = b.mul(v, _splat(b, sd, v.type.count) if isinstance(v.type, ir.VectorType)
                       else sd, flags=["nsw"])
         acc = v if acc is None else _add(b, acc, v)
-    idx = ir.Constant(I32, 0) if off is None else off
+    if off is None:
+        off = ir.Constant(I32, 0)
+    if parts:
+        return acc, off
+    idx = off
     if acc is not None:
         idx = _add(b, acc, idx)
     if width and not lane0 and not isinstance(idx.type, ir.VectorType):
@@ -191,15 +196,18 @@ def _lower_call(em, node, args):
     if width is None:
         idx = _flat_index(b, emit, st, node.args, None)
         return _to_reg(b, _tag(b.load(b.gep(ptr, [idx])), st), dt)
+    if ctx.vleaf not in sym.free_leaves(list(node.args)):  # one element for every lane
+        idx = _flat_index(b, emit, st, node.args, width, lane0=True)
+        return _to_reg(b, _splat(b, _tag(b.load(b.gep(ptr, [idx])), st), width), dt)
     if _dense(node.args, ctx.vleaf):
         idx = _flat_index(b, emit, st, node.args, width, lane0=True)
         return _to_reg(b, _vector_load_at(b, ptr, idx, mt, width, st), dt)
-    idx = _flat_index(b, emit, st, node.args, width)
+    acc, off = _flat_index(b, emit, st, node.args, width, parts=True)
     if not _maybe_dense(node.args, ctx.vleaf):
-        return _to_reg(b, _gather(b, ptr, idx, mt, width, st), dt)
+        return _to_reg(b, _gather(b, ptr, acc, off, mt, width, st), dt)
     # Coordinates like clamp(x + 1, lo, hi) are consecutive except near the edges: test the
     # lanes at run time and take one vector load where they are (the interior).
-    ramp = b.sub(idx, _splat(b, b.extract_element(idx, ir.Constant(I32, 0)), width))
+    ramp = b.sub(acc, _splat(b, b.extract_element(acc, ir.Constant(I32, 0)), width))
     steps = ir.Constant(ir.VectorType(I32, width), list(range(width)))
     eq = b.icmp_signed("==", ramp, steps)
     all_ok = b.icmp_signed("==", b.bitcast(eq, ir.IntType(width)),
@@ -209,10 +217,11 @@ def _lower_call(em, node, args):
     merge = fn.append_basic_block("ld.merge")
     b.cbranch(all_ok, dense_bb, gather_bb)
     b.position_at_end(dense_bb)
-    v1 = _vector_load(b, ptr, idx, mt, width, st)
+    v1 = _vector_load_at(b, ptr, b.add(b.extract_element(acc, ir.Constant(I32, 0)), off),
+                         mt, width, st)
     b.branch(merge)
     b.position_at_end(gather_bb)
-    v2 = _gather(b, ptr, idx, mt, width, st)
+    v2 = _gather(b, ptr, acc, off, mt, width, st)
     g_end = b.block
     b.branch(merge)
     b.position_at_end(merge)
@@ -228,20 +237,20 @@ def _maybe_dense(node_args, vleaf) -> bool:
         all(vleaf not in sym.free_leaves(a) for a in node_args[1:])
 
 
-def _vector_load(b, ptr, idx, mt, width, st):
-    return _vector_load_at(b, ptr, b.extract_element(idx, ir.Constant(I32, 0)), mt, width, st)
-
-
 def _vector_load_at(b, ptr, base, mt, width, st):
     vp = b.bitcast(b.gep(ptr, [base]), ir.VectorType(mt, width).as_pointer())
     return _tag(b.load(vp, align=1), st)
 
 
-def _gather(b, ptr, idx, mt, width, st):
+def _gather(b, ptr, acc, off, mt, width, st):
+    """Per-lane loads at ``ptr + acc[lane] + off``: the lane addresses ``ptr + acc[lane]``
+    are the same for every tap of a stencil (only ``off`` differs), so LLVM computes them
+    once."""
     out = ir.Constant(ir.VectorType(mt, width), ir.Undefined)
     for lane in range(width):
-        i = b.extract_element(idx, ir.Constant(I32, lane))
-        out = b.insert_element(out, _tag(b.load(b.gep(ptr, [i])), st), ir.Constant(I32, lane))
+        base = b.gep(ptr, [b.extract_element(acc, ir.Constant(I32, lane))])
+        out = b.insert_element(out, _tag(b.load(b.gep(base, [off])), st),
+                               ir.Constant(I32, lane))
     return out
 
 
