@@ -67,6 +67,7 @@ class _Compiled:
             slots.ptr_slot(("param", p))
         self.kernels = []  # (fid, def index, stmt, kernel index, ranged)
         self.regions_cache: dict = {}
+        self.scratch: dict = {}  # bounds key -> {fid: arrays} of intermediate root Funcs
         lowered = [(fid, k, stmt) for fid in self.roots
                    for k, stmt in enumerate(lower_root(g, fid))]
         gpu = [is_gpu_stmt(stmt) for _, _, stmt in lowered]
@@ -160,11 +161,17 @@ class Pipeline:
                             f"realize: the output buffer of {f.name()} shares memory with the"
                             f" input {buf.name()}; realize into a separate array"
                         )
+        # intermediate Funcs reuse the arrays of the previous realize of the same sizes (taken
+        # out of the pool while in use, so concurrent realizes never share one): fresh large
+        # arrays would pay the kernel's page faults again on every call
+        pooled = c.scratch.pop(key, None)
+        scratch = {}
         for fid in c.python_stored:
             if fid not in arrays:
                 f = g.funcs[fid]
                 shape = tuple(ext for _, ext in reversed(regions[fid]))
-                arrays[fid] = [np.empty(shape, t.dtype) for t in f.types()]
+                arrays[fid] = scratch[fid] = (pooled or {}).get(fid) or [
+                    np.empty(shape, t.dtype) for t in f.types()]
         for fid, arrs in arrays.items():
             _check_index_range(g.funcs[fid].name(), arrs[0])
         for buf in g.buffers.values():
@@ -190,6 +197,9 @@ class Pipeline:
         for (fid, k, stmt, index, ranged), n in zip(c.kernels, extents):
             self._run(c, index, n, ranged and stmt.kind == "parallel", ptrs, ints)
         del keep
+        if len(c.scratch) >= 2:
+            c.scratch.clear()
+        c.scratch[key] = scratch
         return self._results(outs, arrays)
 
     @staticmethod
