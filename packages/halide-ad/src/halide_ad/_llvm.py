@@ -405,7 +405,8 @@ class ModuleBuilder:
             scalars = {k: v for k, v in env.items() if not isinstance(v.type, ir.VectorType)}
             hi = self._emit(b, s.extent, scalars, storage, None)
         kind = s.kind
-        if kind in ("vectorized", "unrolled") and vec is None:
+        # unrolling also applies inside a vectorized loop; vectorization does not nest
+        if (kind == "vectorized" and vec is None) or kind == "unrolled":
             w = s.factor if s.factor is not None else _const_extent(s)
             if w is None:
                 raise ScheduleError(
@@ -429,8 +430,8 @@ class ModuleBuilder:
                     self._serial(b, s, env, storage, vec, ir.Constant(I32, 0), hi)
             return
         inner = s.body
-        if (vec is None and s.split_extent is not None and isinstance(inner, For)
-                and inner.kind in ("vectorized", "unrolled") and inner.factor is not None):
+        if (s.split_extent is not None and isinstance(inner, For) and inner.factor is not None
+                and (inner.kind == "unrolled" or (inner.kind == "vectorized" and vec is None))):
             # iterations with a full inner tile first, without a per-tile extent test
             w = inner.factor
             scalars = {k: v for k, v in env.items() if not isinstance(v.type, ir.VectorType)}
@@ -438,12 +439,12 @@ class ModuleBuilder:
             full = b.sdiv(e, ir.Constant(I32, w))
             mid = _imin(b, _imax(b, full, lo), hi)
             self._serial(b, s, env, storage, vec, lo, mid,
-                         emit_body=lambda e2: self._full(b, inner, e2, storage))
+                         emit_body=lambda e2: self._full(b, inner, e2, storage, vec))
             self._serial(b, s, env, storage, vec, mid, hi)
             return
         self._serial(b, s, env, storage, vec, lo, hi)
 
-    def _full(self, b, s: For, env, storage):
+    def _full(self, b, s: For, env, storage, vec):
         """The body of a vectorized / unrolled loop known to run its full width."""
         w = s.factor
         if s.kind == "vectorized":
@@ -454,7 +455,7 @@ class ModuleBuilder:
         for k in range(w):
             e = dict(env)
             e[s.leaf] = ir.Constant(I32, k)
-            self._stmt(b, s.body, e, storage, None)
+            self._stmt(b, s.body, e, storage, vec)
 
     def _serial(self, b, s, env, storage, vec, lo, hi, emit_body=None):
         fn = b.function
