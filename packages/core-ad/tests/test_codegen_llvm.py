@@ -678,3 +678,15 @@ def test_emitter_c_semantics_only_on_request():
         texts.append(str(m))
     assert "nsw" not in texts[0]  # numpy semantics: wrap-around
     assert "mul nsw i32" in texts[1] and "add nsw i32" in texts[1]
+
+
+def test_floor_divide_and_mod_by_constants_match_numpy():
+    # powers of two take the shift / mask path; the others the guarded sdiv path
+    a, u = sym.var("a", "int32"), sym.var("u", "uint8")
+    outs = [a // 8, a % 8, a // 1, a % 1, u // 4, u % 4, a // -8, a % -8, a // 3, a % 3]
+    f = sym.compile(outs, [a, u], backend="llvm")
+    A = np.arange(-40, 40, dtype=np.int32)
+    U = np.arange(80).astype(np.uint8)
+    want = [A // 8, A % 8, A // 1, A % 1, U // 4, U % 4, A // -8, A % -8, A // 3, A % 3]
+    for got, ref in zip(f(A, U), want):
+        np.testing.assert_array_equal(got, ref)

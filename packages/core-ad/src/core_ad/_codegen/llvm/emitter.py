@@ -742,6 +742,14 @@ def _float_divmod(em, a, c, dt):
     return q, m
 
 
+def _power_of_two(node):
+    """k if ``node`` is the integer constant 2**k (k >= 0), else None."""
+    if not isinstance(node, Const) or node.dtype.kind not in "iu":
+        return None
+    v = int(node.value)
+    return v.bit_length() - 1 if v > 0 and v & (v - 1) == 0 else None
+
+
 def _divmod(which):
     def lower(em, node, args):
         a, c = _conv_all(em, node, args)
@@ -750,6 +758,12 @@ def _divmod(which):
             return _float_divmod(em, a, c, dt)[which]
         if dt.kind == "b":
             raise Unsupported(f"{node.prim.name} of booleans")
+        k = _power_of_two(node.args[1])
+        if k is not None:  # floor semantics by 2**k: an arithmetic shift / a mask
+            if which == 0:
+                shift = em.const(k, dt)
+                return em.b.ashr(a, shift) if _signed(dt) else em.b.lshr(a, shift)
+            return em.b.and_(a, em.const((1 << k) - 1, dt))
         return _int_divmod(em, a, c, dt)[which]
 
     return lower
