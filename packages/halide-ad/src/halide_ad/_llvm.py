@@ -84,6 +84,7 @@ class _Ctx:
         self.vleaf = vleaf
         self.width = width
         self.env = env
+        self.memo: dict = {}  # id(node) -> (node, value): coordinates shared by several reads
 
 
 def _split_const(node):
@@ -191,7 +192,13 @@ def _lower_call(em, node, args):
     mt = _mem_type(dt)
     width = em.width if em.vector else None
     def emit(nodes):
-        return em.emit(nodes, ctx.env)
+        # the taps of a stencil share their variable coordinates: emit each once per
+        # statement (emitted before any branch of this read, so the values dominate later uses)
+        missing = [n for n in nodes if id(n) not in ctx.memo]
+        if missing:
+            for n, v in zip(missing, em.emit(missing, ctx.env)):
+                ctx.memo[id(n)] = (n, v)
+        return [ctx.memo[id(n)][1] for n in nodes]
 
     if width is None:
         idx = _flat_index(b, emit, st, node.args, None)
