@@ -85,6 +85,17 @@ class _Ctx:
         self.width = width
         self.env = env
         self.memo: dict = {}  # id(node) -> (node, value): coordinates shared by several reads
+        self.em = None
+
+    def emit_once(self, nodes):
+        """Values of ``nodes``, each emitted once per statement: the taps of a stencil share
+        their variable coordinates (emitted before any branch of the read that needs them, so
+        the values dominate every later use in the statement)."""
+        missing = [n for n in nodes if id(n) not in self.memo]
+        if missing:
+            for n, v in zip(missing, self.em.emit(missing, self.env)):
+                self.memo[id(n)] = (n, v)
+        return [self.memo[id(n)][1] for n in nodes]
 
 
 def _split_const(node):
@@ -191,15 +202,7 @@ def _lower_call(em, node, args):
     ptr, dt = st.ptrs[k], st.dtypes[k]
     mt = _mem_type(dt)
     width = em.width if em.vector else None
-    def emit(nodes):
-        # the taps of a stencil share their variable coordinates: emit each once per
-        # statement (emitted before any branch of this read, so the values dominate later uses)
-        missing = [n for n in nodes if id(n) not in ctx.memo]
-        if missing:
-            for n, v in zip(missing, em.emit(missing, ctx.env)):
-                ctx.memo[id(n)] = (n, v)
-        return [ctx.memo[id(n)][1] for n in nodes]
-
+    emit = ctx.emit_once
     if width is None:
         idx = _flat_index(b, emit, st, node.args, None)
         return _to_reg(b, _tag(b.load(b.gep(ptr, [idx])), st), dt)
@@ -380,10 +383,14 @@ class ModuleBuilder:
         return mins, strides, total
 
     # ---- statements --------------------------------------------------------------------
-    def _emit(self, b, exprs, env, storage, vec):
+    def _context(self, b, env, storage, vec) -> _Ctx:
         em = codegen.Emitter(b, c_semantics=True)  # Halide: overflow, NaN order undefined
-        em.hl_ctx = _Ctx(b, storage, vec[0] if vec else None, vec[1] if vec else None, env)
-        return em.emit(exprs, env)
+        ctx = _Ctx(b, storage, vec[0] if vec else None, vec[1] if vec else None, env)
+        em.hl_ctx, ctx.em = ctx, em
+        return ctx
+
+    def _emit(self, b, exprs, env, storage, vec):
+        return self._context(b, env, storage, vec).em.emit(exprs, env)
 
     def _stmt(self, b, s, env, storage, vec):
         if isinstance(s, Block):
@@ -493,13 +500,13 @@ class ModuleBuilder:
         exprs = list(s.values)
         if s.predicate is not None:
             exprs.append(s.predicate)
-        vals = self._emit(b, exprs, env, storage, vec)
+        ctx = self._context(b, env, storage, vec)
+        vals = ctx.emit_once(exprs)
         values = vals[:n]
         pred = vals[-1] if s.predicate is not None else None
         width = vec[1] if vec else None
         dense = width is not None and _dense(s.args, vec[0])
-        idx = _flat_index(b, lambda nodes: self._emit(b, nodes, env, storage, vec), st, s.args,
-                          width, lane0=dense)
+        idx = _flat_index(b, ctx.emit_once, st, s.args, width, lane0=dense)
         if pred is not None and width is None:
             with b.if_then(pred):
                 self._store(b, st, values, idx, None, dense)
