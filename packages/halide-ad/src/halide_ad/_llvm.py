@@ -210,8 +210,10 @@ def _lower_call(em, node, args):
         idx = _flat_index(b, emit, st, node.args, width, lane0=True)
         return _to_reg(b, _splat(b, _tag(b.load(b.gep(ptr, [idx])), st), width), dt)
     if _dense(node.args, ctx.vleaf):
-        idx = _flat_index(b, emit, st, node.args, width, lane0=True)
-        return _to_reg(b, _vector_load_at(b, ptr, idx, mt, width, st), dt)
+        # base pointer from the variable part (shared by the taps), then a constant offset
+        acc, off = _flat_index(b, emit, st, node.args, width, lane0=True, parts=True)
+        base = ptr if acc is None else b.gep(ptr, [acc])
+        return _to_reg(b, _vector_load_at(b, base, off, mt, width, st), dt)
     acc, off = _flat_index(b, emit, st, node.args, width, parts=True)
     if not _maybe_dense(node.args, ctx.vleaf):
         return _to_reg(b, _gather(b, ptr, acc, off, mt, width, st), dt)
