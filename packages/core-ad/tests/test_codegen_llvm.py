@@ -667,17 +667,32 @@ def test_emitter_gather_with_bounds_callback():
 def test_emitter_c_semantics_only_on_request():
     from llvmlite import ir
 
-    i, j = sym.var("i", "int32"), sym.var("j", "int32")
+    x, y = sym.var("x", "float32"), sym.var("y", "float32")
     texts = []
     for flag in (False, True):
         m = ir.Module()
-        fn = ir.Function(m, ir.FunctionType(ir.IntType(32), [ir.IntType(32)] * 2), "f")
+        fn = ir.Function(m, ir.FunctionType(ir.FloatType(), [ir.FloatType()] * 2), "f")
         b = ir.IRBuilder(fn.append_basic_block())
         em = codegen.Emitter(b, c_semantics=flag)
-        b.ret(em.emit(i * j + i, {i: fn.args[0], j: fn.args[1]}))
+        b.ret(em.emit(sym.maximum(x, y), {x: fn.args[0], y: fn.args[1]}))
         texts.append(str(m))
-    assert "nsw" not in texts[0]  # numpy semantics: wrap-around
-    assert "mul nsw i32" in texts[1] and "add nsw i32" in texts[1]
+    assert "fcmp uno" in texts[0]  # numpy: a NaN operand propagates
+    assert "fcmp uno" not in texts[1]  # one compare and select
+
+
+def test_c_semantics_float_to_int_is_defined_for_every_input():
+    # saturating conversion: NaN and out-of-range values give a defined integer, so a clamp
+    # of the result is a real bound (halide_ad's data-dependent indices rely on it)
+    x = sym.var("x", "float32")
+    m = ir.Module()
+    fn = ir.Function(m, ir.FunctionType(ir.IntType(32), [ir.FloatType()]), "f")
+    b = ir.IRBuilder(fn.append_basic_block())
+    em = codegen.Emitter(b, c_semantics=True)
+    b.ret(em.emit(sym.clamp(sym.astype(x, "int32"), 0, 255), {x: fn.args[0]}))
+    addr, _ = codegen.compile_ir(str(m), "c_semantics_fptosi_test", "f")
+    f = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_float)(addr)
+    got = [f(v) for v in (float("nan"), float("inf"), -float("inf"), 3e9, -3e9, 7.9, -2.5)]
+    assert got == [0, 255, 0, 255, 0, 7, 0]
 
 
 def test_floor_divide_and_mod_by_constants_match_numpy():

@@ -228,3 +228,13 @@ def test_rfactor_refuses_non_associative_updates():
     f[x] = f[x] * 0.5 + hl.f32(r.x)
     with pytest.raises(hl.ScheduleError, match="associative"):
         f.update(0).rfactor(r.x, hl.Var("u"))
+
+
+def test_clamped_data_dependent_index_is_safe_for_nan_and_inf():
+    # the float -> int cast saturates (NaN -> 0), so the clamp bounds every index the
+    # compiled loop reads, whatever the data
+    data = hl.Buffer(np.array([np.nan, np.inf, -np.inf, 2.2, 1e30, -7.0], np.float32))
+    lut = hl.Buffer(np.array([10, 20, 30, 40], np.int32))
+    f = hl.Func("f")
+    f[x] = lut[hl.clamp(hl.i32(data[x]), 0, 3)]
+    np.testing.assert_array_equal(np.asarray(f.realize([6])), [10, 40, 10, 30, 40, 10])

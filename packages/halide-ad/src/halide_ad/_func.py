@@ -395,7 +395,6 @@ class Func(_Scheduling):
         self.version = 0
         self._own_pipeline = None
         self.bound_estimates: dict = {}
-        self.gpu_target = False
         if expr is not None:
             self[()] = expr
 
@@ -660,6 +659,7 @@ class Func(_Scheduling):
         return self
 
     def set_estimate(self, var, min, extent):
+        # estimates only inform the auto-scheduler (the next issue); bounds come from realize
         self.bound_estimates[dim_name(var)] = (int(min), int(extent))
         return self
 
@@ -678,6 +678,8 @@ class Func(_Scheduling):
         return self._own_pipeline
 
     def realize(self, sizes=None, target=None):
+        """``sizes`` (x extent first) or output Buffer(s). ``target`` is accepted for Halide
+        compatibility; CPU or GPU code follows the schedule."""
         return self._pipeline().realize(sizes, target=target)
 
     def compile_jit(self, target=None):

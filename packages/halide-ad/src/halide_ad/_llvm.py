@@ -386,7 +386,7 @@ class ModuleBuilder:
 
     # ---- statements --------------------------------------------------------------------
     def _context(self, b, env, storage, vec) -> _Ctx:
-        em = codegen.Emitter(b, c_semantics=True)  # Halide: overflow, NaN order undefined
+        em = codegen.Emitter(b, c_semantics=True)  # Halide leaves NaN order of min/max open
         ctx = _Ctx(b, storage, vec[0] if vec else None, vec[1] if vec else None, env)
         em.hl_ctx, ctx.em = ctx, em
         return ctx

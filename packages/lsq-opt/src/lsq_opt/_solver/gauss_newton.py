@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from .levenberg_marquardt import _emit, start
+from .levenberg_marquardt import _emit, gradient_stop, start
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
 from .problem import call_linearize, jtjp_operator, multigrid_preconditioner
@@ -42,12 +42,8 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
             cost = float(problem.cost(x))  # IRLS weights / constant views moved with x
         g = np.asarray(problem.jtf(x), dtype=dt).reshape(-1)
         diag = np.asarray(problem.jtj_diag(x), dtype=dt).reshape(-1)
-        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(diag))):
-            reason = "diverged: non-finite gradient or J^T J diagonal at the current iterate"
-            break
-        gmax = float(np.max(np.abs(g))) if g.size else 0.0
-        if gmax <= opts.gradient_tolerance:
-            reason = "gradient tolerance"
+        reason, gmax = gradient_stop(g, diag, opts)
+        if reason is not None:
             break
         it += 1
         t0 = time.perf_counter()

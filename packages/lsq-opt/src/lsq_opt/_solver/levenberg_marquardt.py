@@ -75,6 +75,15 @@ def _emit(opts: SolverOptions, line: str) -> None:
         opts.progress(line)
 
 
+def gradient_stop(g: np.ndarray, diag: np.ndarray, opts: SolverOptions):
+    """Shared by both methods at a linearisation: ``(reason to stop or None, max |g|)``; the
+    reasons are a non-finite gradient or diagonal, and the gradient tolerance."""
+    if not (np.all(np.isfinite(g)) and np.all(np.isfinite(diag))):
+        return "diverged: non-finite gradient or J^T J diagonal at the current iterate", math.inf
+    gmax = float(np.max(np.abs(g))) if g.size else 0.0
+    return ("gradient tolerance" if gmax <= opts.gradient_tolerance else None), gmax
+
+
 def start(problem: Any, x0: np.ndarray) -> tuple[np.dtype, np.ndarray, float]:
     """Shared by both methods: ``(dtype, x, cost)`` at the start point, or a ValueError for a
     wrong-length ``x0`` or a non-finite initial cost."""
@@ -118,12 +127,8 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
     reason = None
     it = 0
     while reason is None:
-        if not (np.all(np.isfinite(g)) and np.all(np.isfinite(diag))):
-            reason = "diverged: non-finite gradient or J^T J diagonal at the current iterate"
-            break
-        gmax = float(np.max(np.abs(g))) if g.size else 0.0
-        if gmax <= opts.gradient_tolerance:
-            reason = "gradient tolerance"
+        reason, gmax = gradient_stop(g, diag, opts)
+        if reason is not None:
             break
         if it >= opts.max_iterations:
             reason = "max iterations"

@@ -186,11 +186,12 @@ class Emitter:
                  bounds_check: bool = True, atomic_scatter: bool = False,
                  c_semantics: bool = False):
         self.b = builder
-        # numpy semantics by default (signed integers wrap, min/max propagate NaN, float->int
-        # casts give numpy's value out of range). A DSL whose semantics leave those cases
-        # undefined, as C and Halide do, sets c_semantics: signed arithmetic is "nsw" (LLVM
-        # may widen index arithmetic), min/max/clamp are one compare-and-select, float->int
-        # is a plain fptosi. Results agree wherever both are defined.
+        # numpy semantics by default (min/max propagate NaN, float->int casts give numpy's
+        # value out of range). A DSL whose semantics leave those cases undefined, as C and
+        # Halide do, sets c_semantics: min/max/clamp are one compare-and-select (a NaN operand
+        # gives the other one) and float->int saturates (NaN -> 0). Results agree wherever
+        # numpy's are defined, and every result stays defined (integers still wrap: no
+        # "nsw", whose overflow would be poison), so a clamp of any value is a real bound.
         self.c_semantics = c_semantics
         self.width = width
         self.math = math if math is not None else VecMath()
@@ -266,7 +267,10 @@ class Emitter:
         if self.vector:
             it = ir.VectorType(it, self.width)
         if self.c_semantics:
-            return b.fptosi(v, it)
+            # saturating (NaN -> 0): defined for every input, so a clamp of the result bounds
+            # it -- a plain fptosi would be poison out of range, and poison indices are UB
+            return b.call(intrinsic(b.module, "llvm.fptosi.sat", it, [v.type],
+                                    overloads=[it, v.type]), [v])
         lo, hi = -float(2 ** (bits - 1)), float(2 ** (bits - 1))
         ok = b.and_(b.fcmp_ordered(">=", v, self.const(lo, src)),
                     b.fcmp_ordered("<", v, self.const(hi, src)))
@@ -387,8 +391,7 @@ class Emitter:
             return {"add": bld.fadd, "sub": bld.fsub, "mul": bld.fmul, "div": bld.fdiv}[op](a, b)
         if out.kind == "b":
             return {"add": bld.or_, "mul": bld.and_}[op](a, b)
-        flags = ["nsw"] if self.c_semantics and _signed(out) else []
-        return {"add": bld.add, "sub": bld.sub, "mul": bld.mul}[op](a, b, flags=flags)
+        return {"add": bld.add, "sub": bld.sub, "mul": bld.mul}[op](a, b)
 
     def fold(self, op: str, node: Apply, args: list) -> ir.Value:
         """Left fold of an n-ary add/mul with numpy's pairwise promotion."""
