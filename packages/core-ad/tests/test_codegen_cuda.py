@@ -9,7 +9,8 @@
   header standing in for the CUDA built-ins (``blockIdx`` / ``threadIdx`` are globals and every
   thread of the launch grid runs in turn, so the grid-stride loop is exercised; atomics become
   plain read-modify-writes), called through the real ``CudaFunction.__call__`` with a
-  stand-in ``cupy`` module whose ``RawKernel`` runs them. This checks the generated code's
+  stand-in ``cupy`` module whose ``RawKernel`` runs them (the reusable part lives in
+  :mod:`core_ad._codegen.cuda.host_emulation`). This checks the generated code's
   *semantics* (casts, spellings, constants, NaN-safety, bounds checks, error decoding) and the
   launcher against the numpy backend without a GPU; only NVRTC and the device are left out.
 * **gpu** (``@pytest.mark.gpu``: CuPy and a CUDA device): the real thing.
@@ -25,7 +26,6 @@ differs from ``np.add.at``).
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import random
 import re
@@ -41,6 +41,7 @@ import pytest
 
 from core_ad import Primitive, sym
 from core_ad._codegen.cuda import compile_cuda, cuda_source, launcher, spell
+from core_ad._codegen.cuda.host_emulation import HostDeviceArray, HostKernels, stand_in_cupy
 from core_ad._codegen.cuda.source import PREAMBLE
 from core_ad._sym.expr import freeze_params
 from core_ad._sym.simplify import CORE_PRIMITIVES, _node
@@ -370,7 +371,7 @@ def test_host_arrays_and_scalars_are_rejected_with_type_error():
     with pytest.raises(TypeError, match=r"input 0 \('x'\) is a numpy array.*CuPy"):
         fn(np.ones(3), np.ones(3))
     with pytest.raises(TypeError, match=r"input 1 \('y'\) is a Python float"):
-        fn(_FakeArray(np.ones(3)), 2.0)
+        fn(HostDeviceArray(np.ones(3)), 2.0)
     with pytest.raises(TypeError, match="takes 2 arrays"):
         fn(np.ones(3))
 
@@ -437,107 +438,31 @@ def test_nvcc_compiles_every_kernel(ptx):
 # --------------------------------------------------------------------------------------------
 # host tier: the generated code run on the CPU through CudaFunction.__call__
 
-SHIM = r"""
-#include <math.h>
-#include <string.h>
-#define __global__
-#define __device__
-#define __forceinline__ inline
-struct core_ad_dim3 { unsigned int x, y, z; };
-static core_ad_dim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
-static core_ad_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
-extern "C" void core_ad_host_thread(unsigned int b, unsigned int t, unsigned int nb,
-                                    unsigned int nt) {
-    blockIdx.x = b; threadIdx.x = t; gridDim.x = nb; blockDim.x = nt;
-}
-static inline double __longlong_as_double(long long v) { double d; memcpy(&d, &v, 8); return d; }
-static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
-static inline unsigned long long atomicCAS(unsigned long long* p, unsigned long long cmp,
-                                           unsigned long long val) {
-    unsigned long long old = *p; if (old == cmp) *p = val; return old;
-}
-template <typename T> static inline T atomicAdd(T* p, T v) { T old = *p; *p = old + v; return old; }
-"""
-
-
-class _FakeArray:
-    """A stand-in for cupy.ndarray over host memory."""
-
-    def __init__(self, a):
-        self.a = a
-        self.device = types.SimpleNamespace(id=0)
-
-    shape = property(lambda self: self.a.shape)
-    dtype = property(lambda self: self.a.dtype)
-    ndim = property(lambda self: self.a.ndim)
-    strides = property(lambda self: self.a.strides)
-    flags = property(lambda self: self.a.flags)
-
-    def copy(self):
-        return _FakeArray(self.a.copy())
-
-
 @pytest.fixture(scope="module")
-def host_lib(tmp_path_factory):
+def host_kernels(tmp_path_factory):
     if GXX is None:
         pytest.skip("g++ is not available")
-    d = tmp_path_factory.mktemp("cuda_host")
-    src = d / "all.cpp"
-    src.write_text(SHIM + "\n".join(c.fn.source for c in cases().values()))
-    lib = d / "all.so"
-    r = subprocess.run([GXX, "-std=c++17", "-O1", "-ffp-contract=off", "-fno-fast-math", "-w",
-                        "-shared", "-fPIC", str(src), "-o", str(lib)],
-                       capture_output=True, text=True, timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    return ctypes.CDLL(str(lib))
+    return HostKernels([(c.fn.name, c.fn.source) for c in cases().values()],
+                       tmp_path_factory.mktemp("cuda_host"))
 
 
 @pytest.fixture
-def host(host_lib, monkeypatch):
+def host(host_kernels, monkeypatch):
     """Installs a stand-in ``cupy`` whose RawKernel runs the host-compiled kernel; returns
     ``run(case_or_fn, arrays) -> tuple of numpy arrays``."""
-    sources = {c.fn.name: c.fn.source for c in cases().values()}
-    built = []
-
-    class RawKernel:
-        def __init__(self, source, name, options=()):
-            assert options == ("-std=c++17",)
-            assert sources[name] == source, f"{name}: source differs from the compiled one"
-            self.f = getattr(host_lib, name)
-            self.f.restype = None
-            built.append(name)
-
-        def __call__(self, grid, block, args):
-            assert grid[0] >= 1 and block == (launcher.BLOCK,)
-            conv = []
-            for a in args:
-                if isinstance(a, _FakeArray):
-                    conv.append(ctypes.c_void_p(a.a.ctypes.data))
-                else:
-                    assert isinstance(a, np.int64)
-                    conv.append(ctypes.c_longlong(int(a)))
-            for b in range(grid[0]):  # every thread of the grid, one after the other
-                for t in range(block[0]):
-                    host_lib.core_ad_host_thread(b, t, grid[0], block[0])
-                    self.f(*conv)
-
-    fake = types.ModuleType("cupy")
-    fake.ndarray = _FakeArray
-    fake.RawKernel = RawKernel
-    fake.empty = lambda shape, dtype: _FakeArray(np.empty(shape, dtype))
-    fake.zeros = lambda shape, dtype: _FakeArray(np.zeros(shape, dtype))
-    fake.asnumpy = lambda x: x.a.copy()
-    fake.cuda = types.SimpleNamespace(Device=lambda: types.SimpleNamespace(id=0))
+    fake, fakex = stand_in_cupy(host_kernels)
     monkeypatch.setitem(sys.modules, "cupy", fake)
+    monkeypatch.setitem(sys.modules, "cupyx", fakex)
     monkeypatch.setattr(launcher, "_KERNELS", {})
 
     def run(fn, arrays):
         fn = fn.fn if isinstance(fn, Case) else fn
-        res = fn(*[_FakeArray(np.asarray(a)) for a in arrays])
+        # wrapped without a copy: the outputs must not alias the inputs
+        res = fn(*[HostDeviceArray(np.asarray(a)) for a in arrays])
         assert isinstance(res, tuple) and len(res) == len(fn.outputs)
-        return tuple(r.a for r in res)
+        return tuple(r.host for r in res)
 
-    run.built = built
+    run.built = fake.built
     return run
 
 
@@ -713,6 +638,7 @@ def test_kernels_are_compiled_lazily_and_cached_by_source(host):
     host(c, [np.ones(2)])
     assert host.built == [c.fn.name]
     assert fn2.kernel is c.fn.kernel
+    assert fn2.kernel.options == ("-std=c++17",)
 
 
 # --------------------------------------------------------------------------------------------
