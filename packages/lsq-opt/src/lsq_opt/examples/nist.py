@@ -259,7 +259,10 @@ def solve_nist(name: str, method: str = "lm", dtype=np.float64, *, start=None,
     opts = dict(CERES_NIST, max_iterations=max_iterations,
                 pcg_max_iterations=k + 3 if pcg_max_iterations is None else pcg_max_iterations)
     opts.update(options)
-    res = solve(plan, x0, method, **opts)
+    # float32 runs overflow the 1e32 diagonal clamp (no upper bound then) and huge trial steps
+    # (rejected) to inf; both are handled, so the overflow warnings are noise here
+    with np.errstate(over="ignore", invalid="ignore"):
+        res = solve(plan, x0, method, **opts)
     xb = np.asarray(res.x, np.float64)
     ok, digits, rss = reached(d, xb)
     costs = [res.initial_cost] + [e.cost for e in res.log]
@@ -340,8 +343,8 @@ def table_line(row) -> str:
             f"{yn(row['gn64']):>6}  {lm.termination}")
 
 
-# Pillow-free rasterisation (lines and a 3x5 digit font), so the figure needs no plotting library.
-_COLOURS = {"lm64": (31, 90, 180), "lm32": (230, 120, 20), "gn64": (40, 150, 60)}
+# Plain numpy rasterisation (lines and a 3x5 digit font): the figure needs no plotting library.
+_COLOURS = {"gn64": (40, 150, 60), "lm32": (230, 120, 20), "lm64": (31, 90, 180)}  # drawn in this order
 _DIGITS = {c: rows for c, rows in zip(
     "0123456789e-.", [
         ("111", "101", "101", "101", "111"), ("010", "110", "010", "010", "111"),
@@ -375,9 +378,9 @@ def _polyline(img, pts, rgb):
 
 
 def cost_curves_figure(rows, cols=6, w=180, h=120) -> np.ndarray:
-    """One panel per problem (in NAMES order): log10(cost) against log10(1 + iteration) for LM
-    f64 (blue), LM f32 (orange), GN f64 (green); grey: the certified cost RSS/2. The panel's
-    index (1-based, as in NAMES) is drawn top left, the log10 cost range on the left edge."""
+    """One panel per problem: log10(cost) against log10(1 + iteration) for LM f64 (blue), LM f32
+    (orange), GN f64 (green); dotted grey: the certified cost RSS/2. Top left: the panel's
+    1-based index (and the name, with Pillow); right edge: the panel's log10 cost range."""
     nrows = -(-len(rows) // cols)
     img = np.full((nrows * (h + 8) + 4, cols * (w + 8) + 4, 3), 255, np.uint8)
     for p, row in enumerate(rows):
@@ -404,6 +407,20 @@ def cost_curves_figure(rows, cols=6, w=180, h=120) -> np.ndarray:
             pts = [to_px(i, val) for i, val in enumerate(v) if np.isfinite(val)]
             _polyline(img, pts, rgb)
         _text(img, r0 + 3, c0 + 3, str(p + 1))
-        _text(img, r0 + 3, c0 + w - 44, f"{hi:.1f}".replace("+", ""))
-        _text(img, r0 + h - 8, c0 + w - 44, f"{lo:.1f}".replace("+", ""))
-    return img
+        _text(img, r0 + 3, c0 + w - 44, f"{hi:.1f}")
+        _text(img, r0 + h - 8, c0 + w - 44, f"{lo:.1f}")
+    return _label_names(img, [r["name"] for r in rows], cols, w, h)
+
+
+def _label_names(img, names, cols, w, h):
+    """Problem names next to the indices where Pillow is importable (the figure stays readable
+    by index and NAMES order without it)."""
+    try:
+        from PIL import Image, ImageDraw
+    except ImportError:
+        return img
+    pil = Image.fromarray(img)
+    draw = ImageDraw.Draw(pil)
+    for p, name in enumerate(names):
+        draw.text((4 + (p % cols) * (w + 8) + 16, 4 + (p // cols) * (h + 8) + 1), name, fill=(0, 0, 0))
+    return np.asarray(pil).copy()
