@@ -4,9 +4,9 @@ Each module has ``run(size=..., verbose=False, out_dir=None) -> dict`` that buil
 solves it, checks it against an independent solution where one exists, and writes
 ``<out_dir>/<name>.png`` (input | result). ``python -m lsq_opt.examples [--full] [--out DIR]`` runs
 them all and prints a summary table."""
-from . import arap, flow, intrinsic, laplacian, mesh, poisson
+from . import arap, flow, intrinsic, laplacian, mesh, nist, poisson
 
 EXAMPLES = {"laplacian": laplacian, "poisson": poisson, "arap": arap,
             "laplacian_mesh": mesh.laplacian_mesh, "arap_mesh": mesh.arap_mesh,
-            "intrinsic": intrinsic, "flow": flow}
-__all__ = ["EXAMPLES", "arap", "flow", "intrinsic", "laplacian", "mesh", "poisson"]
+            "intrinsic": intrinsic, "flow": flow, "nist": nist}
+__all__ = ["EXAMPLES", "arap", "flow", "intrinsic", "laplacian", "mesh", "nist", "poisson"]

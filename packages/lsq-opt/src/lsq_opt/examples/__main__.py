@@ -7,13 +7,14 @@ import time
 
 from . import EXAMPLES
 from ._image import png_backend
+from .nist import nist_table
 
 SIZES = {"laplacian": (64, 48), "poisson": (128, 128), "arap": (48, 32),
          "laplacian_mesh": (24, 16), "arap_mesh": (24, 16), "intrinsic": (24, 16),
-         "flow": (64, 48)}
+         "flow": (64, 48), "nist": None}
 FULL_SIZES = {"laplacian": (64, 48), "poisson": (512, 512), "arap": (48, 32),
               "laplacian_mesh": (64, 32), "arap_mesh": (64, 32), "intrinsic": (96, 64),
-              "flow": (128, 96)}
+              "flow": (128, 96), "nist": None}
 
 
 def _check(name, r):
@@ -32,6 +33,8 @@ def _check(name, r):
         return r["finite"] and r["grad_frac_p"] < 0.5 * r["grad_frac_p2"]
     if name == "flow":
         return r["finite"] and r["mean_epe_interior"] < 0.1
+    if name == "nist":
+        return r["finite"] and r["lm_matches_scipy"]
     return True
 
 
@@ -61,6 +64,10 @@ def main(argv=None) -> int:
         elif name == "arap_mesh":
             check = (f"handle err {r['handle_max_err']:.1e}, monotone={r['monotone_accepted_costs']}, "
                      f"max edge stretch {r['edge_stretch_max']:.2f}")
+        elif name == "nist":
+            print(nist_table(r))
+            check = (f"LM f64 reaches {r['lm_reached']}/{len(r['problems'])} certified fits, "
+                     f"scipy LM {r['scipy_reached']}; LM where scipy: {r['lm_matches_scipy']}")
         elif name == "poisson":
             check = f"max|X-SuperLU|/range = {r['rel_err_direct']:.1e}"
         else:

@@ -330,17 +330,21 @@ def run(size=None, verbose=False, out_dir=None, *, names=None) -> dict:
     return out
 
 
-TABLE_HEADER = (f"{'problem':<9} {'level':<7} {'K':>2} {'scipy':>6} {'LM f64':>6} {'digits':>6} "
-                f"{'its':>5} {'LM f32':>6} {'GN f64':>6}  termination (LM f64)")
+TABLE_HEADER = (f"{'problem':<9} {'level':<7} {'K':>2} {'scipy-lm':>10} {'LM f64':>10} {'its':>5} "
+                f"{'LM f32':>10} {'GN f64':>10}  (reached? significant digits)")
+
+
+def nist_table(result) -> str:
+    """The per-problem table of a :func:`run` result."""
+    return "\n".join([TABLE_HEADER] + [table_line(row) for row in result["problems"]])
 
 
 def table_line(row) -> str:
-    def yn(r):
-        return "yes" if r.reached else "no"
-    lm = row["lm64"]
-    return (f"{row['name']:<9} {row['level']:<7} {row['K']:>2} {yn(row['scipy']):>6} {yn(lm):>6} "
-            f"{min(lm.digits, 99.0):6.1f} {lm.iterations:>5} {yn(row['lm32']):>6} "
-            f"{yn(row['gn64']):>6}  {lm.termination}")
+    def cell(r):
+        return f"{'yes' if r.reached else 'no':>3} {max(min(r.digits, 99.0), -99.0):5.1f}"
+    return (f"{row['name']:<9} {row['level']:<7} {row['K']:>2} {cell(row['scipy']):>10} "
+            f"{cell(row['lm64']):>10} {row['lm64'].iterations:>5} {cell(row['lm32']):>10} "
+            f"{cell(row['gn64']):>10}")
 
 
 # Plain numpy rasterisation (lines and a 3x5 digit font): the figure needs no plotting library.
