@@ -33,7 +33,6 @@ import shutil
 import string
 import subprocess
 import sys
-import types
 import uuid
 
 import numpy as np

@@ -174,4 +174,4 @@ def test_bad_kernels_option():
     with pytest.raises(ValueError, match="kernels must be"):
         compile_problem(Energy(X(0) - 1.0), sizes={"W": 3}, kernels="gpu")
     with pytest.raises(ValueError, match="backend must be"):
-        compile_problem(Energy(X(0) - 1.0), sizes={"W": 3}, backend="cuda")
+        compile_problem(Energy(X(0) - 1.0), sizes={"W": 3}, backend="opencl")

@@ -27,6 +27,10 @@ the unknown at q accumulates ``D_r(q - o_r) * v(q - o_r)`` for every read r of u
 o_r -- one shifted slice-add per (term, channel, read), no atomics. Graph terms scatter with
 ``np.add.at``.
 
+The composition is written over an array module ``xp`` (``Plan._memory``: the plan's numpy
+arrays, or for ``backend="cuda"`` their CuPy mirrors on the device, with ``cupyx.scatter_add``;
+see :mod:`lsq_opt._compiler.cuda`); the solver protocol stays numpy in / numpy out.
+
 Exclude (spec 2.6 [REC]): excluded unknowns are fixed (not in x); the energy is unchanged.
 """
 
@@ -73,9 +77,9 @@ def _shift_slices(shape, off):
     return tuple(dst), tuple(src)
 
 
-def _shifted(a, off, shape):
+def _shifted(a, off, shape, xp=np):
     """B[p] = A[p + off] (0 where p + off is outside)."""
-    out = np.zeros(shape, a.dtype)
+    out = xp.zeros(shape, a.dtype)
     s = _shift_slices(tuple(shape), tuple(off))
     if s is not None:
         out[s[0]] = a[s[1]]
@@ -95,6 +99,47 @@ def _inbounds(shape, off):
     if s is not None:
         m[s[0]] = True
     return m
+
+
+class _HostMemory:
+    """Where the lanes composition finds its arrays, over the array module ``xp``: here the
+    plan's own numpy arrays. The cuda backend's :class:`~lsq_opt._compiler.cuda.DeviceMemory`
+    has the same interface over CuPy arrays (device copies, refreshed when the plan's change)."""
+
+    xp = np
+    upload = staticmethod(np.asarray)  # host array -> xp array
+    download = staticmethod(np.asarray)  # xp array -> host array
+    scatter_add = staticmethod(np.add.at)  # unbuffered dst[idx] += v
+
+    def __init__(self, plan):
+        self.plan = plan
+
+    def data(self, name):
+        return self.plan.data[name]
+
+    def buffer(self, name, c):
+        return self.plan.buffer(name, c)
+
+    def graph(self, g, slot):
+        return self.plan.graphs[g][slot]
+
+    def param(self, name):
+        return self.plan.params[name]
+
+    def valid(self, t):
+        return t.valid
+
+    def constant(self, key, make):
+        """A feed that never changes (``make()`` gives it on the host; ``key`` names it)."""
+        return make()
+
+
+def _lane_kernel(outputs, leaves, backend, name):
+    if backend == "cuda":
+        from .cuda import lane_kernel
+
+        return lane_kernel(outputs, leaves, name)
+    return sym.compile(outputs, leaves, backend=backend)
 
 
 # --------------------------------------------------------------------------- terms
@@ -145,8 +190,8 @@ class _Term:
         partials = [sym.diff(c, lf, memo) for c in chans for lf, _ in self.ureads]
         self.R = len(self.ureads)
         self.partials = [partials[k * self.R:(k + 1) * self.R] for k in range(self.K)]
-        self.f = sym.compile(list(chans), leaves, backend=backend)
-        self.fj = sym.compile(list(chans) + partials, leaves, backend=backend)
+        self.f = _lane_kernel(list(chans), leaves, backend, f"lsq_term{index}_f")
+        self.fj = _lane_kernel(list(chans) + partials, leaves, backend, f"lsq_term{index}_fj")
         self.L = None  # lanes, set at bind
 
 
@@ -183,11 +228,13 @@ def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, gra
     ``sizes``: ``{dim_name: int}`` (optional where a bound array fixes the dim); ``arrays``:
     ``{name: ndarray}`` for every Array the energy reads and, optionally, initial / fixed values
     of Unknowns (default 0); ``params``: ``{name: float}``; ``graphs``: ``{graph_name:
-    {slot: int array}}``; ``dtype``: float64 or float32; ``backend``: ``"llvm"`` or ``"numpy"``
-    (the per-term lane kernels: residuals, materialised J, and the oracle products);
-    ``kernels``: ``"fused"`` (default with the llvm backend: one generated LLVM pass per product,
-    see :mod:`lsq_opt._compiler.fused`) or ``"lanes"`` (the numpy composition of per-term lane
-    kernels; the test oracle, default with the numpy backend).
+    {slot: int array}}``; ``dtype``: float64 or float32; ``backend``: ``"llvm"``, ``"numpy"``
+    or ``"cuda"`` (the per-term lane kernels: residuals, materialised J, and the oracle products;
+    ``"cuda"``: core_ad's CUDA kernels on CuPy arrays, the lanes composition on the device, see
+    :mod:`lsq_opt._compiler.cuda`; needs CuPy and a CUDA device); ``kernels``: ``"fused"``
+    (default with the llvm backend: one generated LLVM pass per product, see
+    :mod:`lsq_opt._compiler.fused`) or ``"lanes"`` (the composition of per-term lane kernels;
+    the test oracle with the numpy backend; the only choice with the cuda backend).
     """
     if not isinstance(energy, Energy):
         raise TypeError(f"compile_problem: expected an Energy, got {type(energy).__name__}")
@@ -196,16 +243,27 @@ def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, gra
         raise TypeError(f"compile_problem: dtype must be float32 or float64, got {dtype}")
     if not energy.terms:
         raise LsqCompileError("compile_problem: the energy has no residual terms")
-    if backend not in ("llvm", "numpy"):
-        raise ValueError(f"compile_problem: backend must be 'llvm' or 'numpy', got {backend!r}")
+    if backend not in ("llvm", "numpy", "cuda"):
+        raise ValueError(f"compile_problem: backend must be 'llvm', 'numpy' or 'cuda', got {backend!r}")
     if kernels is None:
         kernels = "fused" if backend == "llvm" else "lanes"
     if kernels not in ("fused", "lanes"):
         raise ValueError(f"compile_problem: kernels must be 'fused' or 'lanes', got {kernels!r}")
+    if backend == "cuda":
+        if kernels != "lanes":
+            raise ValueError("compile_problem: the cuda backend composes lane kernels "
+                             "(kernels='lanes'); the fused kernels are LLVM only")
+        from .cuda import require_device
+
+        require_device()  # before the (slow) term compilation
     terms = [_Term(i, chans, dtype, backend) for i, chans in enumerate(energy.terms)]
     plan = Plan(energy, terms, dict(sizes or {}), dict(arrays or {}), dict(params or {}),
                 dict(graphs or {}), dtype, backend)
     plan.kernels = kernels
+    if backend == "cuda":
+        from .cuda import DeviceMemory
+
+        plan._memory = DeviceMemory(plan)
     return plan
 
 
@@ -218,6 +276,7 @@ class Plan:
         self.energy, self.terms, self.dtype, self.backend = energy, terms, dtype, backend
         self.kernels = "lanes"
         self._fused = None
+        self._memory = _HostMemory(self)  # where the lanes composition's arrays live
         self._pver = self._dver = 0
         self.decls = _collect_decls(terms, energy.excludes)
         self.sizes = {}
@@ -485,31 +544,35 @@ class Plan:
 
     # ------------------------------------------------------------------ evaluation
     def _feeds(self, t, full):
+        """The lane kernels' arguments (``full``: the unknowns, an array of ``_memory.xp``)."""
+        mem = self._memory
+        xp = mem.xp
         feeds = []
-        for lf in t.leaves:
+        for i, lf in enumerate(t.leaves):
             d = t.decoded[lf]
             if isinstance(d, Read):
                 if d.role == "unknown":
                     src = self._uview(full, d.name)
                 else:
-                    src = self.data[d.name]
+                    src = mem.data(d.name)
                 if t.is_graph:
                     flat = src.reshape(-1, src.shape[-1])
-                    a = flat[self.graphs[t.graph][d.slot], d.channel]
+                    a = flat[mem.graph(t.graph, d.slot), d.channel]
                 else:
-                    a = _shifted(src[..., d.channel], d.offset, t.shape)
-                feeds.append(np.ascontiguousarray(a.ravel(), self.dtype))
+                    a = _shifted(src[..., d.channel], d.offset, t.shape, xp)
+                feeds.append(xp.ascontiguousarray(a.ravel(), self.dtype))
             elif isinstance(d, ParamRef):
-                feeds.append(self.params[d.name])
+                feeds.append(mem.param(d.name))
             elif isinstance(d, BufferRef):
-                feeds.append(self.buffer(d.name, d.channel))
+                feeds.append(mem.buffer(d.name, d.channel))
             elif isinstance(d, SizeRef):
-                feeds.append(np.asarray(self.sizes[d.dim], np.int64))
+                feeds.append(mem.constant((t.index, i), lambda: np.asarray(self.sizes[d.dim], np.int64)))
             elif isinstance(d, InBoundsRef):
-                feeds.append(np.ascontiguousarray(_inbounds(t.shape, d.offset).ravel()))
+                feeds.append(mem.constant((t.index, i), lambda: np.ascontiguousarray(
+                    _inbounds(t.shape, d.offset).ravel())))
             else:  # IndexRef
-                ix = np.indices(t.shape)[d.dim].astype(self.dtype)
-                feeds.append(np.ascontiguousarray(ix.ravel()))
+                feeds.append(mem.constant((t.index, i), lambda: np.ascontiguousarray(
+                    np.indices(t.shape)[d.dim].astype(self.dtype).ravel())))
         return feeds
 
     def buffer(self, name, c):
@@ -517,42 +580,49 @@ class Plan:
         return np.ascontiguousarray(self.data[name][..., c]).ravel()
 
     def _lanes(self, t, a):
-        a = np.asarray(a, self.dtype)
-        return np.broadcast_to(a, (t.L,)) if a.shape != (t.L,) else a
+        xp = self._memory.xp
+        a = xp.asarray(a, self.dtype)
+        return xp.broadcast_to(a, (t.L,)) if a.shape != (t.L,) else a
 
     def _eval_term(self, t, full, with_j):
+        xp = self._memory.xp
         fn = t.fj if with_j else t.f
         with np.errstate(all="ignore"):
             outs = fn(*self._feeds(t, full))
-        F = np.stack([self._lanes(t, o) for o in outs[: t.K]])
+        F = xp.stack([self._lanes(t, o) for o in outs[: t.K]])
         D = None
         if with_j:
-            D = np.stack([self._lanes(t, o) for o in outs[t.K:]]).reshape(t.K, t.R, t.L) if t.R else \
-                np.zeros((t.K, 0, t.L), self.dtype)
-        if t.valid is not None:
-            F = np.where(t.valid, F, 0).astype(self.dtype)
+            D = xp.stack([self._lanes(t, o) for o in outs[t.K:]]).reshape(t.K, t.R, t.L) if t.R else \
+                xp.zeros((t.K, 0, t.L), self.dtype)
+        valid = self._memory.valid(t)
+        if valid is not None:
+            F = xp.where(valid, F, 0).astype(self.dtype)
             if D is not None:
-                D = np.where(t.valid, D, 0).astype(self.dtype)
+                D = xp.where(valid, D, 0).astype(self.dtype)
         return F, D
 
     def _linearize(self, x):
+        """Per term (F, D) at x, arrays of ``_memory.xp`` (cached against a copy of x)."""
         x = np.asarray(x)
         if self._lin_x is not None and self._lin_x.shape == x.shape and np.array_equal(self._lin_x, x):
             return self._lin
-        full = self._full(x)
+        full = self._memory.upload(self._full(x))
         lin = [self._eval_term(t, full, True) for t in self.terms]
         self._lin_x, self._lin = x.copy(), lin
         return lin
 
-    def residuals(self, x) -> np.ndarray:
-        """F(x), flat: terms in order, each channel-major over its lanes (C-order pixels / edges)."""
+    def _residuals(self, x):
         x = np.asarray(x)
         if self._lin_x is not None and self._lin_x.shape == x.shape and np.array_equal(self._lin_x, x):
             Fs = [F for F, _ in self._lin]
         else:
-            full = self._full(x)
+            full = self._memory.upload(self._full(x))
             Fs = [self._eval_term(t, full, False)[0] for t in self.terms]
-        return np.concatenate([F.ravel() for F in Fs])
+        return self._memory.xp.concatenate([F.ravel() for F in Fs])
+
+    def residuals(self, x) -> np.ndarray:
+        """F(x), flat: terms in order, each channel-major over its lanes (C-order pixels / edges)."""
+        return self._memory.download(self._residuals(x))
 
     def cost(self, x) -> float:
         """0.5 * sum(F^2) (nan/inf when F is not finite)."""
@@ -561,13 +631,14 @@ class Plan:
         return self.cost_lanes(x)
 
     def cost_lanes(self, x) -> float:
-        F = self.residuals(x).astype(np.float64)
+        F = self._residuals(x).astype(np.float64)
         with np.errstate(all="ignore"):
-            return float(0.5 * np.dot(F, F))
+            return float(0.5 * self._memory.xp.dot(F, F))
 
     def _transpose_apply(self, lin, V, square=False):
         """J_full^T applied to per-term lane vectors V (list of (K, L)); square=True gives diag."""
-        g = np.zeros(self.n_full, self.dtype)
+        mem = self._memory
+        g = mem.xp.zeros(self.n_full, self.dtype)
         for t, (F, D), v in zip(self.terms, lin, V):
             if square and t.is_graph:
                 self._graph_diag(t, D, g)
@@ -577,7 +648,7 @@ class Plan:
                     w = D[k, r] * D[k, r] if square else D[k, r] * v[k]
                     gu = self._uview(g, d.name)[..., d.channel]
                     if t.is_graph:
-                        np.add.at(gu.reshape(-1), self.graphs[t.graph][d.slot], w)
+                        mem.scatter_add(gu.reshape(-1), mem.graph(t.graph, d.slot), w)
                     else:
                         _add_shifted(gu, w.reshape(t.shape), d.offset)
         return g
@@ -585,18 +656,19 @@ class Plan:
     def _graph_diag(self, t, D, g):
         """diag(J^T J) of a graph term: reads of one (unknown, channel) through different slots
         may hit the same vertex on an edge; their partials then add before squaring."""
+        mem = self._memory
         groups = {}
         for r, (_, d) in enumerate(t.ureads):
-            groups.setdefault((d.name, d.channel), []).append((r, self.graphs[t.graph][d.slot]))
+            groups.setdefault((d.name, d.channel), []).append((r, mem.graph(t.graph, d.slot)))
         for (name, c), rs in groups.items():
             gu = self._uview(g, name)[..., c].reshape(-1)
             for k in range(t.K):
                 for a, (r, idx) in enumerate(rs):
-                    np.add.at(gu, idx, D[k, r] * D[k, r])
+                    mem.scatter_add(gu, idx, D[k, r] * D[k, r])
                     for r2, idx2 in rs[a + 1:]:
                         same = idx == idx2
                         if same.any():
-                            np.add.at(gu, idx[same], 2 * D[k, r][same] * D[k, r2][same])
+                            mem.scatter_add(gu, idx[same], 2 * D[k, r][same] * D[k, r2][same])
 
     # ------------------------------------------------------------------ fused kernels
     @property
@@ -680,22 +752,24 @@ class Plan:
 
     def jtf_lanes(self, x) -> np.ndarray:
         lin = self._linearize(x)
-        return self._transpose_apply(lin, [F for F, _ in lin])[self.free_idx]
+        return self._memory.download(self._transpose_apply(lin, [F for F, _ in lin]))[self.free_idx]
 
     def jtj_diag_lanes(self, x) -> np.ndarray:
         lin = self._linearize(x)
-        return self._transpose_apply(lin, [None] * len(lin), square=True)[self.free_idx]
+        g = self._transpose_apply(lin, [None] * len(lin), square=True)
+        return self._memory.download(g)[self.free_idx]
 
     def _jp_full(self, lin, pfull):
+        mem = self._memory
         out = []
         for t, (F, D) in zip(self.terms, lin):
-            jp = np.zeros((t.K, t.L), self.dtype)
+            jp = mem.xp.zeros((t.K, t.L), self.dtype)
             for r, (_, d) in enumerate(t.ureads):
                 pu = self._uview(pfull, d.name)[..., d.channel]
                 if t.is_graph:
-                    ps = pu.reshape(-1)[self.graphs[t.graph][d.slot]]
+                    ps = pu.reshape(-1)[mem.graph(t.graph, d.slot)]
                 else:
-                    ps = _shifted(pu, d.offset, t.shape).ravel()
+                    ps = _shifted(pu, d.offset, t.shape, mem.xp).ravel()
                 jp += D[:, r, :] * ps
             out.append(jp)
         return out
@@ -703,19 +777,21 @@ class Plan:
     def jp(self, x, p) -> np.ndarray:
         """J p (flat, residual order)."""
         lin = self._linearize(x)
-        return np.concatenate([v.ravel() for v in self._jp_full(lin, self._pfull(p))])
+        jp = self._jp_full(lin, self._memory.upload(self._pfull(p)))
+        return self._memory.download(self._memory.xp.concatenate([v.ravel() for v in jp]))
 
     def jtjp_lanes(self, x, p) -> np.ndarray:
         """J^T J p, matrix-free: J^T (J p) from the cached J entries (the numpy oracle)."""
         lin = self._linearize(x)
-        jp = self._jp_full(lin, self._pfull(p))
-        return self._transpose_apply(lin, jp)[self.free_idx]
+        jp = self._jp_full(lin, self._memory.upload(self._pfull(p)))
+        return self._memory.download(self._transpose_apply(lin, jp))[self.free_idx]
 
     def jacobian(self, x):
         """The materialised J (scipy.sparse.csr_matrix, m x n) for checks and baselines."""
         lin = self._linearize(x)
         rows, cols, vals = [], [], []
         for t, (F, D) in zip(self.terms, lin):
+            D = self._memory.download(D)
             lanes = np.arange(t.L)
             for r, (_, d) in enumerate(t.ureads):
                 base = self._uoff[d.name]

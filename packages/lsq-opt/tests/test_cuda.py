@@ -1,0 +1,346 @@
+"""The cuda backend (``compile_problem(..., backend="cuda")``, :mod:`lsq_opt._compiler.cuda`)
+in core_ad's four tiers (``packages/core-ad/tests/test_codegen_cuda.py``), which skip cleanly:
+
+* **source** (always): every term of the example energies (Laplacian, ARAP image, ARAP mesh,
+  optical flow with a SampledImage) gets its ``f`` / ``fj`` kernel in float32 and float64, with
+  the expected signature (one output per residual channel, plus one per partial); CuPy is never
+  imported by the other backends; a missing CuPy is a named :class:`LsqCompileError`.
+* **nvcc** (``nvcc`` on PATH): all those kernels in ONE translation unit compile to PTX.
+* **host** (``g++``): the same sources compiled for the CPU
+  (:mod:`core_ad._codegen.cuda.host_emulation`: a shim header for the CUDA built-ins, every
+  thread of the grid run in turn), launched by the real ``CudaFunction`` through a stand-in
+  ``cupy`` / ``cupyx`` whose arrays refuse to mix with numpy arrays -- so the whole cuda Plan
+  (device mirrors, the lanes composition over ``xp``, uploads / downloads) runs as on a GPU.
+  Its cost, residuals, J^T F, diag(J^T J), J^T J p and J equal the numpy-oracle Plan's
+  (``backend="numpy"``), and a short LM solve takes the same iterates.
+* **gpu** (``@pytest.mark.gpu``: CuPy and a CUDA device): the same checks on the device.
+
+Tolerances (relative to the largest entry of the oracle's vector): float64 1e-12, float32 1e-4
+(float32 transcendentals differ by a few ulp between glibc / CUDA and numpy, and J^T J p sums
+many of them). LM iterates: 1e-9 / 1e-3 relative after 4 iterations (a PCG loop amplifies the
+rounding differences of its products).
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from core_ad._codegen.cuda import launcher
+from lsq_opt import LsqCompileError, compile_problem, solve
+from lsq_opt._compiler import _Term
+from lsq_opt.examples import arap, flow, laplacian, mesh
+
+NVCC = shutil.which("nvcc")
+GXX = shutil.which("g++")
+DTYPES = ("float64", "float32")
+TOL = {"float64": 1e-12, "float32": 1e-4}
+
+
+# --------------------------------------------------------------------------------------------
+# the problems: small instances of the example energies
+
+
+def laplacian_problem():
+    _, noisy = laplacian.make_data((9, 7))
+    return laplacian.energy(), dict(arrays={"A": noisy}, params={"w_fit": 0.1, "w_reg": 0.9})
+
+
+def arap_image_problem():
+    size = (12, 8)
+    ur, mask, handles, targets = arap.make_data(size, bend_deg=30.0)
+    return arap.energy(), dict(
+        arrays={"UrShape": ur, "Mask": mask, "Offset": ur,
+                "Constraints": arap._constraints(size, handles, targets),
+                "Angle": np.zeros(size)},
+        params={"w_fitSqrt": 3.0, "w_regSqrt": 1.0})
+
+
+def arap_mesh_problem():
+    V, _, (v0, v1), handles, targets = mesh.arap_setup(rings=4, segs=5)
+    return mesh.arap_energy(), dict(
+        arrays={"UrShape": V, "Constraints": mesh.constraints(len(V), handles, targets),
+                "Offset": V.copy(), "Angle": np.zeros_like(V)},
+        params={"w_fitSqrt": 2.0, "w_regSqrt": 1.0}, graphs={"G": {"v0": v0, "v1": v1}})
+
+
+def flow_problem():
+    I, I_hat, dx, dy = flow.make_pair((10, 8))
+    return flow.energy(), dict(arrays={"I": I, "I_hat": I_hat, "I_hat_dx": dx, "I_hat_dy": dy},
+                               params={"w_fit": 3.0, "w_reg": 0.5})
+
+
+PROBLEMS = {"laplacian": laplacian_problem, "arap_image": arap_image_problem,
+            "arap_mesh": arap_mesh_problem, "flow": flow_problem}
+_ENERGIES = {}
+
+
+def problem(name):
+    if name not in _ENERGIES:  # one Energy object per problem: the same kernels every time
+        _ENERGIES[name] = PROBLEMS[name]()
+    return _ENERGIES[name]
+
+
+def kernel_terms(name, dtype):
+    """The cuda backend's terms of a problem, built without a device (source generation only)."""
+    energy, _ = problem(name)
+    return [_Term(i, chans, np.dtype(dtype), "cuda") for i, chans in enumerate(energy.terms)]
+
+
+_ALL = {}
+
+
+def all_kernels():
+    """``{(problem, dtype): [terms]}`` for every problem and dtype (built once)."""
+    if not _ALL:
+        for name in PROBLEMS:
+            for dt in DTYPES:
+                _ALL[(name, dt)] = kernel_terms(name, dt)
+    return _ALL
+
+
+def kernel_list():
+    return [(fn.name, fn.source) for terms in all_kernels().values() for t in terms
+            for fn in (t.f, t.fj)]
+
+
+def plans(name, dtype):
+    """(cuda Plan, numpy-oracle Plan) of a problem."""
+    energy, kw = problem(name)
+    return (compile_problem(energy, dtype=dtype, backend="cuda", **kw),
+            compile_problem(energy, dtype=dtype, backend="numpy", **kw))
+
+
+# --------------------------------------------------------------------------------------------
+# source tier
+
+
+def test_every_term_has_well_formed_f_and_fj_kernels():
+    n = 0
+    for (name, dt), terms in all_kernels().items():
+        ctype = "double" if dt == "float64" else "float"  # the plan dtype of the float leaves
+        for t in terms:
+            for fn, n_out in ((t.f, t.K), (t.fj, t.K + t.K * t.R)):
+                kind = "f" if fn is t.f else "fj"
+                assert fn.backend == "cuda" and fn.name == f"lsq_term{t.index}_{kind}"
+                src = fn.source
+                assert f'extern "C" __global__ void {fn.name}(' in src, (name, dt, fn.name)
+                assert "for (long long i = " in src  # the grid-stride loop
+                assert len(re.findall(r"\* __restrict__ out\d+", src)) == n_out
+                assert [v.name for v in fn.inputs] == [lf.name for lf in t.leaves]
+                n_float = sum(lf.dtype.kind == "f" for lf in t.leaves)
+                assert len(re.findall(rf"const {ctype}\* __restrict__ in\d+", src)) == n_float
+                n += 1
+    assert n == 2 * sum(len(terms) for terms in all_kernels().values())
+    assert n >= 2 * 2 * (3 + 5 + 2 + 5)
+
+
+def test_graph_and_stencil_terms_are_recognised():
+    terms = all_kernels()[("arap_mesh", "float64")]
+    assert [t.is_graph for t in terms] == [False, True]
+    # 3 residual channels over the unknown reads Offset(v0), Offset(v1), Angle(v0), 3 channels each
+    assert terms[1].K == 3 and terms[1].R == 3 + 3 + 3
+    assert not any(t.is_graph for t in all_kernels()[("arap_image", "float64")])
+
+
+def test_fused_kernels_are_refused_with_the_cuda_backend():
+    energy, kw = problem("laplacian")
+    with pytest.raises(ValueError, match="cuda backend composes lane kernels"):
+        compile_problem(energy, backend="cuda", kernels="fused", **kw)
+
+
+def test_missing_cupy_is_a_named_compile_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy raises ImportError
+    energy, kw = problem("laplacian")
+    with pytest.raises(LsqCompileError, match=r"backend='cuda' needs CuPy"):
+        compile_problem(energy, backend="cuda", **kw)
+
+
+def test_other_backends_do_not_import_cupy():
+    code = ("import sys, numpy as np; from lsq_opt.examples import laplacian as l; "
+            "from lsq_opt import compile_problem; _, a = l.make_data((5, 4)); "
+            "p = [compile_problem(l.energy(), arrays={'A': a}, params={'w_fit': 1.0, "
+            "'w_reg': 1.0}, backend=b) for b in ('numpy', 'llvm')]; "
+            "[q.jtf(q.x0) for q in p]; assert 'cupy' not in sys.modules, 'cupy imported'")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert r.returncode == 0, r.stderr
+
+
+# --------------------------------------------------------------------------------------------
+# nvcc tier: every kernel of this file in one translation unit
+
+
+def test_nvcc_compiles_every_kernel(tmp_path):
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    from core_ad._codegen.cuda.host_emulation import translation_unit
+
+    text, symbols = translation_unit(kernel_list())
+    src = tmp_path / "lsq_kernels.cu"
+    src.write_text(text)
+    r = subprocess.run([NVCC, "--ptx", "-arch=sm_80", "-std=c++17", str(src), "-o",
+                        str(tmp_path / "lsq_kernels.ptx")], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-4000:]
+    entries = set(re.findall(r"\.entry\s+(\w+)\(", (tmp_path / "lsq_kernels.ptx").read_text()))
+    assert set(symbols.values()) <= entries, sorted(set(symbols.values()) - entries)
+
+
+# --------------------------------------------------------------------------------------------
+# the checks, shared by the host and gpu tiers
+
+
+def _close(got, want, dtype, what):
+    want = np.asarray(want, np.float64)
+    scale = max(float(np.max(np.abs(want))), 1e-30) if want.size else 1.0
+    np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=0,
+                               atol=TOL[dtype] * scale, err_msg=what)
+
+
+def check_products(name, dtype):
+    dev, ref = plans(name, dtype)
+    assert dev.n == ref.n and dev.m == ref.m and dev.backend == "cuda"
+    rng = np.random.default_rng(5)
+    x = (ref.x0 + 0.05 * rng.standard_normal(ref.n)).astype(dtype)
+    p = rng.standard_normal(ref.n).astype(dtype)
+    for plan in (dev, ref):
+        plan.linearize(x)
+    label = f"{name} {dtype}"
+    _close(dev.residuals(x), ref.residuals(x), dtype, f"{label}: residuals")
+    _close(dev.cost(x), ref.cost(x), dtype, f"{label}: cost")
+    _close(dev.cost(x * 1.01), ref.cost(x * 1.01), dtype, f"{label}: cost at a trial point")
+    for what in ("jtf", "jtj_diag"):
+        got = getattr(dev, what)(x)
+        assert isinstance(got, np.ndarray) and got.dtype == np.dtype(dtype) and got.shape == (ref.n,)
+        _close(got, getattr(ref, what)(x), dtype, f"{label}: {what}")
+    _close(dev.jtjp_linearized(p), ref.jtjp_linearized(p), dtype, f"{label}: jtjp")
+    _close(dev.jtjp(x, 2 * p), ref.jtjp(x, 2 * p), dtype, f"{label}: jtjp(x, p)")
+    _close(dev.jp(x, p), ref.jp(x, p), dtype, f"{label}: jp")
+    Jd, Jr = dev.jacobian(x).toarray(), ref.jacobian(x).toarray()
+    _close(Jd, Jr, dtype, f"{label}: jacobian")
+    assert np.abs(Jr).sum() > 0 and np.abs(ref.jtf(x)).max() > 0  # the checks are not vacuous
+    return dev, ref
+
+
+def check_lm_iterates(name, dtype, iterations=4):
+    dev, ref = plans(name, dtype)
+    runs = []
+    for plan in (dev, ref):
+        xs = []
+        res = solve(plan, plan.x0, method="lm", max_iterations=iterations,
+                    pcg_max_iterations=20, callback=lambda entry, x: xs.append(np.copy(x)))
+        runs.append((res, xs))
+    (rd, xd), (rr, xr) = runs
+    assert len(xd) == len(xr) >= 2, (len(xd), len(xr))
+    tol = 1e-9 if dtype == "float64" else 1e-3
+    for k, (a, b) in enumerate(zip(xd, xr)):
+        scale = max(float(np.max(np.abs(b))), 1.0)
+        np.testing.assert_allclose(a, b, rtol=0, atol=tol * scale, err_msg=f"{name} {dtype} it {k}")
+    assert [e.accepted for e in rd.log] == [e.accepted for e in rr.log]
+    assert rd.cost < rd.initial_cost
+    np.testing.assert_allclose(rd.cost, rr.cost, rtol=tol)
+    assert [e.pcg_iterations for e in rd.log] == [e.pcg_iterations for e in rr.log]
+
+
+# --------------------------------------------------------------------------------------------
+# host tier
+
+
+@pytest.fixture(scope="module")
+def host_kernels(tmp_path_factory):
+    if GXX is None:
+        pytest.skip("g++ is not available")
+    from core_ad._codegen.cuda.host_emulation import HostKernels
+
+    return HostKernels(kernel_list(), tmp_path_factory.mktemp("lsq_cuda_host"))
+
+
+@pytest.fixture
+def host_cupy(host_kernels, monkeypatch):
+    """The stand-in ``cupy`` / ``cupyx`` (host-compiled kernels), installed for one test."""
+    from core_ad._codegen.cuda.host_emulation import stand_in_cupy
+
+    cp, cpx = stand_in_cupy(host_kernels)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "cupyx", cpx)
+    monkeypatch.setattr(launcher, "_KERNELS", {})
+    return cp
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_host_products_equal_the_numpy_oracle(host_cupy, name, dtype):
+    dev, _ = check_products(name, dtype)
+    assert host_cupy.launches > 0
+    assert set(host_cupy.built) <= {fn.name for t in dev.terms for fn in (t.f, t.fj)}
+    # the linearisation lives on the device
+    assert all(isinstance(F, host_cupy.ndarray) and isinstance(D, host_cupy.ndarray)
+               for F, D in dev._lin)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh"])
+def test_host_lm_takes_the_oracle_iterates(host_cupy, name, dtype):
+    check_lm_iterates(name, dtype)
+
+
+def test_host_data_and_param_changes_reach_the_device(host_cupy):
+    dev, ref = plans("laplacian", "float64")
+    x = ref.x0 + 0.1
+    _close(dev.jtf(x), ref.jtf(x), "float64", "before")
+    launches = host_cupy.launches
+    dev.jtf(x)
+    assert host_cupy.launches == launches  # the linearisation is cached
+    new = np.random.default_rng(1).random(ref.data["A"].shape[:2])
+    for plan in (dev, ref):
+        plan.set_array("A", new)
+        plan.set_param("w_reg", 0.5)
+    _close(dev.jtf(x), ref.jtf(x), "float64", "after set_array / set_param")
+    _close(dev.cost(x), ref.cost(x), "float64", "cost after set_array / set_param")
+
+
+def test_host_mixing_numpy_into_device_code_is_caught(host_cupy):
+    """The stand-in is as strict as CuPy: a host array in a device expression fails."""
+    a = host_cupy.zeros(3, np.float64)
+    with pytest.raises(TypeError, match="numpy array cannot be mixed"):
+        a + np.ones(3)
+    with pytest.raises(TypeError, match="implicit conversion"):
+        np.asarray(a)
+
+
+# --------------------------------------------------------------------------------------------
+# gpu tier
+
+
+@pytest.fixture(scope="module")
+def cupy_dev():
+    try:
+        import cupy
+    except ImportError:
+        pytest.skip("CuPy is not installed")
+    try:
+        if cupy.cuda.runtime.getDeviceCount() < 1:
+            pytest.skip("no CUDA device")
+    except Exception as e:  # noqa: BLE001 - any CUDA runtime failure means no usable device
+        pytest.skip(f"no usable CUDA device: {e}")
+    return cupy
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", list(PROBLEMS))
+def test_gpu_products_equal_the_numpy_oracle(cupy_dev, name, dtype):
+    dev, _ = check_products(name, dtype)
+    assert all(isinstance(F, cupy_dev.ndarray) for F, _ in dev._lin)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh"])
+def test_gpu_lm_takes_the_oracle_iterates(cupy_dev, name, dtype):
+    check_lm_iterates(name, dtype)
