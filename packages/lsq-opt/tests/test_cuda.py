@@ -2,7 +2,7 @@
 in core_ad's four tiers (``packages/core-ad/tests/test_codegen_cuda.py``), which skip cleanly:
 
 * **source** (always): every term of the example energies (Laplacian, ARAP image, ARAP mesh,
-  optical flow with a SampledImage) gets its ``f`` / ``fj`` kernel in float32 and float64, with
+  optical flow with a SampledImage, intrinsic images with IRLS ``X.const()`` views) gets its ``f`` / ``fj`` kernel in float32 and float64, with
   the expected signature (one output per residual channel, plus one per partial); CuPy is never
   imported by the other backends; a missing CuPy is a named :class:`LsqCompileError`.
 * **nvcc** (``nvcc`` on PATH): all those kernels in ONE translation unit compile to PTX.
@@ -34,7 +34,7 @@ import pytest
 from core_ad._codegen.cuda import launcher
 from lsq_opt import LsqCompileError, compile_problem, solve
 from lsq_opt._compiler import _Term
-from lsq_opt.examples import arap, flow, laplacian, mesh
+from lsq_opt.examples import arap, flow, intrinsic, laplacian, mesh
 
 NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
@@ -75,8 +75,16 @@ def flow_problem():
                                params={"w_fit": 3.0, "w_reg": 0.5})
 
 
+def intrinsic_problem():
+    """IRLS: the L_p weights read ``r.const()``, a view refreshed from x at every linearize."""
+    img, _, _ = intrinsic.make_data((8, 6))
+    return intrinsic.energy(), dict(
+        arrays={"i": img, "r": img.copy(), "s": np.zeros(img.shape[:2])},
+        params=dict(intrinsic.PARAMS, pNorm=0.8))
+
+
 PROBLEMS = {"laplacian": laplacian_problem, "arap_image": arap_image_problem,
-            "arap_mesh": arap_mesh_problem, "flow": flow_problem}
+            "arap_mesh": arap_mesh_problem, "flow": flow_problem, "intrinsic": intrinsic_problem}
 _ENERGIES = {}
 
 
@@ -284,7 +292,7 @@ def test_host_products_equal_the_numpy_oracle(host_cupy, name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh"])
+@pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh", "intrinsic"])
 def test_host_lm_takes_the_oracle_iterates(host_cupy, name, dtype):
     check_lm_iterates(name, dtype)
 
@@ -341,6 +349,6 @@ def test_gpu_products_equal_the_numpy_oracle(cupy_dev, name, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh"])
+@pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh", "intrinsic"])
 def test_gpu_lm_takes_the_oracle_iterates(cupy_dev, name, dtype):
     check_lm_iterates(name, dtype)
