@@ -25,8 +25,34 @@ def test_ae5_full(key):
     assert r["h2mc"]["acceptance"] > r["rwm"]["acceptance"]
     if key == "a":
         assert r["ratio_rwm"] >= 5
-    # target (b): measured ~1x (see the package README): the ring's min-ESS is set by the
-    # diffusion around its circumference, where the quadratic model cannot follow the curve.
+    # target (b): measured ~0.5x (mixture ~1x, see the package README): the min-ESS is set by
+    # the diffusion around the circumference, and even a ring-aware local Gaussian stays < 5x
+    # (test_ae5_ring_oracle_bound below).
+
+
+def test_ae5_ring_h2mc_resamples_the_radial_profile_rwm_does_not():
+    """Where H2MC does beat RWM on the ring: its radial move is (locally) an exact draw from
+    the ring's cross-section, so the distance to the ring decorrelates in one step. Measured
+    lag-1 correlations of d between consecutive on-ring states: H2MC 0.45, RWM 0.63 (sigma
+    1e-2) to 0.91 (sigma 0.1, the best for min-ESS) and higher for smaller sigmas."""
+    target = E.make_target("b")
+    x0 = E.stationary_starts(target, 32, np.random.default_rng(1000))
+    h = E._tau_run(target, E.H2MCStep(sigma2=E.TUNED_SIGMA2["b"]), 32, 600, 0, x0)
+    rw = [E._tau_run(target, E.RandomWalk(sigma=s), 32, 600, 0, x0) for s in E.RWM_SIGMAS[2:]]
+    assert h["radial_lag1"] < 0.55 < min(r["radial_lag1"] for r in rw), (h, rw)
+    assert h["acceptance"] > max(r["acceptance"] for r in rw[-3:])  # sigma >= 1e-2
+
+
+@pytest.mark.slow
+def test_ae5_ring_oracle_bound():
+    """The best ring-aware local Gaussian (exact ring geometry, curvature drift compensated)
+    over a (s_t, s_r) grid stays below 5x RWM's min-ESS per evaluation, even with log f left
+    out of its tau: the spec's 5x on (b) is out of reach of any H2MC-type Gaussian proposal.
+    Measured (32 x 20000): see the package README."""
+    r = E.ae5_ring_oracle_bound()
+    assert r["oracle"]["reliable"] and r["rwm"]["reliable"]
+    assert r["ratio"] < 5
+    assert r["ratio_xy"] < 5
 
 
 def test_ae6_acceptance_falls_as_sigma2_grows():
