@@ -44,6 +44,7 @@ __all__ = [
     "GraphSlot",
     "Image",
     "InBounds",
+    "InBoundsExpanded",
     "InBoundsRef",
     "BufferRef",
     "SizeRef",
@@ -260,6 +261,19 @@ def InBounds(*offset):
     if not offset or not all(isinstance(o, numbers.Integral) for o in offset):
         raise TypeError(f"InBounds: expected constant integer offsets, got {offset!r}")
     return sym.leaf("__inbounds__", tuple(int(o) for o in offset), "bool")
+
+
+def InBoundsExpanded(*args):
+    """``InBoundsExpanded(dx, dy, e)``: true where the whole box ``[c + o - e, c + o + e]`` (per
+    dimension, c the centre, o the offset) lies inside the residual's index space (Fig. 26),
+    i.e. ``InBounds(o - e) and InBounds(o + e)``. Turns off the default boundary mask like
+    :func:`InBounds`."""
+    if len(args) < 2 or not all(isinstance(a, numbers.Integral) for a in args):
+        raise TypeError(f"InBoundsExpanded: expected constant integer offsets and an extent, got {args!r}")
+    *offset, e = (int(a) for a in args)
+    if e < 0:
+        raise ValueError(f"InBoundsExpanded: the extent must be >= 0, got {e}")
+    return sym.logical_and(InBounds(*(o - e for o in offset)), InBounds(*(o + e for o in offset)))
 
 
 def Index(d: int):

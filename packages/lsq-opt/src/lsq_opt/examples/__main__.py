@@ -11,10 +11,10 @@ from .nist import nist_table
 
 SIZES = {"laplacian": (64, 48), "poisson": (128, 128), "arap": (48, 32),
          "laplacian_mesh": (24, 16), "arap_mesh": (24, 16), "intrinsic": (24, 16),
-         "flow": (64, 48), "nist": None}
+         "flow": (64, 48), "nist": None, "shading": (64, 48)}
 FULL_SIZES = {"laplacian": (64, 48), "poisson": (512, 512), "arap": (48, 32),
               "laplacian_mesh": (64, 32), "arap_mesh": (64, 32), "intrinsic": (96, 64),
-              "flow": (128, 96), "nist": None}
+              "flow": (128, 96), "nist": None, "shading": (640, 480)}
 
 
 def _check(name, r):
@@ -33,6 +33,9 @@ def _check(name, r):
         return r["finite"] and r["grad_frac_p"] < 0.5 * r["grad_frac_p2"]
     if name == "flow":
         return r["finite"] and r["mean_epe_interior"] < 0.1
+    if name == "shading":
+        return (r["finite"] and r["monotone_accepted_costs"]
+                and r["rms_depth_err_refined"] < 0.75 * r["rms_depth_err_input"])
     if name == "nist":
         return r["finite"] and r["lm_matches_scipy"]
     return True
@@ -68,6 +71,9 @@ def main(argv=None) -> int:
             print(nist_table(r))
             check = (f"LM f64 reaches {r['lm_reached']}/{len(r['problems'])} certified fits, "
                      f"scipy LM {r['scipy_reached']}; LM where scipy: {r['lm_matches_scipy']}")
+        elif name == "shading":
+            check = (f"rms depth error {r['rms_depth_err_input']:.2e} -> {r['rms_depth_err_refined']:.2e} "
+                     f"(LM; GN {r['methods'].get('gn', {}).get('rms_depth_err_refined', float('nan')):.2e})")
         elif name == "poisson":
             check = f"max|X-SuperLU|/range = {r['rel_err_direct']:.1e}"
         else:
