@@ -287,11 +287,12 @@ def run(size=(64, 48), verbose=False, out_dir=None, *, nonlinear_iterations=60,
                   f"error {out['rms_depth_err_input']:.2e} -> {r['rms_depth_err_refined']:.2e}")
     if out_dir is not None:
         lo, hi = float(truth.min()), float(truth.max())
+        ilo, ihi = (float(v) for v in np.percentile(data["Im"], [2, 98]))  # not the step's edge lines
         Xr = main["X"]
         panels = [to_rgb8(np.where(valid, data["D_i"], np.nan).T, lo, hi), to_rgb8(np.where(valid, Xr, np.nan).T, lo, hi),
-                  to_rgb8(truth.T, lo, hi), to_rgb8(data["Im"].T, 0, None),
-                  to_rgb8(_shaded(data["D_i"], params, valid).T, 0, float(data["Im"].max())),
-                  to_rgb8(_shaded(Xr, params, valid).T, 0, float(data["Im"].max()))]
+                  to_rgb8(truth.T, lo, hi), to_rgb8(data["Im"].T, ilo, ihi),
+                  to_rgb8(_shaded(data["D_i"], params, valid).T, ilo, ihi),
+                  to_rgb8(_shaded(Xr, params, valid).T, ilo, ihi)]
         out["png"] = write_png(os.path.join(out_dir, f"{NAME}.png"),
                                side_by_side(panels, upscale=max(1, 192 // H)))
     return out
