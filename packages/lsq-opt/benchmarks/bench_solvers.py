@@ -671,8 +671,8 @@ def main():
     # AMG V-cycle): a win on the linear Poisson problem; on the nonlinear ARAP problems its
     # per-iteration setup costs more than it saves (measured; not in the default configs)
     poisson_extra = [
-        cfg("lsq_opt GN multigrid (PCG 15)", "gn", 15, preconditioner="multigrid"),
-        cfg("lsq_opt GN f32 multigrid (PCG 15)", "gn", 15, preconditioner="multigrid",
+        cfg("lsq_opt GN multigrid (PCG 8)", "gn", 8, preconditioner="multigrid"),
+        cfg("lsq_opt GN f32 multigrid (PCG 8)", "gn", 8, preconditioner="multigrid",
             dtype="float32"),
     ]
     if args.multigrid_everywhere:

@@ -529,29 +529,44 @@ class _GridDomain:
 
     def jtj_matrix(self, n):
         """J^T J over the free unknowns as a scipy CSR matrix, from the stencil planes of the
-        ``jtjs`` kernel (run at the packed x)."""
+        ``jtjs`` kernel (run at the packed x). The sparsity pattern depends only on the free
+        set, so it is built once: a call is the kernel plus one gather of the values."""
         import scipy.sparse as sp
 
         if self.sout.shape[0] != len(self.skeys):
             self.sout = np.zeros((len(self.skeys),) + self.PS, self.dtype)
             self._ptrs()
-            self.colidx = np.full((max(1, self.nu),) + self.PS, -1, np.int64)
-            self.colidx.reshape(-1)[self.free_pos] = self.free_cols
-            self._fp_plane = self.free_pos // self.plane
-            self._fp_q = self.free_pos % self.plane
+            self._jtj_pattern = self._csr_pattern(n)
         self.run("jtjs", self.plan_threads)
-        rows, cols, vals = [], [], []
-        cflat = self.colidx.reshape(len(self.colidx), -1)
+        indptr, indices, src, has_duplicates = self._jtj_pattern
+        A = sp.csr_matrix((self.sout.reshape(-1)[src], indices, indptr), shape=(n, n))
+        if has_duplicates:
+            A.sum_duplicates()
+        return A
+
+    def _csr_pattern(self, n):
+        """CSR row pointers and column indices of J^T J and, per stored entry, its position in
+        the flattened stencil planes ``sout``."""
+        colidx = np.full((max(1, self.nu),) + self.PS, -1, np.int64)
+        colidx.reshape(-1)[self.free_pos] = self.free_cols
+        cflat = colidx.reshape(len(colidx), -1)
+        fp_plane, fp_q = self.free_pos // self.plane, self.free_pos % self.plane
+        rows, cols, src = [], [], []
         for kk, (rp, cp, delta) in enumerate(self.skeys):
-            sel = self._fp_plane == rp
-            q = self._fp_q[sel]
+            sel = fp_plane == rp
+            q = fp_q[sel]
             c = cflat[cp][q + self.disp(delta)]
             keep = c >= 0
             rows.append(self.free_cols[sel][keep])
             cols.append(c[keep])
-            vals.append(self.sout[kk].reshape(-1)[q[keep]])
-        return sp.csr_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                             shape=(n, n))
+            src.append(kk * self.sout[0].size + q[keep])
+        rows, cols, src = (np.concatenate(a) for a in (rows, cols, src))
+        order = np.lexsort((cols, rows))
+        rows, cols, src = rows[order], cols[order], src[order]
+        indptr = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(rows, minlength=n), out=indptr[1:])
+        has_duplicates = bool(np.any((rows[1:] == rows[:-1]) & (cols[1:] == cols[:-1])))
+        return indptr, cols, src, has_duplicates
 
     def coords(self):
         """(plane, grid coordinates) of every free unknown on this domain, in ``free_cols``
