@@ -113,3 +113,20 @@ def test_over_correction_cuts_pcg_iterations():
     its = {a: pcg(lambda p: A @ p, b, Multigrid(A, plan.unknown_coords(), over_correction=a),
                   max_iterations=500, tolerance=1e-10).iterations for a in (1.0, 1.6)}
     assert its[1.6] < its[1.0], its
+
+
+def test_damping_added_to_the_stored_diagonal():
+    """LM's multigrid adds its damping D to J^T J's stored diagonal in place; a pattern without
+    some diagonal entry takes the sparse sum."""
+    import scipy.sparse as sp
+    from lsq_opt._solver.problem import _add_to_diagonal
+
+    rng = np.random.default_rng(3)
+    full = sp.random(30, 30, density=0.2, random_state=4, format="csr") + sp.eye(30, format="csr")
+    holed = sp.random(30, 30, density=0.1, random_state=5, format="csr")
+    holed.setdiag(0.0)
+    holed.eliminate_zeros()
+    for A in (full, holed):
+        shift = rng.random(30)
+        expected = (A + sp.diags(shift)).toarray()
+        np.testing.assert_allclose(_add_to_diagonal(A.copy(), shift).toarray(), expected)

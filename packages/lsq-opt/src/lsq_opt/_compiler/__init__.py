@@ -737,7 +737,15 @@ class Plan:
 
     def unknown_coords(self) -> np.ndarray:
         """(n, 1 + max ndim) int: per free unknown, a plane id (unknown, channel) and its grid
-        position (vertex index for 1-D index spaces); for geometric multigrid aggregation."""
+        position (vertex index for 1-D index spaces); for geometric multigrid aggregation.
+        Fixed for the plan's lifetime: computed once (read-only)."""
+        coords = getattr(self, "_unknown_coords", None)
+        if coords is None:
+            coords = self._unknown_coords = self._compute_unknown_coords()
+            coords.flags.writeable = False
+        return coords
+
+    def _compute_unknown_coords(self) -> np.ndarray:
         nd = max(len(self.decls[u][1]) for u in self.unknowns)
         parts, plane = [], 0
         for u in self.unknowns:

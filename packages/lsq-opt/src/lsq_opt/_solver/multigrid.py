@@ -110,7 +110,9 @@ class Multigrid:
             if self.coarse is None:
                 return b
             kind, f = self.coarse
-            return sla.cho_solve(f, b) if kind == "chol" else sla.lu_solve(f, b)
+            if kind == "chol":
+                return sla.cho_solve(f, b, check_finite=False)
+            return sla.lu_solve(f, b, check_finite=False)
         A, wd, P, R = self.levels[k]
         x = wd * b
         for _ in range(self.sweeps - 1):

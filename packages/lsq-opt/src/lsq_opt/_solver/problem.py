@@ -67,8 +67,20 @@ def multigrid_preconditioner(problem: Any, x: np.ndarray, shift=None):
                         "unknown_coords() (a compiled Plan)")
     A = problem.jtj_matrix(x)
     if shift is not None:
-        A = A + sp.diags(np.asarray(shift, A.dtype))
+        A = _add_to_diagonal(A, np.asarray(shift, A.dtype))
     return Multigrid(A, problem.unknown_coords())
+
+
+def _add_to_diagonal(A, shift):
+    """A + diag(shift); in place on the (freshly assembled) CSR matrix when every row stores
+    its diagonal entry, which J^T J patterns do: a sparse sum would rebuild the matrix."""
+    A = sp.csr_matrix(A)
+    rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
+    at_diagonal = np.flatnonzero(A.indices == rows)
+    if len(at_diagonal) != A.shape[0] or A.has_canonical_format is False:
+        return A + sp.diags(shift)
+    A.data[at_diagonal] += shift
+    return A
 
 
 def jtjp_operator(problem: Any, x: np.ndarray):
