@@ -646,15 +646,12 @@ def test_kernels_are_compiled_lazily_and_cached_by_source(host):
 
 @pytest.fixture(scope="module")
 def cupy_dev():
-    try:
-        import cupy
-    except ImportError:
-        pytest.skip("CuPy is not installed")
-    try:
-        if cupy.cuda.runtime.getDeviceCount() < 1:
-            pytest.skip("no CUDA device")
-    except Exception as e:  # noqa: BLE001 - any CUDA runtime failure means no usable device
-        pytest.skip(f"no usable CUDA device: {e}")
+    from core_ad._codegen.cuda.launcher import available
+
+    if not available():
+        pytest.skip("no CuPy with a usable CUDA device")
+    import cupy
+
     return cupy
 
 

@@ -5,6 +5,7 @@ Convention tested: cost = 1/2 sum r^2, gradient J^T F, Gauss-Newton matrix J^T J
 the paper's E = sum r^2 has 2 J^T F and 2 J^T J)."""
 
 import numpy as np
+from lsq_opt.testing import fd_jacobian, rel_check
 from lsq_opt.examples import arap as arap_example
 import pytest
 from core_ad import sym
@@ -87,27 +88,6 @@ def build(kind, rng, backend="llvm", dtype=np.float64):
             sin_exp_energy(), arrays={"B": rng.random((W_, H_, 2))}, params={"k": 0.7},
             backend=backend, dtype=dtype)
     raise ValueError(kind)
-
-
-def fd_jacobian(plan, x, h=1e-3):
-    """Dense J by 4-point central differences (truncation O(h^4))."""
-    J = np.zeros((plan.m, plan.n))
-    for j in range(plan.n):
-        e = np.zeros(plan.n)
-        e[j] = h
-        d1 = plan.residuals(x + e) - plan.residuals(x - e)
-        d2 = plan.residuals(x + 2 * e) - plan.residuals(x - 2 * e)
-        J[:, j] = (8 * d1 - d2) / (12 * h)
-    return J
-
-
-def rel_check(a, b, rel=1e-6, floor=1e-8):
-    """|a - b| <= rel * |b| on entries with |b| > floor, and |a - b| <= floor elsewhere."""
-    a, b = np.asarray(a), np.asarray(b)
-    big = np.abs(b) > floor
-    err = np.abs(a - b)
-    assert np.all(err[big] <= rel * np.abs(b[big]) + 1e-10), np.max(err[big] / np.abs(b[big]))
-    assert np.all(err[~big] <= 1e-8), np.max(err[~big])
 
 
 def scaled_check(a, b, scale, rel=1e-6):

@@ -5,21 +5,11 @@ Finite differences: float64 4-point central differences with h = 1e-3 (truncatio
 relative for these smooth residuals, well under the 1e-6 tolerance of spec AE-1)."""
 
 import numpy as np
+from lsq_opt.testing import fd_jacobian
 import pytest
 from core_ad import sym
 from lsq_opt import Rotate3D, Vec, solve
 from lsq_opt.examples import mesh
-
-
-def fd_jacobian(plan, x, h=1e-3):
-    J = np.zeros((plan.m, plan.n))
-    for j in range(plan.n):
-        e = np.zeros(plan.n)
-        e[j] = h
-        d1 = plan.residuals(x + e) - plan.residuals(x - e)
-        d2 = plan.residuals(x + 2 * e) - plan.residuals(x - 2 * e)
-        J[:, j] = (8 * d1 - d2) / (12 * h)
-    return J
 
 
 def test_rotate3d_matches_numpy_and_is_a_rotation():

@@ -12,6 +12,7 @@ absolute for the FD's rounding); products against the FD Jacobian within 1e-6 of
 product over |J|; against the numpy reference backend f64 1e-12, f32 1e-4."""
 
 import numpy as np
+from lsq_opt.testing import fd_jacobian, rel_check
 import pytest
 from lsq_opt import compile_problem, solve
 from lsq_opt.examples import shading
@@ -61,23 +62,6 @@ def safe_x(plan, rng, scale=0.005):
     raise AssertionError("could not place x away from the continuity threshold")
 
 
-def fd_jacobian(plan, x, h=H_FD):
-    J = np.zeros((plan.m, plan.n))
-    for j in range(plan.n):
-        e = np.zeros(plan.n)
-        e[j] = h
-        d1 = plan.residuals(x + e) - plan.residuals(x - e)
-        d2 = plan.residuals(x + 2 * e) - plan.residuals(x - 2 * e)
-        J[:, j] = (8 * d1 - d2) / (12 * h)
-    return J
-
-
-def rel_check(a, b, rel=1e-6, floor=1e-8):
-    err, big = np.abs(a - b), np.abs(b) > floor
-    assert np.all(err[big] <= rel * np.abs(b[big]) + 1e-10), np.max(err[big] / np.abs(b[big]))
-    assert np.all(err[~big] <= 1e-8), np.max(err[~big])
-
-
 def scaled_check(a, b, scale, rel=1e-6):
     err = np.abs(np.asarray(a) - np.asarray(b))
     assert np.all(err <= rel * scale + 1e-12), np.max(err / (scale + 1e-300))
@@ -122,7 +106,7 @@ def test_ae1_against_finite_differences(ae1):
     _, _, _, plans, x, rng = ae1
     plan = plans["fused", "float64"]
     F = plan.residuals(x)
-    Jfd = fd_jacobian(plan, x)
+    Jfd = fd_jacobian(plan, x, h=H_FD)
     J = plan.jacobian(x).toarray()
     rel_check(J, Jfd)
     aJ = np.abs(Jfd)
