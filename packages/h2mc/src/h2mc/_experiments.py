@@ -180,6 +180,33 @@ def ae5_ring_oracle_bound(chains=32, steps=20000, seed=0, grid=ORACLE_GRID,
             "oracle_xy": best_xy}
 
 
+def ae5_ring_global_moves(chains=32, steps=20000, seed=0, p_large=(0.3, 0.5),
+                          rwm_sigma=0.1, derivatives="compiled", with_h2mc=True):
+    """What the min-ESS of AE-5 rewards on the ring (b): global moves, not local exploration.
+
+    Runs the independent uniform proposal alone (no derivatives, no locality), best RWM
+    (``rwm_sigma``, the best of AE-5's grid), and, for each large-step probability of
+    ``p_large``, the same large steps mixed with RWM ("Kelemen": large + isotropic) and with
+    H2MC (large + 0.2 of the rest isotropic + H2MC, as spec 1.6). Ratios are ESS per
+    evaluation over RWM's.
+    """
+    target = make_target("b", derivatives)
+    x0 = stationary_starts(target, chains, np.random.default_rng(seed + 1000))
+    runs = {"large only": LargeStep(), "rwm": RandomWalk(sigma=rwm_sigma)}
+    s2 = TUNED_SIGMA2["b"]
+    for p in p_large:
+        runs[f"large {p:g} + rwm"] = [(p, LargeStep()), (1 - p, RandomWalk(sigma=rwm_sigma))]
+        if with_h2mc:
+            runs[f"large {p:g} + h2mc"] = [(p, LargeStep()),
+                                           (0.2 * (1 - p), IsotropicStep(sigma2=ISO_SIGMA2["b"])),
+                                           (0.8 * (1 - p), H2MCStep(sigma2=s2))]
+    rows = {k: _tau_run(target, kern, chains, steps, seed, x0) for k, kern in runs.items()}
+    base = rows["rwm"]["ess_per_eval"]
+    for r in rows.values():
+        r["ratio_rwm"] = r["ess_per_eval"] / base
+    return rows
+
+
 def ae5_ring_widths(widths=(0.005, 0.01, 0.02), chains=32, steps=20000, seed=0,
                     sigma2s=(1e-3, 7e-3, 2.8e-2, 1e-1), rwm_sigmas=RWM_SIGMAS,
                     derivatives="compiled"):

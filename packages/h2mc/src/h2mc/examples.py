@@ -114,6 +114,10 @@ def main(argv=None) -> int:
         print(f"  {r['target']:<20} H2MC / best RWM = {r['ratio_rwm']:.1f}x (spec: >= 5;"
               f" mixture / best RWM = {mix:.1f}x),"
               f" H2MC / HMC = {r['ratio_hmc']:.0f}x (spec: > 1)")
+    g = E.ae5_ring_global_moves(steps=8000 if not full else 20000, seed=args.seed,
+                                with_h2mc=full)
+    print("  on the ring, min-ESS/eval rewards global jumps (README, AE-5):"
+          + ";".join(f" {k} {v['ratio_rwm']:.1f}x RWM" for k, v in g.items() if k != "rwm"))
 
     print("AE-6 H2MC acceptance vs sigma2 on target (b) (thesis Fig 6-5, bathroom scene):")
     for row in E.ae6_sigma_sweep("b", seed=args.seed):
