@@ -193,13 +193,10 @@ def ae5_ring_global_moves(chains=32, steps=20000, seed=0, p_large=(0.3, 0.5),
     target = make_target("b", derivatives)
     x0 = stationary_starts(target, chains, np.random.default_rng(seed + 1000))
     runs = {"large only": LargeStep(), "rwm": RandomWalk(sigma=rwm_sigma)}
-    s2 = TUNED_SIGMA2["b"]
     for p in p_large:
         runs[f"large {p:g} + rwm"] = [(p, LargeStep()), (1 - p, RandomWalk(sigma=rwm_sigma))]
         if with_h2mc:
-            runs[f"large {p:g} + h2mc"] = [(p, LargeStep()),
-                                           (0.2 * (1 - p), IsotropicStep(sigma2=ISO_SIGMA2["b"])),
-                                           (0.8 * (1 - p), H2MCStep(sigma2=s2))]
+            runs[f"large {p:g} + h2mc"] = mixture("b", p_large=p, p_iso=0.2 * (1 - p))
     rows = {k: _tau_run(target, kern, chains, steps, seed, x0) for k, kern in runs.items()}
     base = rows["rwm"]["ess_per_eval"]
     for r in rows.values():
