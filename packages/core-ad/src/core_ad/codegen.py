@@ -35,6 +35,44 @@ expressions with the ONE emitter here rather than writing another::
   ``module_name``), ``host_signature()`` (CPU, features, LLVM version: part of such a hash),
   ``thread_pool()`` and ``num_threads(requested=None)`` (the kernels' thread pool and the
   ``CORE_AD_NUM_THREADS`` rule), ``host_vector_width(dtype)`` (lanes of one SIMD register);
+* **the kernel-building layer** for siblings that build whole kernels (loop nests around the
+  emitter): ``KernelModule(name)`` with several entry points (``range_function(name,
+  ints=False)``: ``int32 name(int64 start, int64 end, int8 **ptrs [, int64 *ints])``, or
+  ``function(name, [Arg(...), ...])`` with typed pointer / scalar arguments) compiled together
+  by ``KernelModule.compile() -> {name: ctypes callable}``; in a body: ``loop`` (counted),
+  ``vector_loop`` (vector main body + scalar tail), ``splat``, ``hsum`` / ``hmin`` / ``hmax``,
+  ``dense_load`` / ``dense_store`` / ``masked_dense_store``, ``gather`` (per-lane loads;
+  bounds-checked gathers and scatters are the emitter's ``BufferArg``); ``parallel_for(fn, n,
+  args, ...)`` splits ``[0, n)`` over the thread pool in aligned ranges, with per-thread
+  arguments for private partial buffers. Example (a vectorised, threaded sum of squares)::
+
+      import ctypes
+      import numpy as np
+      from core_ad import codegen, sym
+
+      x = sym.var("x")
+      mod = codegen.KernelModule("sumsq")
+      f = mod.range_function("sumsq")            # (start, end, ptrs): ptrs = [xs, partials]
+      b = f.builder
+      xs, part = f.pointer(0, np.float64), f.pointer(1, np.float64)
+      acc = b.alloca(codegen.llvm_type(np.float64))
+      b.store(codegen.llvm_type(np.float64)(0.0), acc)
+      W = codegen.host_vector_width(np.float64)
+
+      def step(i, w):
+          v = codegen.dense_load(b, xs, i, w) if w else b.load(b.gep(xs, [i]))
+          sq = codegen.emit(b, x * x, {x: v})
+          b.store(b.fadd(b.load(acc), codegen.hsum(b, sq)), acc)
+
+      codegen.vector_loop(b, f.start, f.end, W, step)
+      b.store(b.load(acc), b.gep(part, [f.start]))
+      f.ret()
+      sumsq = mod.compile()["sumsq"]
+      data, partials = np.random.rand(10**6), np.zeros(10**6)
+      table = (ctypes.c_void_p * 2)(data.ctypes.data, partials.ctypes.data)
+      codegen.parallel_for(sumsq, data.size, (ctypes.addressof(table),), align=W)
+      total = partials.sum()
+
 * for siblings that write CUDA C loop nests: ``c_spell(prim, operands, arg_dtypes,
   out_dtype)`` (one lane-wise primitive over C operand expressions, numpy's promotion rules),
   ``c_type(dtype)``, ``c_literal(value, dtype)``, ``CUDA_PREAMBLE`` (the device helpers the
@@ -47,6 +85,22 @@ from ._codegen import (
     backends,
     default_backend,
     register_backend,
+)
+from ._codegen.llvm.builder import (
+    Arg,
+    KernelFunction,
+    KernelModule,
+    dense_load,
+    dense_store,
+    gather,
+    hmax,
+    hmin,
+    hsum,
+    loop,
+    masked_dense_store,
+    parallel_for,
+    splat,
+    vector_loop,
 )
 from ._codegen.llvm.emitter import (
     LOWERINGS,
@@ -68,10 +122,14 @@ from ._codegen.llvm.runtime import num_threads, thread_pool
 from ._codegen.llvm.vecmath import VecMath
 
 
-def compile_ir(ir_text: str, module_name: str, fn_name: str) -> tuple[int, dict]:
+def compile_ir(ir_text: str, module_name: str, fn_name) -> tuple:
     """Optimise (O3), compile and link an LLVM module; returns (address of ``fn_name``,
-    timings). ``module_name`` must be unique per distinct module (use a content hash)."""
-    return _jit().compile(ir_text, module_name, fn_name)
+    timings), or (list of addresses, timings) when ``fn_name`` is a list of names.
+    ``module_name`` must be unique per distinct module (use a content hash), and so must the
+    symbol names across modules (they share one JIT engine): :class:`KernelModule` does both."""
+    if isinstance(fn_name, str):
+        return _jit().compile(ir_text, module_name, fn_name)
+    return _jit().compile_many(ir_text, module_name, list(fn_name))
 
 
 def host_vector_width(dtype) -> int:
@@ -80,6 +138,20 @@ def host_vector_width(dtype) -> int:
 
 
 __all__ = [
+    "Arg",
+    "KernelFunction",
+    "KernelModule",
+    "dense_load",
+    "dense_store",
+    "gather",
+    "hmax",
+    "hmin",
+    "hsum",
+    "loop",
+    "masked_dense_store",
+    "parallel_for",
+    "splat",
+    "vector_loop",
     "LOWERINGS",
     "BoundsFailure",
     "BufferArg",

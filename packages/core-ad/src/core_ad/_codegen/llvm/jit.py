@@ -116,6 +116,11 @@ class Jit:
     def compile(self, ir_text: str, module_name: str, fn_name: str) -> tuple[int, dict]:
         """Parse, optimise (O3), compile and link ``ir_text``; returns (address of
         ``fn_name``, timings {"parse", "opt", "codegen", "disk_hit"} in seconds)."""
+        addrs, times = self.compile_many(ir_text, module_name, [fn_name])
+        return addrs[0], times
+
+    def compile_many(self, ir_text: str, module_name: str, fn_names) -> tuple[list[int], dict]:
+        """As :meth:`compile`, with the addresses of every function in ``fn_names``."""
         times = {}
         with self.lock:
             t0 = time.perf_counter()
@@ -142,14 +147,15 @@ class Jit:
                 self.engine.finalize_object()
             finally:
                 self._pending_dir = None
-            addr = self.engine.get_function_address(fn_name)
+            addrs = [self.engine.get_function_address(n) for n in fn_names]
             t3 = time.perf_counter()
             self.modules.append(mod)
             self.stats["compiled"] += 1
-        if not addr:
-            raise RuntimeError(f"LLVM backend: function {fn_name!r} not found after linking")
+        for n, a in zip(fn_names, addrs):
+            if not a:
+                raise RuntimeError(f"LLVM backend: function {n!r} not found after linking")
         times.update(parse=t1 - t0, opt=t2 - t1, codegen=t3 - t2, disk_hit=hit)
-        return addr, times
+        return addrs, times
 
     def assembly(self, ir_text: str) -> str:
         """Optimised assembly of ``ir_text`` (for inspection and tests; not linked)."""

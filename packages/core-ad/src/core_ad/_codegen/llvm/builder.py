@@ -1,0 +1,354 @@
+"""The kernel-building layer: the scaffolding around core_ad's scalar emitter that every tool
+building its own loop nests needs (halide_ad's pipelines, lsq_opt's fused solver kernels,
+edge_rt's shading kernels), written once.
+
+A :class:`KernelModule` holds several entry points compiled together; each is a
+:class:`KernelFunction` with typed arguments. The common shape is a *range function*::
+
+    int32 name(int64 start, int64 end, int8 **ptrs [, int64 *ints])
+
+which runs iterations ``[start, end)`` so :func:`parallel_for` can split the work over the
+thread pool (ctypes releases the GIL). Inside a function: counted loops (:func:`loop`), a
+vector main body with a scalar tail (:func:`vector_loop`), splats, horizontal reductions,
+dense and masked vector memory access and per-lane gathers; expression values come from
+:class:`~core_ad.codegen.Emitter` (whose ``BufferArg`` gathers / scatters keep their bounds
+checks). ``KernelModule.compile()`` gives a ctypes callable for every entry point; equal
+modules are compiled once per process (the symbol names carry a hash of the module's IR and
+the host, so modules never clash in the one JIT engine).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+from contextlib import contextmanager
+
+import numpy as np
+from llvmlite import ir
+
+from .emitter import llvm_type
+from .jit import host_signature, jit
+
+__all__ = [
+    "Arg",
+    "KernelFunction",
+    "KernelModule",
+    "dense_load",
+    "dense_store",
+    "gather",
+    "hmax",
+    "hmin",
+    "hsum",
+    "loop",
+    "masked_dense_store",
+    "parallel_for",
+    "splat",
+    "vector_loop",
+]
+
+I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I8P = I8.as_pointer()
+
+# the placeholder replaced by the module's content hash in every symbol name
+_TOKEN = "COREADKERNELHASH"
+_COMPILED: dict = {}  # module name -> {entry name: address} (process-wide)
+
+
+class Arg:
+    """A typed argument: a pointer to elements of ``dtype`` (``pointer=True``), a pointer
+    table (``dtype=None``: ``int8 **``), or a scalar of ``dtype``."""
+
+    __slots__ = ("dtype", "name", "pointer")
+
+    def __init__(self, name: str, dtype=None, pointer: bool = False):
+        self.name, self.pointer = name, pointer
+        self.dtype = None if dtype is None else np.dtype(dtype)
+
+    def llvm(self):
+        if self.dtype is None:
+            return I8P.as_pointer()
+        t = llvm_type(self.dtype, storage=True)
+        return t.as_pointer() if self.pointer else t
+
+    def ctype(self):
+        if self.dtype is None or self.pointer:
+            return ctypes.c_void_p
+        return np.ctypeslib.as_ctypes_type(self.dtype)
+
+
+class KernelFunction:
+    """One entry point: ``builder`` is positioned in its entry block; arguments are
+    ``arg(name)`` (or ``start`` / ``end`` / ``ptrs`` / ``ints`` of a range function)."""
+
+    def __init__(self, module: "KernelModule", name: str, args: list[Arg]):
+        self.name = name
+        self.signature = args
+        fnty = ir.FunctionType(I32, [a.llvm() for a in args])
+        self.fn = ir.Function(module.module, fnty, f"{name}_{_TOKEN}")
+        self.fn.attributes.add("nounwind")
+        self._args = {}
+        for a, v in zip(args, self.fn.args):
+            v.name = a.name
+            if a.dtype is None or a.pointer:
+                v.add_attribute("noalias")
+            self._args[a.name] = v
+        self.builder = ir.IRBuilder(self.fn.append_basic_block("entry"))
+        self._fail: dict = {}
+
+    def arg(self, name: str):
+        return self._args[name]
+
+    @property
+    def start(self):
+        return self._args["start"]
+
+    @property
+    def end(self):
+        return self._args["end"]
+
+    def pointer(self, slot: int, dtype, table: str = "ptrs"):
+        """Entry ``slot`` of the pointer table, as a pointer to ``dtype`` elements (storage
+        type: bool is int8)."""
+        b = self.builder
+        p = b.load(b.gep(self._args[table], [ir.Constant(I64, slot)]), align=8)
+        return b.bitcast(p, llvm_type(dtype, storage=True).as_pointer())
+
+    def integer(self, slot: int, table: str = "ints"):
+        """Entry ``slot`` of the int64 table."""
+        b = self.builder
+        return b.load(b.gep(self._args[table], [ir.Constant(I64, slot)]), align=8)
+
+    def fail_block(self, code: int):
+        """A block that returns ``code`` (a non-zero status: branch here on failure)."""
+        blk = self._fail.get(code)
+        if blk is None:
+            blk = self._fail[code] = self.fn.append_basic_block(f"fail{code}")
+            ir.IRBuilder(blk).ret(ir.Constant(I32, code))
+        return blk
+
+    def ret(self, code: int = 0):
+        self.builder.ret(ir.Constant(I32, code))
+
+
+class KernelModule:
+    """Several entry points compiled together into one LLVM module."""
+
+    def __init__(self, name: str):
+        self.name = name
+        self.module = ir.Module(name=name)
+        self.functions: list[KernelFunction] = []
+        self._declared: dict = {}
+
+    def function(self, name: str, args: list[Arg]) -> KernelFunction:
+        """An entry point ``int32 name(args...)`` returning a status (0: success)."""
+        if any(f.name == name for f in self.functions):
+            raise ValueError(f"KernelModule {self.name}: entry point {name!r} defined twice")
+        f = KernelFunction(self, name, list(args))
+        self.functions.append(f)
+        return f
+
+    def range_function(self, name: str, ints: bool = False) -> KernelFunction:
+        """``int32 name(int64 start, int64 end, int8 **ptrs [, int64 *ints])``: iterations
+        ``[start, end)`` over storage in the pointer table and sizes in the int table."""
+        args = [Arg("start", np.int64), Arg("end", np.int64), Arg("ptrs")]
+        if ints:
+            args.append(Arg("ints", np.int64, pointer=True))
+        return self.function(name, args)
+
+    def declare(self, name: str, ret, args):
+        """An external C function (``malloc``, ``free``, ...), declared once."""
+        fn = self._declared.get(name)
+        if fn is None:
+            fn = self._declared[name] = ir.Function(self.module, ir.FunctionType(ret, args),
+                                                    name)
+        return fn
+
+    def get(self, name: str) -> ir.Function:
+        """The llvm function of entry point ``name`` (to call it from another entry)."""
+        return next(f.fn for f in self.functions if f.name == name)
+
+    def ir_text(self) -> tuple[str, str]:
+        """(module IR with the content hash in every symbol name, the hash)."""
+        text = str(self.module)
+        h = hashlib.sha256((text + host_signature()).encode()).hexdigest()[:24]
+        return text.replace(_TOKEN, h), h
+
+    def compile(self) -> dict:
+        """Compile (once per process for equal modules); {entry name: ctypes callable}."""
+        text, h = self.ir_text()
+        mod_name = f"{self.name}_{h}"
+        addrs = _COMPILED.get(mod_name)
+        if addrs is None:
+            names = [f"{f.name}_{h}" for f in self.functions]
+            found, _ = jit().compile_many(text, mod_name, names)
+            addrs = _COMPILED[mod_name] = dict(zip((f.name for f in self.functions), found))
+        out = {}
+        for f in self.functions:
+            proto = ctypes.CFUNCTYPE(ctypes.c_int32, *[a.ctype() for a in f.signature])
+            out[f.name] = proto(addrs[f.name])
+        return out
+
+
+# ---------------------------------------------------------------------------- loops
+@contextmanager
+def loop(b: ir.IRBuilder, start, end, step=1, name: str = "i"):
+    """``for (i = start; i < end; i += step)``: yields the induction variable (a phi of the
+    type of ``start``); the body is what is emitted inside the ``with``."""
+    ty = start.type
+    step = ir.Constant(ty, step) if isinstance(step, int) else step
+    fn = b.function
+    pre = b.block
+    head = fn.append_basic_block(f"{name}.head")
+    body = fn.append_basic_block(f"{name}.body")
+    done = fn.append_basic_block(f"{name}.done")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(ty, name=name)
+    i.add_incoming(start, pre)
+    b.cbranch(b.icmp_signed("<", i, end), body, done)
+    b.position_at_end(body)
+    yield i
+    i.add_incoming(b.add(i, step, flags=["nsw"]), b.block)
+    b.branch(head)
+    b.position_at_end(done)
+
+
+def vector_loop(b: ir.IRBuilder, start, end, width: int, body, name: str = "i"):
+    """Iterations ``[start, end)``: a main loop over whole vectors of ``width`` lanes, then a
+    scalar tail. ``body(i, w)`` emits one step at ``i``, ``w`` lanes wide (``None`` in the
+    tail and when ``width`` is 1)."""
+    ty = start.type
+    if width > 1:
+        span = b.sub(end, start)
+        vend = b.add(start, b.mul(b.sdiv(span, ir.Constant(ty, width)), ir.Constant(ty, width)))
+        with loop(b, start, vend, width, f"{name}.v") as i:
+            body(i, width)
+        start = vend
+    with loop(b, start, end, 1, f"{name}.s") as i:
+        body(i, None)
+
+
+# ---------------------------------------------------------------------------- vectors
+def splat(b: ir.IRBuilder, v, n: int):
+    """``v`` broadcast to ``n`` lanes (a vector stays as it is)."""
+    if isinstance(v.type, ir.VectorType):
+        return v
+    vt = ir.VectorType(v.type, n)
+    u = b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
+    return b.shuffle_vector(u, ir.Constant(vt, ir.Undefined),
+                            ir.Constant(ir.VectorType(I32, n), [0] * n))
+
+
+def _lanes(b, v):
+    return [b.extract_element(v, ir.Constant(I32, k)) for k in range(v.type.count)]
+
+
+def hsum(b: ir.IRBuilder, v):
+    """Sum of the lanes of ``v`` (in lane order: the same rounding on every run)."""
+    if not isinstance(v.type, ir.VectorType):
+        return v
+    lanes = _lanes(b, v)
+    acc = lanes[0]
+    is_float = isinstance(acc.type, (ir.FloatType, ir.DoubleType))
+    for x in lanes[1:]:
+        acc = b.fadd(acc, x) if is_float else b.add(acc, x)
+    return acc
+
+
+def _hreduce(b, v, float_op, int_op):
+    if not isinstance(v.type, ir.VectorType):
+        return v
+    lanes = _lanes(b, v)
+    acc = lanes[0]
+    is_float = isinstance(acc.type, (ir.FloatType, ir.DoubleType))
+    for x in lanes[1:]:
+        c = b.fcmp_ordered(float_op, x, acc) if is_float else b.icmp_signed(int_op, x, acc)
+        acc = b.select(c, x, acc)
+    return acc
+
+
+def hmin(b: ir.IRBuilder, v):
+    """Minimum over the lanes of ``v`` (NaN lanes are skipped)."""
+    return _hreduce(b, v, "<", "<")
+
+
+def hmax(b: ir.IRBuilder, v):
+    """Maximum over the lanes of ``v`` (NaN lanes are skipped)."""
+    return _hreduce(b, v, ">", ">")
+
+
+def _tag(instr, alias):
+    if alias is not None:
+        instr.set_metadata("alias.scope", alias[0])
+        instr.set_metadata("noalias", alias[1])
+    return instr
+
+
+def dense_load(b: ir.IRBuilder, ptr, index, width: int, alias=None, align: int = 1):
+    """``width`` consecutive elements at ``ptr[index]`` as one vector load; ``alias`` is an
+    optional ``(alias.scope, noalias)`` metadata pair."""
+    vp = b.bitcast(b.gep(ptr, [index]), ir.VectorType(ptr.type.pointee, width).as_pointer())
+    return _tag(b.load(vp, align=align), alias)
+
+
+def dense_store(b: ir.IRBuilder, value, ptr, index, alias=None, align: int = 1):
+    """Store the vector ``value`` at ``ptr[index]``, ``ptr[index + 1]``, ..."""
+    vp = b.bitcast(b.gep(ptr, [index]), value.type.as_pointer())
+    return _tag(b.store(value, vp, align=align), alias)
+
+
+def masked_dense_store(b: ir.IRBuilder, value, ptr, index, mask, alias=None, align: int = 1):
+    """Store the lanes of ``value`` where ``mask`` is set, keeping the others (a blend with
+    the current contents: the whole vector must be in bounds)."""
+    vp = b.bitcast(b.gep(ptr, [index]), value.type.as_pointer())
+    value = b.select(mask, value, _tag(b.load(vp, align=align), alias))
+    return _tag(b.store(value, vp, align=align), alias)
+
+
+def gather(b: ir.IRBuilder, ptr, indices, offset=None, alias=None):
+    """Per-lane loads ``ptr[indices[lane] + offset]``. The lane addresses ``ptr +
+    indices[lane]`` do not depend on ``offset``, so gathers at several constant offsets (the
+    taps of a stencil) share them."""
+    n = indices.type.count
+    out = ir.Constant(ir.VectorType(ptr.type.pointee, n), ir.Undefined)
+    for lane in range(n):
+        p = b.gep(ptr, [b.extract_element(indices, ir.Constant(I32, lane))])
+        if offset is not None:
+            p = b.gep(p, [offset])
+        out = b.insert_element(out, _tag(b.load(p), alias), ir.Constant(I32, lane))
+    return out
+
+
+# ---------------------------------------------------------------------------- threads
+def parallel_for(fn, n: int, args, threads: int | None = None, chunks_per_thread: int = 1,
+                 min_per_thread: int = 1, align: int = 1) -> list[int]:
+    """Run ``fn(start, end, *args)`` over ``[0, n)`` split into ranges on the thread pool
+    (the first range on the calling thread); returns every call's status.
+
+    ``args`` is a tuple, or a callable ``k -> tuple`` for per-thread arguments (private
+    partial buffers, say: range ``k`` of at most ``threads`` ranges). Ranges start at multiples
+    of ``align`` (whole vectors), hold at least ``min_per_thread`` iterations, and there are
+    ``chunks_per_thread`` of them per thread (more chunks balance uneven work)."""
+    from .runtime import num_threads, thread_pool
+
+    if n <= 0:
+        return []
+    t = num_threads() if threads is None else max(1, threads)
+    t = max(1, min(t, n // max(1, min_per_thread)))
+    chunks = min(n, t * max(1, chunks_per_thread)) if t > 1 else 1
+    bounds = [0]
+    for k in range(1, chunks):
+        cut = n * k // chunks
+        cut -= cut % align
+        if cut > bounds[-1]:
+            bounds.append(cut)
+    bounds.append(n)
+    get = args if callable(args) else (lambda k: args)
+    ranges = list(zip(bounds[:-1], bounds[1:]))
+    if len(ranges) == 1:
+        return [fn(0, n, *get(0))]
+    pool = thread_pool()
+    futs = [pool.submit(fn, s, e, *get(k)) for k, (s, e) in enumerate(ranges[1:], start=1)]
+    rcs = [fn(ranges[0][0], ranges[0][1], *get(0))]
+    rcs += [f.result() for f in futs]
+    return rcs
