@@ -4,12 +4,12 @@ loops with vector body and scalar tail, reductions, masked stores, gathers, para
 from __future__ import annotations
 
 import ctypes
+import itertools
 
 import numpy as np
 import pytest
-from llvmlite import ir
-
 from core_ad import codegen, sym
+from llvmlite import ir
 
 
 def _table(*arrays):
@@ -81,7 +81,7 @@ def test_equal_modules_compile_once_and_different_modules_do_not_clash():
     m2, _ = _axpy_module(scale=3.0)
     m1b, _ = _axpy_module(scale=2.0)
     k1, k2, k1b = m1.compile(), m2.compile(), m1b.compile()
-    addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value  # noqa: E731
+    addr = lambda fn: ctypes.cast(fn, ctypes.c_void_p).value
     assert addr(k1["axpy"]) == addr(k1b["axpy"]) != addr(k2["axpy"])
     xs, ys = np.ones(5), np.zeros(5)
     t = _table(xs, ys)
@@ -145,7 +145,7 @@ def test_parallel_for_ranges_are_aligned_and_per_thread_args():
     codegen.parallel_for(fn, 1001, lambda k: (k,), threads=2, chunks_per_thread=3, align=8)
     seen.sort()
     assert seen[0][0] == 0 and seen[-1][1] == 1001
-    assert all(a[1] == b[0] for a, b in zip(seen, seen[1:]))  # contiguous, no gaps
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(seen))  # contiguous, no gaps
     assert all(s % 8 == 0 for s, _, _ in seen)
     assert sorted(k for _, _, k in seen) == list(range(len(seen)))
     seen.clear()

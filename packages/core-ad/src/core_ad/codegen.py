@@ -86,6 +86,11 @@ from ._codegen import (
     default_backend,
     register_backend,
 )
+from ._codegen.cuda.launcher import available as cuda_available
+from ._codegen.cuda.launcher import get_kernel as cuda_kernel
+from ._codegen.cuda.source import PREAMBLE as CUDA_PREAMBLE
+from ._codegen.cuda.source import c_literal, c_type
+from ._codegen.cuda.source import spell as c_spell
 from ._codegen.llvm.builder import (
     Arg,
     KernelFunction,
@@ -115,9 +120,8 @@ from ._codegen.llvm.emitter import (
     lowering_for,
     register_lowering,
 )
-from ._codegen.cuda.launcher import available as cuda_available, get_kernel as cuda_kernel
-from ._codegen.cuda.source import PREAMBLE as CUDA_PREAMBLE, c_literal, c_type, spell as c_spell
-from ._codegen.llvm.jit import host_signature, jit as _jit
+from ._codegen.llvm.jit import host_signature
+from ._codegen.llvm.jit import jit as _jit
 from ._codegen.llvm.runtime import num_threads, thread_pool
 from ._codegen.llvm.vecmath import VecMath
 
@@ -138,45 +142,45 @@ def host_vector_width(dtype) -> int:
 
 
 __all__ = [
-    "Arg",
-    "KernelFunction",
-    "KernelModule",
-    "dense_load",
-    "dense_store",
-    "gather",
-    "hmax",
-    "hmin",
-    "hsum",
-    "loop",
-    "masked_dense_store",
-    "parallel_for",
-    "splat",
-    "vector_loop",
+    "CUDA_PREAMBLE",
     "LOWERINGS",
+    "Arg",
     "BoundsFailure",
     "BufferArg",
     "Emitter",
+    "KernelFunction",
+    "KernelModule",
     "Unsupported",
     "VecMath",
     "available_backends",
-    "CUDA_PREAMBLE",
+    "backends",
     "c_literal",
     "c_spell",
     "c_type",
+    "compile_ir",
     "cuda_available",
     "cuda_kernel",
-    "compile_ir",
-    "host_signature",
-    "host_vector_width",
-    "num_threads",
-    "thread_pool",
-    "backends",
     "default_backend",
+    "dense_load",
+    "dense_store",
     "emit",
     "emit_program",
     "emit_with_grad",
+    "gather",
+    "hmax",
+    "hmin",
+    "host_signature",
+    "host_vector_width",
+    "hsum",
     "llvm_type",
+    "loop",
     "lowering_for",
+    "masked_dense_store",
+    "num_threads",
+    "parallel_for",
     "register_backend",
     "register_lowering",
+    "splat",
+    "thread_pool",
+    "vector_loop",
 ]

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
+import itertools
 from contextlib import contextmanager
 
 import numpy as np
@@ -80,7 +81,7 @@ class KernelFunction:
     """One entry point: ``builder`` is positioned in its entry block; arguments are
     ``arg(name)`` (or ``start`` / ``end`` / ``ptrs`` / ``ints`` of a range function)."""
 
-    def __init__(self, module: "KernelModule", name: str, args: list[Arg]):
+    def __init__(self, module: KernelModule, name: str, args: list[Arg]):
         self.name = name
         self.signature = args
         fnty = ir.FunctionType(I32, [a.llvm() for a in args])
@@ -344,7 +345,7 @@ def parallel_for(fn, n: int, args, threads: int | None = None, chunks_per_thread
             bounds.append(cut)
     bounds.append(n)
     get = args if callable(args) else (lambda k: args)
-    ranges = list(zip(bounds[:-1], bounds[1:]))
+    ranges = list(itertools.pairwise(bounds))
     if len(ranges) == 1:
         return [fn(0, n, *get(0))]
     pool = thread_pool()

@@ -25,7 +25,7 @@ import time
 import llvmlite
 import llvmlite.binding as llvm
 
-__all__ = ["jit", "Jit", "host_signature"]
+__all__ = ["Jit", "host_signature", "jit"]
 
 _INIT_LOCK = threading.RLock()
 _JIT = None
