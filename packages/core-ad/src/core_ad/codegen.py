@@ -39,7 +39,7 @@ expressions with the ONE emitter here rather than writing another::
   emitter): ``KernelModule(name)`` with several entry points (``range_function(name,
   ints=False)``: ``int32 name(int64 start, int64 end, int8 **ptrs [, int64 *ints])``, or
   ``function(name, [Arg(...), ...])`` with typed pointer / scalar arguments) compiled together
-  by ``KernelModule.compile() -> {name: ctypes callable}``; in a body: ``loop`` (counted),
+  by ``KernelModule.compile() -> {name: ctypes callable}``; in a body: ``loop`` (counted; ``Loop`` for a body emitted across helpers),
   ``vector_loop`` (vector main body + scalar tail), ``splat``, ``hsum`` / ``hmin`` / ``hmax``,
   ``dense_load`` / ``dense_store`` / ``masked_dense_store``, ``gather`` (per-lane loads;
   bounds-checked gathers and scatters are the emitter's ``BufferArg``); ``parallel_for(fn, n,
@@ -95,6 +95,7 @@ from ._codegen.llvm.builder import (
     Arg,
     KernelFunction,
     KernelModule,
+    Loop,
     dense_load,
     dense_store,
     gather,
@@ -150,6 +151,7 @@ __all__ = [
     "Emitter",
     "KernelFunction",
     "KernelModule",
+    "Loop",
     "Unsupported",
     "VecMath",
     "available_backends",

@@ -2,8 +2,9 @@
 
 The numpy composition in :mod:`lsq_opt._compiler` (per-term lane kernels + shifted slice-adds)
 is the test oracle; this module is the fast path. Per plan it generates, with core_ad's public
-code-generation API (``core_ad.codegen.Emitter`` inside our own llvmlite loop nests,
-``codegen.compile_ir``, ``codegen.thread_pool``), one LLVM module per index space:
+code-generation API (``core_ad.codegen.Emitter`` for the expressions, inside loop nests built
+with core_ad's kernel-building layer: ``codegen.KernelModule``, ``Loop``, ``vector_loop``,
+``parallel_for``), one LLVM module per index space:
 
 **Grid domains** (stencil terms). Every array on the domain (unknowns, data, per-term valid
 masks, ``InBounds`` / ``Index`` leaves) lives in a *padded, channel-planar* buffer: shape
@@ -44,7 +45,6 @@ Modules are named by a hash of their IR (core_ad's JIT caches them process-wide 
 from __future__ import annotations
 
 import ctypes
-import hashlib
 import time
 
 import numpy as np
@@ -58,61 +58,10 @@ __all__ = ["FusedPlan"]
 _I8 = ir.IntType(8)
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
-_I8P = _I8.as_pointer()
-_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p)
 
 
 def _ftype(dtype):
     return ir.DoubleType() if np.dtype(dtype) == np.float64 else ir.FloatType()
-
-
-class _Loop:
-    """``for (i = start; i < end; i += step)`` with a phi; the body goes between enter/leave."""
-
-    def __init__(self, b: ir.IRBuilder, start, end, step, name):
-        self.b = b
-        fn = b.function
-        self.pre = b.block
-        self.head = fn.append_basic_block(f"{name}.head")
-        self.body = fn.append_basic_block(f"{name}.body")
-        self.exit = fn.append_basic_block(f"{name}.exit")
-        self.step = step
-        b.branch(self.head)
-        b.position_at_end(self.head)
-        self.i = b.phi(_I64, name=name)
-        self.i.add_incoming(start, self.pre)
-        b.cbranch(b.icmp_signed("<", self.i, end), self.body, self.exit)
-        b.position_at_end(self.body)
-
-    def close(self):
-        b = self.b
-        self.i.add_incoming(b.add(self.i, self.step), b.block)
-        b.branch(self.head)
-        b.position_at_end(self.exit)
-
-
-class _Fn:
-    """One kernel function ``int32 name(int64 s0, int64 s1, int8 **ptrs)``."""
-
-    def __init__(self, module, name):
-        fnty = ir.FunctionType(_I32, [_I64, _I64, _I8P.as_pointer()])
-        self.fn = ir.Function(module, fnty, name)
-        self.s0, self.s1, self.ptrs = self.fn.args
-        self.ptrs.add_attribute("noalias")
-        self.fn.attributes.add("nounwind")
-        self.b = ir.IRBuilder(self.fn.append_basic_block("entry"))
-
-    def ptr(self, slot, elt):
-        b = self.b
-        p = b.load(b.gep(self.ptrs, [_I64(slot)]), align=8)
-        return b.bitcast(p, elt.as_pointer())
-
-
-def _hsum(b, v, width):
-    acc = b.extract_element(v, _I32(0))
-    for k in range(1, width):
-        acc = b.fadd(acc, b.extract_element(v, _I32(k)))
-    return acc
 
 
 # =========================================================================== grid domains
@@ -294,22 +243,22 @@ class _GridDomain:
         T = _ftype(self.dtype)
         V = self.V
         VT = ir.VectorType(T, V) if V > 1 else T
-        f = _Fn(module, name)
-        b = f.b
-        ptr = {k: f.ptr(k, T) for k in (self.B_X, self.B_P, self.B_OUT, self.B_OUT2, self.B_DATA,
+        f = module.range_function(name)
+        b = f.builder
+        ptr = {k: f.pointer(k, self.dtype) for k in (self.B_X, self.B_P, self.B_OUT, self.B_OUT2, self.B_DATA,
                                          self.B_IDX, self.B_PARAMS, self.B_SOUT)}
-        ptr[self.B_VALID] = f.ptr(self.B_VALID, _I8)
-        ptr[self.B_INB] = f.ptr(self.B_INB, _I8)
-        segbase = f.ptr(self.B_SEGBASE, _I64)
-        seglen = f.ptr(self.B_SEGLEN, _I64)
-        rowsum = f.ptr(self.B_ROWSUM, ir.DoubleType())
-        bufp = f.ptr(self.B_BUF, T)
+        ptr[self.B_VALID] = f.pointer(self.B_VALID, np.int8)
+        ptr[self.B_INB] = f.pointer(self.B_INB, np.int8)
+        segbase = f.pointer(self.B_SEGBASE, np.int64)
+        seglen = f.pointer(self.B_SEGLEN, np.int64)
+        rowsum = f.pointer(self.B_ROWSUM, np.float64)
+        bufp = f.pointer(self.B_BUF, self.dtype)
         params = {}
         for k, pname in enumerate(plan._param_order):
             params[pname] = b.load(b.gep(ptr[self.B_PARAMS], [_I64(k)]))
         math_ = codegen.VecMath()
 
-        seg = _Loop(b, f.s0, f.s1, _I64(1), "seg")
+        seg = codegen.Loop(b, f.start, f.end, 1, "seg")
         base = b.load(b.gep(segbase, [seg.i]))
         ln = b.load(b.gep(seglen, [seg.i]))
         if kind == "cost":
@@ -319,30 +268,28 @@ class _GridDomain:
             # last block); mem2reg promotes it
             slot = b.alloca(zero_d.type)
             b.store(zero_d, slot)
-        lane = _Loop(b, _I64(0), ln, _I64(V), "lane")
+        lane = codegen.Loop(b, _I64(0), ln, V, "lane")
         q = b.add(base, lane.i)
 
         item = np.dtype(self.dtype).itemsize
 
-        def load(buf, plane, off, elt=T):
+        def load(buf, plane, off):
             idx = b.add(q, _I64(plane * self.plane + off))
-            p = b.gep(ptr[buf], [idx])
-            al = 1 if elt is _I8 else item
+            al = 1 if ptr[buf].type.pointee == _I8 else item
             if V > 1:
-                return b.load(b.bitcast(p, ir.VectorType(elt, V).as_pointer()), align=al)
-            return b.load(p, align=al)
+                return codegen.dense_load(b, ptr[buf], idx, V, align=al)
+            return b.load(b.gep(ptr[buf], [idx]), align=al)
 
         def load_bool(buf, plane, off):
-            v = load(buf, plane, off, _I8)
+            v = load(buf, plane, off)
             return b.icmp_unsigned("!=", v, ir.Constant(v.type, None))
 
         def store(buf, plane, val):
             idx = b.add(q, _I64(plane * self.plane))
-            p = b.gep(ptr[buf], [idx])
             if V > 1:
-                b.store(val, b.bitcast(p, VT.as_pointer()), align=item)
+                codegen.dense_store(b, val, ptr[buf], idx, align=item)
             else:
-                b.store(val, p, align=item)
+                b.store(val, b.gep(ptr[buf], [idx]), align=item)
 
         def env_at(t, o, have=()):
             """Leaf values of term t at lane q - o (leaves in ``have`` are not loaded again)."""
@@ -398,7 +345,7 @@ class _GridDomain:
             lane.close()
             tot = b.load(slot)
             if V > 1:
-                tot = _hsum(b, tot, V)
+                tot = codegen.hsum(b, tot)
             b.store(tot, b.gep(rowsum, [seg.i]))
             seg.close()
             b.ret(_I32(0))
@@ -510,8 +457,8 @@ class _GridDomain:
         b.ret(_I32(0))
 
     # ---- calls ------------------------------------------------------------------------
-    def bind(self, addrs):
-        self.fns = {k: _FN(a) for k, a in addrs.items()}
+    def bind(self, fns):
+        self.fns = dict(fns)
         self._ptrs()
 
     def _ptrs(self):
@@ -594,19 +541,11 @@ class _GridDomain:
 _MIN_LANES_PER_THREAD = 16384
 
 
-def _run_segments(fn, n, ptrs, threads, per_thread_ptrs=None):
-    t = max(1, min(threads, n))
-    if t == 1:
-        rcs = [fn(0, n, ptrs if per_thread_ptrs is None else per_thread_ptrs[0])]
-    else:
-        bounds = [(n * k // t, n * (k + 1) // t) for k in range(t)]
-        pool = codegen.thread_pool()
-        futs = [pool.submit(fn, s, e, ptrs if per_thread_ptrs is None else per_thread_ptrs[k])
-                for k, (s, e) in enumerate(bounds[1:], start=1)]
-        s, e = bounds[0]
-        rcs = [fn(s, e, ptrs if per_thread_ptrs is None else per_thread_ptrs[0])]
-        rcs += [f.result() for f in futs]
-    if any(rcs):
+def _run_segments(fn, n, ptrs, threads):
+    """``fn`` over segments ``[0, n)`` split over ``threads``; ``ptrs`` is one pointer table
+    or a callable giving range k's table (the graph part's per-thread private outputs)."""
+    args = (lambda k: (ptrs(k),)) if callable(ptrs) else (ptrs,)
+    if any(codegen.parallel_for(fn, n, args, threads=threads)):
         raise IndexError("lsq_opt fused kernel: a gather index was out of range")
 
 
@@ -663,13 +602,12 @@ class _GraphPart:
         libmvec math, lane-by-lane scatters, so repeated vertices within a vector are fine),
         then a scalar remainder loop."""
         plan, t = self.plan, self.terms[ti]
-        T = _ftype(self.dtype)
-        f = _Fn(module, name)
-        b = f.b
-        ptr = {k: f.ptr(k, T) for k in (self.XF, self.PF, self.OUT, self.OUT2, self.DATA,
+        f = module.range_function(name)
+        b = f.builder
+        ptr = {k: f.pointer(k, self.dtype) for k in (self.XF, self.PF, self.OUT, self.OUT2, self.DATA,
                                          self.PARAMS)}
-        idxp = f.ptr(self.IDX, _I64)
-        rowsum = f.ptr(self.ROWSUM, ir.DoubleType())
+        idxp = f.pointer(self.IDX, np.int64)
+        rowsum = f.pointer(self.ROWSUM, np.float64)
         params = {n: b.load(b.gep(ptr[self.PARAMS], [_I64(k)]))
                   for k, n in enumerate(plan._param_order)}
         slot = None
@@ -678,17 +616,11 @@ class _GraphPart:
             b.store(ir.Constant(ir.DoubleType(), 0.0), slot)
         W = max(1, codegen.host_vector_width(self.dtype))
         math_ = codegen.VecMath()
-        span = b.sub(f.s1, f.s0)
-        vend = b.add(f.s0, b.mul(b.sdiv(span, _I64(W)), _I64(W))) if W > 1 else f.s0
-        if W > 1:
-            vloop = _Loop(b, f.s0, vend, _I64(W), "ev")
-            self._body(b, t, kind, vloop.i, W, ptr, idxp, params, slot, math_)
-            vloop.close()
-        sloop = _Loop(b, vend, f.s1, _I64(1), "es")
-        self._body(b, t, kind, sloop.i, None, ptr, idxp, params, slot, math_)
-        sloop.close()
+        codegen.vector_loop(b, f.start, f.end, W,
+                            lambda e, w: self._body(b, t, kind, e, w, ptr, idxp, params, slot,
+                                                    math_), "e")
         if kind == "cost":
-            b.store(b.load(slot), b.gep(rowsum, [f.s0]))
+            b.store(b.load(slot), b.gep(rowsum, [f.start]))
         b.ret(_I32(0))
 
     def _body(self, b, t, kind, e, W, ptr, idxp, params, slot, math_):
@@ -756,7 +688,7 @@ class _GraphPart:
                                  else ir.DoubleType())
                 acc = sq if acc is None else b.fadd(acc, sq)
             if vec:
-                acc = _hsum(b, acc, W)
+                acc = codegen.hsum(b, acc)
             b.store(b.fadd(b.load(slot), acc), slot)
         elif kind == "jtjp":
             D = emit([t.partials[k][j] for k in range(K) for j in range(R)])
@@ -806,8 +738,8 @@ class _GraphPart:
                     s2 = b.fadd(s2, b.fmul(ent, ent))
                 scatter(self.OUT2, d, b.select(first, s2, zero))
 
-    def bind(self, addrs, threads):
-        self.fns = {k: _FN(a) for k, a in addrs.items()}
+    def bind(self, fns, threads):
+        self.fns = dict(fns)
         self.threads = threads
         n_full = self.plan.n_full
         self.outs = [np.zeros(n_full, self.dtype) for _ in range(threads)]
@@ -835,18 +767,11 @@ class _GraphPart:
         if kind == "cost":
             total = 0.0
             for ti, E in enumerate(self.E):
-                # one call per thread chunk: each writes its partial sum at rowsum[s0]
+                # one call per thread chunk: each writes its partial sum at rowsum[start]
                 tt = max(1, min(t, E // _MIN_LANES_PER_THREAD))
-                bounds = [(E * k // tt, E * (k + 1) // tt) for k in range(tt)]
                 self.rowsum[:] = 0
-                fn = self.fns[(ti, "cost")]
-                pool = codegen.thread_pool()
-                futs = [pool.submit(fn, s, e, ctypes.addressof(self.ptrs[0]))
-                        for s, e in bounds[1:]]
-                fn(bounds[0][0], bounds[0][1], ctypes.addressof(self.ptrs[0]))
-                for fu in futs:
-                    fu.result()
-                total += float(sum(self.rowsum[s] for s, _ in bounds))
+                _run_segments(self.fns[(ti, "cost")], E, ctypes.addressof(self.ptrs[0]), tt)
+                total += float(self.rowsum.sum())
             return total
         for k in range(t):
             self.outs[k][:] = 0
@@ -855,7 +780,7 @@ class _GraphPart:
         for ti, E in enumerate(self.E):
             fn = self.fns[(ti, kind)]
             tt = max(1, min(t, E // _MIN_LANES_PER_THREAD))
-            _run_segments(fn, E, None, tt, [ctypes.addressof(p) for p in self.ptrs])
+            _run_segments(fn, E, lambda k: ctypes.addressof(self.ptrs[k]), tt)
         out = self.outs[0]
         for k in range(1, t):
             out += self.outs[k]
@@ -868,38 +793,6 @@ class _GraphPart:
 
 
 # =========================================================================== the plan part
-_TOKEN = "LSQHASHTOKEN"
-_MODULES: dict = {}  # module name -> {function name: address} (process-wide)
-
-
-def _compile(module, fn_names):
-    """Compile ``module`` once per process (named by a hash of its IR and the host); returns
-    {function name: address}. core_ad's ``compile_ir`` returns one address per call, so the
-    module also exports ``table_<hash>(k) -> address of function k``."""
-    b = ir.IRBuilder(ir.Function(module, ir.FunctionType(_I8P, [_I64]),
-                                 f"table_{_TOKEN}").append_basic_block("entry"))
-    fn = b.function
-    default = fn.append_basic_block("default")
-    sw = b.switch(fn.args[0], default)
-    for k, name in enumerate(fn_names):
-        blk = fn.append_basic_block(f"case{k}")
-        sw.add_case(_I64(k), blk)
-        b.position_at_end(blk)
-        b.ret(b.bitcast(module.get_global(name), _I8P))
-    b.position_at_end(default)
-    b.ret(ir.Constant(_I8P, None))
-    text = str(module)
-    h = hashlib.sha256((text + codegen.host_signature()).encode()).hexdigest()[:24]
-    text = text.replace(_TOKEN, h)
-    mod_name = f"lsq_opt_fused_{h}"
-    t0 = time.perf_counter()
-    if mod_name not in _MODULES:
-        addr, _ = codegen.compile_ir(text, mod_name, f"table_{h}")
-        table = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_int64)(addr)
-        _MODULES[mod_name] = {name: table(k) for k, name in enumerate(fn_names)}
-    return _MODULES[mod_name], text, time.perf_counter() - t0
-
-
 class FusedPlan:
     """The fused kernels of one :class:`~lsq_opt._compiler.Plan` (built on first use).
 
@@ -926,20 +819,17 @@ class FusedPlan:
         self.grids = [_GridDomain(plan, dims, ts) for dims, ts in by_dims.items()]
         self.graph = _GraphPart(plan, graph_terms) if graph_terms else None
         self.threads = codegen.num_threads()
-        module = ir.Module(name="lsq_opt_fused")
-        fn_names = []
+        module = codegen.KernelModule("lsq_opt_fused")
         for k, gd in enumerate(self.grids):
-            gd.build(module, f"grid{k}_{_TOKEN}")
-            fn_names += [f"grid{k}_{_TOKEN}_{kind}" for kind in self.KINDS]
+            gd.build(module, f"grid{k}")
         if self.graph is not None:
-            self.graph.build(module, f"graph_{_TOKEN}")
-            fn_names += [f"graph_{_TOKEN}_{ti}_{kind}" for ti in range(len(graph_terms))
-                         for kind in self.KINDS]
-        addrs, self.ir, self.compile_time = _compile(module, fn_names)
+            self.graph.build(module, "graph")
+        fns = module.compile()
+        self.ir, self.compile_time = module.ir, module.compile_time
         for k, gd in enumerate(self.grids):
-            gd.bind({kind: addrs[f"grid{k}_{_TOKEN}_{kind}"] for kind in self.KINDS})
+            gd.bind({kind: fns[f"grid{k}_{kind}"] for kind in self.KINDS})
         if self.graph is not None:
-            self.graph.bind({(ti, kind): addrs[f"graph_{_TOKEN}_{ti}_{kind}"]
+            self.graph.bind({(ti, kind): fns[f"graph_{ti}_{kind}"]
                              for ti in range(len(graph_terms)) for kind in self.KINDS},
                             self.threads)
         self.build_time = time.perf_counter() - t0
@@ -1031,11 +921,9 @@ class FusedPlan:
                 "terms); use preconditioner='jacobi'")
         gd = self.grids[0]
         if "jtjs" not in gd.fns:
-            module = ir.Module(name="lsq_opt_fused_jtjs")
-            name = f"grid0_{_TOKEN}_jtjs"
-            gd._build_fn(module, name, "jtjs")
-            addrs, _, _ = _compile(module, [name])
-            gd.fns["jtjs"] = _FN(addrs[name])
+            module = codegen.KernelModule("lsq_opt_fused_jtjs")
+            gd._build_fn(module, "grid0_jtjs", "jtjs")
+            gd.fns["jtjs"] = module.compile()["grid0_jtjs"]
             gd.plan_threads = self.threads
         return gd
 
