@@ -1,11 +1,12 @@
 """CPU code generation: lowered loop nests to one LLVM module, through core_ad's emitter.
 
-Each definition of each root Func becomes one function (C ABI)::
+Each definition of each root Func becomes one entry point of a ``codegen.KernelModule`` (core_ad's
+kernel-building layer; C ABI)::
 
     int32 def_k(int64 start, int64 end, int8 **ptrs, int64 *ints)
 
 running iterations ``[start, end)`` of its outermost loop (the Python driver splits a parallel
-outermost loop across the thread pool; ctypes releases the GIL). ``ptrs`` holds the storage of
+outermost loop across the thread pool with ``codegen.parallel_for``; ctypes releases the GIL). ``ptrs`` holds the storage of
 every Buffer, root Func (one per Tuple component) and Param; ``ints`` every run-time size
 (region, storage and buffer mins / extents / strides). Expressions are emitted by
 ``core_ad.codegen.Emitter``; Func and Buffer reads are the lowering of the ``hl_call``
@@ -142,7 +143,7 @@ def _flat_index(b, emit, st: _Storage, coords, width, lane0=False, parts=False):
         if lane0 and isinstance(v.type, ir.VectorType):
             v = b.extract_element(v, ir.Constant(I32, 0))
         if d > 0:
-            v = b.mul(v, _splat(b, sd, v.type.count) if isinstance(v.type, ir.VectorType)
+            v = b.mul(v, codegen.splat(b, sd, v.type.count) if isinstance(v.type, ir.VectorType)
                       else sd, flags=["nsw"])
         acc = v if acc is None else _add(b, acc, v)
     if off is None:
@@ -153,26 +154,17 @@ def _flat_index(b, emit, st: _Storage, coords, width, lane0=False, parts=False):
     if acc is not None:
         idx = _add(b, acc, idx)
     if width and not lane0 and not isinstance(idx.type, ir.VectorType):
-        idx = _splat(b, idx, width)
+        idx = codegen.splat(b, idx, width)
     return idx
 
 
 def _add(b, x, y):
     xv, yv = isinstance(x.type, ir.VectorType), isinstance(y.type, ir.VectorType)
     if xv and not yv:
-        y = _splat(b, y, x.type.count)
+        y = codegen.splat(b, y, x.type.count)
     elif yv and not xv:
-        x = _splat(b, x, y.type.count)
+        x = codegen.splat(b, x, y.type.count)
     return b.add(x, y, flags=["nsw"])
-
-
-def _splat(b, v, n):
-    if isinstance(v.type, ir.VectorType):
-        return v
-    vt = ir.VectorType(v.type, n)
-    u = b.insert_element(ir.Constant(vt, ir.Undefined), v, ir.Constant(I32, 0))
-    return b.shuffle_vector(u, ir.Constant(vt, ir.Undefined), ir.Constant(ir.VectorType(I32, n),
-                                                                          [0] * n))
 
 
 def _mem_type(dt):
@@ -200,7 +192,6 @@ def _lower_call(em, node, args):
     st = ctx.storage[node.params["fid"]]
     k = node.params["index"]
     ptr, dt = st.ptrs[k], st.dtypes[k]
-    mt = _mem_type(dt)
     width = em.width if em.vector else None
     emit = ctx.emit_once
     if width is None:
@@ -208,18 +199,18 @@ def _lower_call(em, node, args):
         return _to_reg(b, _tag(b.load(b.gep(ptr, [idx])), st), dt)
     if ctx.vleaf not in sym.free_leaves(list(node.args)):  # one element for every lane
         idx = _flat_index(b, emit, st, node.args, width, lane0=True)
-        return _to_reg(b, _splat(b, _tag(b.load(b.gep(ptr, [idx])), st), width), dt)
+        return _to_reg(b, codegen.splat(b, _tag(b.load(b.gep(ptr, [idx])), st), width), dt)
     if _dense(node.args, ctx.vleaf):
         # base pointer from the variable part (shared by the taps), then a constant offset
         acc, off = _flat_index(b, emit, st, node.args, width, lane0=True, parts=True)
         base = ptr if acc is None else b.gep(ptr, [acc])
-        return _to_reg(b, _vector_load_at(b, base, off, mt, width, st), dt)
+        return _to_reg(b, codegen.dense_load(b, base, off, width, st.alias), dt)
     acc, off = _flat_index(b, emit, st, node.args, width, parts=True)
     if not _maybe_dense(node.args, ctx.vleaf):
-        return _to_reg(b, _gather(b, ptr, acc, off, mt, width, st), dt)
+        return _to_reg(b, codegen.gather(b, ptr, acc, off, st.alias), dt)
     # Coordinates like clamp(x + 1, lo, hi) are consecutive except near the edges: test the
     # lanes at run time and take one vector load where they are (the interior).
-    ramp = b.sub(acc, _splat(b, b.extract_element(acc, ir.Constant(I32, 0)), width))
+    ramp = b.sub(acc, codegen.splat(b, b.extract_element(acc, ir.Constant(I32, 0)), width))
     steps = ir.Constant(ir.VectorType(I32, width), list(range(width)))
     eq = b.icmp_signed("==", ramp, steps)
     all_ok = b.icmp_signed("==", b.bitcast(eq, ir.IntType(width)),
@@ -229,11 +220,11 @@ def _lower_call(em, node, args):
     merge = fn.append_basic_block("ld.merge")
     b.cbranch(all_ok, dense_bb, gather_bb)
     b.position_at_end(dense_bb)
-    v1 = _vector_load_at(b, ptr, b.add(b.extract_element(acc, ir.Constant(I32, 0)), off),
-                         mt, width, st)
+    v1 = codegen.dense_load(b, ptr, b.add(b.extract_element(acc, ir.Constant(I32, 0)), off),
+                            width, st.alias)
     b.branch(merge)
     b.position_at_end(gather_bb)
-    v2 = _gather(b, ptr, acc, off, mt, width, st)
+    v2 = codegen.gather(b, ptr, acc, off, st.alias)
     g_end = b.block
     b.branch(merge)
     b.position_at_end(merge)
@@ -249,23 +240,6 @@ def _maybe_dense(node_args, vleaf) -> bool:
         all(vleaf not in sym.free_leaves(a) for a in node_args[1:])
 
 
-def _vector_load_at(b, ptr, base, mt, width, st):
-    vp = b.bitcast(b.gep(ptr, [base]), ir.VectorType(mt, width).as_pointer())
-    return _tag(b.load(vp, align=1), st)
-
-
-def _gather(b, ptr, acc, off, mt, width, st):
-    """Per-lane loads at ``ptr + acc[lane] + off``: the lane addresses ``ptr + acc[lane]``
-    are the same for every tap of a stencil (only ``off`` differs), so LLVM computes them
-    once."""
-    out = ir.Constant(ir.VectorType(mt, width), ir.Undefined)
-    for lane in range(width):
-        base = b.gep(ptr, [b.extract_element(acc, ir.Constant(I32, lane))])
-        out = b.insert_element(out, _tag(b.load(b.gep(base, [off])), st),
-                               ir.Constant(I32, lane))
-    return out
-
-
 E.CALL.extra["llvm_lowering"] = _lower_call
 
 
@@ -273,13 +247,14 @@ class ModuleBuilder:
     """Builds the module of one pipeline: ``add_kernel(name, stmt, roots)`` per definition."""
 
     def __init__(self, name: str, slots: Slots, root_storage: dict, params: list, fids=()):
-        self.module = ir.Module(name=name)
+        self.kernels = codegen.KernelModule(name)
+        self.module = self.kernels.module
         self.alias = self._alias_scopes(list(fids))
         self.slots = slots
         self.root_storage = root_storage  # fid -> (dtypes, ndims, kind)
         self.params = params
-        self.malloc = ir.Function(self.module, ir.FunctionType(I8P, [I64]), "malloc")
-        self.free = ir.Function(self.module, ir.FunctionType(ir.VoidType(), [I8P]), "free")
+        self.malloc = self.kernels.declare("malloc", I8P, [I64])
+        self.free = self.kernels.declare("free", ir.VoidType(), [I8P])
 
     def _alias_scopes(self, fids):
         """One alias scope per storage: ``(alias.scope, noalias)`` metadata by id."""
@@ -292,44 +267,24 @@ class ModuleBuilder:
                 for f, sc in scopes.items()} if len(fids) > 1 else {}
 
     # ---- kernels -----------------------------------------------------------------------
-    def finish(self, names) -> str:
-        """Add ``int32 dispatch(int32 which, start, end, ptrs, ints)`` calling kernel
-        ``names[which]``; returns the module's IR text."""
-        fnty = ir.FunctionType(I32, [I32, I64, I64, I8P.as_pointer(), I64.as_pointer()])
-        fn = ir.Function(self.module, fnty, "dispatch")
-        which, start, end, ptrs, ints = fn.args
-        b = ir.IRBuilder(fn.append_basic_block("entry"))
-        bad = fn.append_basic_block("bad")
-        ir.IRBuilder(bad).ret(ir.Constant(I32, 3))
-        sw = b.switch(which, bad)
-        for k, name in enumerate(names):
-            blk = fn.append_basic_block(f"k{k}")
-            sw.add_case(ir.Constant(I32, k), blk)
-            bb = ir.IRBuilder(blk)
-            kern = self.module.get_global(name)
-            bb.ret(bb.call(kern, [start, end, ptrs, ints]))
-        return str(self.module)
+    def compile(self) -> dict:
+        """{kernel name: ctypes callable} (compiled once per process for equal pipelines)."""
+        return self.kernels.compile()
 
     def add_kernel(self, name: str, stmt) -> bool:
         """Add ``int32 name(start, end, ptrs, ints)``; returns whether the outermost loop is
         driven by ``[start, end)`` (else the whole nest runs on one call)."""
-        fnty = ir.FunctionType(I32, [I64, I64, I8P.as_pointer(), I64.as_pointer()])
-        fn = ir.Function(self.module, fnty, name)
-        start, end, ptrs, ints = fn.args
-        entry = fn.append_basic_block("entry")
-        b = ir.IRBuilder(entry)
-        self.fn = fn
-        err_block = fn.append_basic_block("oom")
-        ir.IRBuilder(err_block).ret(ir.Constant(I32, 2))
-        self.err_block = err_block
-        env, storage = self._prologue(b, ptrs, ints, _uses(stmt))
+        f = self.kernels.range_function(name, ints=True)
+        b, start, end = f.builder, f.start, f.end
+        self.err_block = f.fail_block(2)  # an allocation failed
+        env, storage = self._prologue(b, f.arg("ptrs"), f.arg("ints"), _uses(stmt))
         ranged = isinstance(stmt, For) and stmt.kind in ("serial", "parallel")
         if ranged:
             self._loop(b, stmt, env, storage, None, lo=b.trunc(start, I32),
                        hi=b.trunc(end, I32))
         else:
             self._stmt(b, stmt, env, storage, None)
-        b.ret(ir.Constant(I32, 0))
+        f.ret()
         return ranged
 
     def _prologue(self, b, ptrs, ints, uses):
@@ -474,27 +429,13 @@ class ModuleBuilder:
             self._stmt(b, s.body, e, storage, vec)
 
     def _serial(self, b, s, env, storage, vec, lo, hi, emit_body=None):
-        fn = b.function
-        pre = b.block
-        head = fn.append_basic_block(f"{s.name}.head")
-        body = fn.append_basic_block(f"{s.name}.body")
-        done = fn.append_basic_block(f"{s.name}.done")
-        b.branch(head)
-        b.position_at_end(head)
-        i = b.phi(I32, name=s.name)
-        i.add_incoming(lo, pre)
-        b.cbranch(b.icmp_signed("<", i, hi), body, done)
-        b.position_at_end(body)
-        e = dict(env)
-        e[s.leaf] = i
-        if emit_body is None:
-            self._stmt(b, s.body, e, storage, vec)
-        else:
-            emit_body(e)
-        nxt = b.add(i, ir.Constant(I32, 1), flags=["nsw"])
-        i.add_incoming(nxt, b.block)
-        b.branch(head)
-        b.position_at_end(done)
+        with codegen.loop(b, lo, hi, 1, s.name) as i:
+            e = dict(env)
+            e[s.leaf] = i
+            if emit_body is None:
+                self._stmt(b, s.body, e, storage, vec)
+            else:
+                emit_body(e)
 
     def _provide(self, b, s: Provide, env, storage, vec):
         st = storage[s.func.fid]
@@ -523,12 +464,12 @@ class ModuleBuilder:
                 _tag(b.store(v, b.gep(ptr, [idx])), st)
                 continue
             if not isinstance(v.type, ir.VectorType):
-                v = _splat(b, v, width)
+                v = codegen.splat(b, v, width)
             if dense:
-                vp = b.bitcast(b.gep(ptr, [idx]), v.type.as_pointer())
                 if pred is not None:
-                    v = b.select(pred, v, _tag(b.load(vp, align=1), st))
-                _tag(b.store(v, vp, align=1), st)
+                    codegen.masked_dense_store(b, v, ptr, idx, pred, st.alias)
+                else:
+                    codegen.dense_store(b, v, ptr, idx, st.alias)
                 continue
             for lane in range(width):
                 i = b.extract_element(idx, ir.Constant(I32, lane))

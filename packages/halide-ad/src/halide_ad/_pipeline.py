@@ -8,9 +8,6 @@ types, never on sizes or Param values: realizing again, at any size, compiles no
 
 from __future__ import annotations
 
-import ctypes
-import hashlib
-
 import numpy as np
 from core_ad import codegen, sym
 
@@ -27,9 +24,6 @@ from ._schedule import ScheduleError
 
 __all__ = ["Pipeline", "Realization"]
 
-_ENTRY = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int32, ctypes.c_int64, ctypes.c_int64,
-                          ctypes.c_void_p, ctypes.c_void_p)
-_ADDRESSES: dict = {}  # IR hash -> compiled entry point (shared by equal pipelines)
 
 
 class Realization(list):
@@ -97,14 +91,9 @@ class _Compiled:
             ranged = mb.add_kernel(name, stmt)
             self.kernels.append((fid, k, stmt, len(names), ranged))
             names.append(name)
-        text = mb.finish(names)
-        key = hashlib.sha256(text.encode()).hexdigest()[:24]
-        entry = _ADDRESSES.get(key)
-        if entry is None:
-            addr, _ = codegen.compile_ir(text, f"halide_ad_{key}", "dispatch")
-            entry = _ADDRESSES[key] = _ENTRY(addr)
-        self.entry = entry
-        self.ir = text
+        fns = mb.compile()
+        self.entries = [fns[name] for name in names]
+        self.ir = mb.kernels.ir
         self.versions = _versions(g)
 
     def current(self) -> bool:
@@ -216,18 +205,10 @@ class Pipeline:
         pa, ia = ptrs.ctypes.data, ints.ctypes.data
         if n <= 0:
             return
-        threads = codegen.num_threads() if parallel else 1
-        if threads <= 1 or n < 2:
-            rc = c.entry(index, 0, n, pa, ia)
+        # several chunks per thread balance uneven rows (boundary tiles, clamped tails)
+        for rc in codegen.parallel_for(c.entries[index], n, (pa, ia),
+                                       threads=None if parallel else 1, chunks_per_thread=4):
             _check_rc(rc)
-            return
-        chunks = min(n, threads * 4)
-        bounds = [n * k // chunks for k in range(chunks + 1)]
-        pool = codegen.thread_pool()
-        futs = [pool.submit(c.entry, index, bounds[k], bounds[k + 1], pa, ia)
-                for k in range(chunks) if bounds[k + 1] > bounds[k]]
-        for fu in futs:
-            _check_rc(fu.result())
 
     def _outputs(self, sizes):
         outs = []
