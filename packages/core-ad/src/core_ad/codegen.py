@@ -129,12 +129,11 @@ from ._codegen.llvm.vecmath import VecMath
 
 def compile_ir(ir_text: str, module_name: str, fn_name) -> tuple:
     """Optimise (O3), compile and link an LLVM module; returns (address of ``fn_name``,
-    timings), or (list of addresses, timings) when ``fn_name`` is a list of names.
-    ``module_name`` must be unique per distinct module (use a content hash), and so must the
-    symbol names across modules (they share one JIT engine): :class:`KernelModule` does both."""
-    if isinstance(fn_name, str):
-        return _jit().compile(ir_text, module_name, fn_name)
-    return _jit().compile_many(ir_text, module_name, list(fn_name))
+    timings). ``fn_name`` may be a list of names: then the first element is the tuple of their
+    addresses, all from the one module (one optimisation and code generation). ``module_name``
+    must be unique per distinct module (use a content hash), and so must the symbol names
+    across modules (they share one JIT engine): :class:`KernelModule` does both."""
+    return _jit().compile(ir_text, module_name, fn_name)
 
 
 def host_vector_width(dtype) -> int:

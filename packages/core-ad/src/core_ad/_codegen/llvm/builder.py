@@ -186,7 +186,7 @@ class KernelModule:
         addrs = _COMPILED.get(mod_name)
         if addrs is None:
             names = [f"{f.name}_{h}" for f in self.functions]
-            found, _ = jit().compile_many(text, mod_name, names)
+            found, _ = jit().compile(text, mod_name, names)
             addrs = _COMPILED[mod_name] = dict(zip((f.name for f in self.functions), found))
         self.ir, self.compile_time = text, time.perf_counter() - t0
         out = {}

@@ -25,7 +25,7 @@ import time
 import llvmlite
 import llvmlite.binding as llvm
 
-__all__ = ["Jit", "host_signature", "jit"]
+__all__ = ["jit", "Jit", "host_signature"]
 
 _INIT_LOCK = threading.RLock()
 _JIT = None
@@ -113,14 +113,15 @@ class Jit:
         return data
 
     # ---- compile -----------------------------------------------------------------------
-    def compile(self, ir_text: str, module_name: str, fn_name: str) -> tuple[int, dict]:
+    def compile(self, ir_text: str, module_name: str, fn_name) -> tuple:
         """Parse, optimise (O3), compile and link ``ir_text``; returns (address of
-        ``fn_name``, timings {"parse", "opt", "codegen", "disk_hit"} in seconds)."""
-        addrs, times = self.compile_many(ir_text, module_name, [fn_name])
-        return addrs[0], times
-
-    def compile_many(self, ir_text: str, module_name: str, fn_names) -> tuple[list[int], dict]:
-        """As :meth:`compile`, with the addresses of every function in ``fn_names``."""
+        ``fn_name``, timings {"parse", "opt", "codegen", "disk_hit"} in seconds). With a
+        list or tuple of names, the first element is the tuple of their addresses (one module,
+        one optimisation and code generation for all of them)."""
+        names = [fn_name] if isinstance(fn_name, str) else list(fn_name)
+        if not names or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"LLVM backend: fn_name must be a name or a list of names, got"
+                            f" {fn_name!r}")
         times = {}
         with self.lock:
             t0 = time.perf_counter()
@@ -147,15 +148,16 @@ class Jit:
                 self.engine.finalize_object()
             finally:
                 self._pending_dir = None
-            addrs = [self.engine.get_function_address(n) for n in fn_names]
+            addrs = [self.engine.get_function_address(n) for n in names]
             t3 = time.perf_counter()
             self.modules.append(mod)
             self.stats["compiled"] += 1
-        for n, a in zip(fn_names, addrs):
-            if not a:
-                raise RuntimeError(f"LLVM backend: function {n!r} not found after linking")
+        missing = [n for n, a in zip(names, addrs) if not a]
+        if missing:
+            raise RuntimeError(f"LLVM backend: function(s) {missing!r} not found after linking"
+                               f" module {module_name!r}")
         times.update(parse=t1 - t0, opt=t2 - t1, codegen=t3 - t2, disk_hit=hit)
-        return addrs, times
+        return (addrs[0] if isinstance(fn_name, str) else tuple(addrs)), times
 
     def assembly(self, ir_text: str) -> str:
         """Optimised assembly of ``ir_text`` (for inspection and tests; not linked)."""
