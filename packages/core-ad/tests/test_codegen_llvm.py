@@ -31,7 +31,7 @@ from llvmlite import ir
 
 from core_ad import Primitive, codegen, sym
 from core_ad._codegen import cache as kcache
-from core_ad._codegen.llvm import vecmath
+from core_ad._codegen.llvm import accuracy, vecmath
 from core_ad._codegen.llvm.jit import jit
 from core_ad._sym.expr import freeze_params
 from core_ad._sym.simplify import CORE_PRIMITIVES, _node
@@ -541,7 +541,7 @@ def test_scalar_loop_and_libm_fallback_agree(opts):
 
 def test_vecmath_accuracy_table_bounds():
     """Re-measure the docstring table (fewer points): every function within ULP_BOUNDS."""
-    acc = vecmath.measure_accuracy(1 << 14)
+    acc = accuracy.measure_accuracy(1 << 14)
     bad = {k: v for k, v in acc.items() if v > vecmath.ULP_BOUNDS[k[1]]}
     assert not bad, bad
     assert len(acc) == 4 * len(vecmath.MATH_FUNCTIONS)

@@ -70,5 +70,8 @@ All traversals are iterative (chains of 10^4+ nested nodes are fine); a cyclic g
 constructible by force) raises :class:`SymbolicCycleError`.
 """
 
-from ._sym import *  # noqa: F403
-from ._sym import __all__  # noqa: F401
+from ._codegen import compile, evaluate
+from ._sym import *
+from ._sym import __all__ as _sym_all
+
+__all__ = _sym_all + ["compile", "evaluate"]  # noqa: PLE0605

@@ -20,13 +20,19 @@ from core_ad import sym
 
 from . import _expr as E
 
-__all__ = ["Unbounded", "const_value", "interval", "union"]
+__all__ = ["Unbounded", "const_int", "const_value", "interval", "union"]
 
 Unbounded = None
 
 _MONOTONE_UP = {"exp", "expm1", "log", "log1p", "sqrt", "atan", "asin", "sinh", "tanh", "erf",
                 "floor", "ceil", "round", "trunc", "identity"}
 _UNIT = {"sin", "cos"}
+
+
+def const_int(n):
+    """The node's value as an int when it is a constant, else None."""
+    v = const_value(n)
+    return None if v is None else int(v)
 
 
 def const_value(n):

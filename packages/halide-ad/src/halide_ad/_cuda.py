@@ -23,6 +23,7 @@ import numpy as np
 from core_ad import codegen, sym
 
 from . import _expr as E
+from ._bounds import const_int
 from ._lower import Allocate, Block, For, LetStmt, Provide
 from ._schedule import ScheduleError
 
@@ -57,16 +58,9 @@ def _split_gpu_loops(stmt, where):
         raise ScheduleError(f"{where}: a GPU schedule needs 1-3 gpu_block loops outermost, then"
                             " at most 3 gpu_thread loops (use gpu_tile)")
     for t in threads:
-        if t.factor is None and codegen_const(t.extent) is None:
+        if t.factor is None and const_int(t.extent) is None:
             raise ScheduleError(f"{where}: the gpu_thread loop {t.name} needs a constant size")
     return blocks[::-1], threads[::-1], s
-
-
-def codegen_const(node):
-    from ._bounds import const_value
-
-    v = const_value(node)
-    return None if v is None else int(v)
 
 
 class _CWriter:
@@ -205,5 +199,5 @@ def kernel_source(name, stmt, slots, root_storage, where) -> GpuKernel:
         *w.lines,
         "}",
     ])
-    factors = [t.factor if t.factor is not None else codegen_const(t.extent) for t in threads]
+    factors = [t.factor if t.factor is not None else const_int(t.extent) for t in threads]
     return GpuKernel(name, src, blocks, factors)

@@ -16,6 +16,7 @@ import numpy as np
 from core_ad import sym
 
 from . import _expr as E
+from ._rfactor import rfactor
 from ._schedule import Dim, LoopLevel, ScheduleError, Split, StageSchedule, dim_name
 from ._types import Int, Type
 
@@ -38,6 +39,13 @@ class FuncError(ValueError):
 _CALLEES: weakref.WeakValueDictionary[str, object] = weakref.WeakValueDictionary()
 _RDOMS: weakref.WeakValueDictionary[str, E.RDom] = weakref.WeakValueDictionary()
 _func_ids = itertools.count()
+# Func.realize runs a one-output Pipeline. The compiler sits above the front end, so it
+# registers its Pipeline class here (register_pipeline_class) instead of being imported.
+_PIPELINE_CLASS: list[type] = []
+
+
+def register_pipeline_class(cls: type) -> None:
+    _PIPELINE_CLASS[:] = [cls]
 
 
 def callee(fid: str):
@@ -349,8 +357,6 @@ class Stage(_Scheduling):
         return self.func._updates[self.index]
 
     def rfactor(self, preserved, *more):
-        from ._rfactor import rfactor
-
         return rfactor(self.func, self.index, preserved, *more)
 
     def __repr__(self):
@@ -671,10 +677,8 @@ class Func(_Scheduling):
     # ---- running -----------------------------------------------------------------------
     def _pipeline(self):
         """This Func as a one-output Pipeline, kept so realizing again compiles nothing."""
-        from ._pipeline import Pipeline
-
         if self._own_pipeline is None:
-            self._own_pipeline = Pipeline([self])
+            self._own_pipeline = _PIPELINE_CLASS[0]([self])
         return self._own_pipeline
 
     def realize(self, sizes=None, target=None):

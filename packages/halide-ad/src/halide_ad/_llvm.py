@@ -25,8 +25,8 @@ from core_ad import codegen, sym
 from llvmlite import ir
 
 from . import _expr as E
-from ._bounds import const_value
-from ._lower import Allocate, Block, For, LetStmt, Provide
+from ._bounds import const_int, const_value
+from ._lower import Allocate, Block, For, LetStmt, Provide, provide_nodes
 from ._schedule import ScheduleError
 
 __all__ = ["ModuleBuilder", "Slots"]
@@ -378,7 +378,7 @@ class ModuleBuilder:
         kind = s.kind
         # unrolling also applies inside a vectorized loop; vectorization does not nest
         if (kind == "vectorized" and vec is None) or kind == "unrolled":
-            w = s.factor if s.factor is not None else _const_extent(s)
+            w = s.factor if s.factor is not None else const_int(s.extent)
             if w is None:
                 raise ScheduleError(
                     f"cannot {kind.removesuffix('d')} loop {s.name}: its"
@@ -520,9 +520,7 @@ def _imax(b, x, y):
 
 def _uses(stmt):
     """(callee / stored Func ids, leaves) of every expression in ``stmt``."""
-    from ._lower import _provide_nodes
-
-    nodes = _provide_nodes(stmt)
+    nodes = provide_nodes(stmt)
     fids = {c.params["fid"] for c in sym.calls(nodes, E.CALL)}
     stack = [stmt]
     while stack:
@@ -534,10 +532,3 @@ def _uses(stmt):
         elif isinstance(s, (For, Allocate)):
             stack.append(s.body)
     return fids, set(sym.free_leaves(nodes))
-
-
-def _const_extent(s: For):
-    from ._bounds import const_value
-
-    v = const_value(s.extent)
-    return None if v is None else int(v)

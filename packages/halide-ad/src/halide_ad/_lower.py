@@ -39,6 +39,7 @@ __all__ = [
     "Provide",
     "bufdim_leaf",
     "lower_root",
+    "provide_nodes",
     "region_leaf",
     "root_regions",
     "store_leaf",
@@ -418,7 +419,7 @@ def _region_lets(graph, p, kind, loops, k, consumer_body):
         env[loops.leaf(dm.name)] = (sym.const(0, I32), iv[1] - 1)
     req = None
     memo: dict = {}
-    for c in sym.calls(_provide_nodes(consumer_body), E.CALL):
+    for c in sym.calls(provide_nodes(consumer_body), E.CALL):
         if c.params["fid"] != p:
             continue
         ivs = _coord_intervals(c.args, env, memo, lambda j, a: (
@@ -435,7 +436,7 @@ def _region_lets(graph, p, kind, loops, k, consumer_body):
     return out
 
 
-def _provide_nodes(stmt):
+def provide_nodes(stmt):
     """Every expression node in ``stmt`` (the consumer's body, producers nested in it)."""
     out = []
     stack = [stmt]

@@ -15,10 +15,10 @@ from . import _expr as E
 from ._bounds import const_value, interval
 from ._buffer import Buffer
 from ._cuda import is_gpu_stmt, kernel_source
-from ._func import Func, FuncError
+from ._func import Func, FuncError, register_pipeline_class
 from ._graph import Graph
 from ._llvm import ModuleBuilder, Slots
-from ._lower import lower_root
+from ._lower import lower_root, root_regions
 from ._print import loop_nest_text
 from ._schedule import ScheduleError
 
@@ -134,7 +134,7 @@ class Pipeline:
                tuple((leaf, np.asarray(v).item()) for leaf, v in values.items()))
         cached = c.regions_cache.get(key)
         if cached is None:  # bounds depend only on sizes and Param values: remember them
-            regions = _root_regions(g, out_regions, values)
+            regions = root_regions(g, out_regions, values)
             extents = [_outer_extent(stmt, g, regions, values) if ranged else 1
                        for _, _, stmt, _, ranged in c.kernels]
             if len(c.regions_cache) > 16:
@@ -285,6 +285,9 @@ class Pipeline:
         return self._compile().ir
 
 
+register_pipeline_class(Pipeline)
+
+
 def _run_gpu(c, g, arrays, ints, values, regions):
     """Run a GPU pipeline: inputs and Funcs on the device, outputs copied back."""
     if not codegen.cuda_available():
@@ -344,12 +347,6 @@ def _check_rc(rc):
         raise MemoryError("halide_ad: allocation of an intermediate Func failed")
     if rc != 0:
         raise RuntimeError(f"halide_ad: pipeline kernel failed with code {rc}")
-
-
-def _root_regions(g, out_regions, values):
-    from ._lower import root_regions
-
-    return root_regions(g, out_regions, values)
 
 
 def _outer_extent(stmt, g, regions, values):

@@ -18,7 +18,6 @@ import numpy as np
 from core_ad import sym
 
 from . import _expr as E
-from ._func import Definition, Func, FuncError
 from ._schedule import ScheduleError, dim_name
 
 __all__ = ["rfactor"]
@@ -41,7 +40,7 @@ def _combine(op, a, b):
             "max": lambda: sym.maximum(a, b)}[op]()
 
 
-def _split_value(f: Func, d: Definition):
+def _split_value(f, d):
     """(op, the other operand) of ``value = f[lhs] op other``."""
     where = f"{f.name()}.update({d.stage_index - 1})"
     if len(d.values) != 1:
@@ -66,7 +65,8 @@ def _split_value(f: Func, d: Definition):
     return op, other
 
 
-def rfactor(f: Func, index: int, preserved, *more) -> Func:
+def rfactor(f, index: int, preserved, *more):
+    """Rewrite ``f.update(index)`` in place and return the intermediate Func."""
     d = f._updates[index]
     where = f"{f.name()}.update({index})"
     if not isinstance(preserved, list):
@@ -90,7 +90,8 @@ def rfactor(f: Func, index: int, preserved, *more) -> Func:
     rest_dims = [k for k in range(len(rdom.vars)) if k not in kept]
     pure_vars = [E.Var(a.key) for a in pure]
     new_vars = [kept[k] for k in sorted(kept)]
-    intm = Func(f"{f.name()}_intm")
+    # type(f) and type(d): this transform sits below _func, which calls it
+    intm = type(f)(f"{f.name()}_intm")
     intm[tuple(pure_vars + new_vars)] = E.Expr(_node=_identity(op, other.dtype))
     # intm's update: the preserved RVars become its pure Vars; the rest stay a reduction
     mapping = {rdom.vars[k].node: kept[k].node for k in kept}
@@ -110,9 +111,6 @@ def rfactor(f: Func, index: int, preserved, *more) -> Func:
     call = intm[tuple(pure_vars + list(outer.vars))]
     self_call = f[tuple(pure_vars)]
     new_value = _combine(op, self_call.node, call.node)
-    nd = Definition(f, d.args, (new_value,), d.stage_index)
-    f._updates[index] = nd
+    f._updates[index] = type(d)(f, d.args, (new_value,), d.stage_index)
     f._touch()
-    if not f.defined():
-        raise FuncError(f"{f.name()} is not defined")
     return intm

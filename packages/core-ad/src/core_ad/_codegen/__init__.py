@@ -3,7 +3,7 @@
 A backend is registered once with :func:`register_backend`: a name, an ``available()``
 predicate, and ``compile(prog, roots, inputs, options, key) -> callable``. Built in:
 
-* ``"numpy"`` -- the reference evaluator (:func:`core_ad._sym.compile._compile_numpy`):
+* ``"numpy"`` -- the reference evaluator (:func:`core_ad._codegen.reference.compile_reference`):
   numpy broadcasting and dtype conversion of the inputs, any primitive with an ``impl``;
 * ``"llvm"`` -- vectorised, multi-threaded LLVM kernels (:mod:`core_ad._codegen.llvm`),
   strict inputs (exact dtypes, 1-D lanes or 0-d scalars), cached by graph structure;
@@ -18,6 +18,10 @@ numpy (``CORE_AD_DEBUG=1`` says so); naming ``backend="llvm"`` explicitly raises
 
 Compiled kernels are cached by graph structure (:mod:`.cache`): a second compile of the same
 graph returns the same kernel object.
+
+Layering: the IR (:mod:`core_ad._sym`: expressions, ``cse`` programs) knows no backend; the
+backends consume it; :func:`compile` here (public as ``core_ad.sym.compile``) is the one place
+that dispatches.
 """
 
 from __future__ import annotations
@@ -25,19 +29,25 @@ from __future__ import annotations
 import os
 import sys
 import time
-from typing import Callable, NamedTuple
+from collections.abc import Callable
+from typing import NamedTuple
 
+from .._sym.graph import as_expr_list
+from .._sym.program import check_inputs, check_program, cse
 from .cache import KERNELS, structural_key
+from .reference import compile_reference
 
 __all__ = [
     "Backend",
-    "register_backend",
-    "backends",
     "available_backends",
-    "default_backend",
-    "resolve_backend",
-    "lookup",
+    "backends",
+    "compile",
     "compile_program",
+    "default_backend",
+    "evaluate",
+    "lookup",
+    "register_backend",
+    "resolve_backend",
 ]
 
 
@@ -59,7 +69,7 @@ def _no_options(options: dict) -> tuple:
     return ()
 
 
-def register_backend(name: str, compile: Callable | None, available=lambda: True, *,  # noqa: A002
+def register_backend(name: str, compile: Callable | None, available=lambda: True, *,
                      cached: bool = True, check_options=_no_options, doc: str = "") -> Backend:
     """Register a backend (names are unique). ``compile(prog, roots, inputs, options, key)``
     gets a checked :class:`~core_ad.sym.Program` and returns the callable; ``compile=None``
@@ -162,9 +172,7 @@ def compile_program(name: str, prog, roots, inputs, options: dict, auto: bool = 
 
 
 def _numpy_compile(prog, roots, inputs, options, key):
-    from .._sym.compile import _compile_numpy
-
-    return _compile_numpy(prog, roots, inputs)
+    return compile_reference(prog, roots, inputs)
 
 
 _LLVM_OK = None
@@ -215,3 +223,47 @@ def _cuda_options(options):
 
 register_backend("cuda", _cuda_compile, _cuda_available, check_options=_cuda_options,
                  doc="CUDA kernels through CuPy (needs CuPy and a CUDA device)")
+
+
+def compile(outputs, inputs, backend: str | None = None, **options):
+    """Compile ``outputs`` into ``fn(*arrays)`` evaluating them over arrays of lanes.
+
+    ``inputs``: the vars / leaves, in the order ``fn`` takes its arrays. Every leaf the
+    outputs depend on must be listed (extra inputs are allowed). ``fn`` returns a tuple with
+    one numpy array per output, of the output's dtype (constant outputs are broadcast).
+
+    ``backend`` (see :mod:`core_ad._codegen`): ``None`` -- the default, ``"llvm"`` when
+    llvmlite imports (else ``"numpy"``; ``CORE_AD_BACKEND`` overrides), falling back to numpy
+    for programs LLVM cannot lower (user primitives without a lowering);
+
+    * ``"numpy"``: the reference evaluator. At call time the arrays are converted to their
+      leaf's dtype and broadcast together into the lane shape. The callable is generated
+      once, as Python source over the topologically ordered program (``fn.source``,
+      ``fn.program``); floating-point warnings of masked-off lanes are silenced.
+    * ``"llvm"``: a vectorised, multi-threaded kernel (:mod:`core_ad._codegen.llvm`), cached
+      by graph structure (a second compile returns the same object). Strict inputs: exact
+      dtypes, 1-D arrays of N lanes or 0-d scalars; ``fn.compile_time``; ``options``:
+      ``vectorize``, ``libmvec``, ``scatter``.
+    * ``"cuda"``: CUDA C through CuPy on CuPy arrays (needs CuPy and a device).
+    """
+    backend, auto = resolve_backend(backend)
+    roots, _, inputs = check_inputs(outputs, inputs, "compile")
+    if backend != "numpy":
+        hit = lookup(backend, roots, inputs, options)
+        if hit is not None:
+            return hit
+    prog = cse(roots)
+    check_program(prog, roots, inputs, "compile")
+    return compile_program(backend, prog, roots, inputs, options, auto=auto,
+                           fallback=lambda: compile_reference(prog, roots, inputs))
+
+
+def evaluate(outputs, env: dict):
+    """Evaluate expressions for ``env = {leaf: array}`` (compiles once per call; for repeated
+    evaluation keep the result of :func:`compile`). Returns an array or a list, following
+    ``outputs``."""
+    roots, single = as_expr_list(outputs, "evaluate")
+    leaves = list(env.keys())
+    fn = compile(roots, leaves, backend="numpy")  # one-off: no kernel compilation
+    res = fn(*[env[k] for k in leaves])
+    return res[0] if single else list(res)

@@ -28,7 +28,7 @@ from collections import OrderedDict
 
 import numpy as np
 
-from .._sym.compile import Program
+from .._sym.program import Program
 from .._sym.expr import Apply, Const, Leaf
 
 __all__ = ["KernelCache", "structural_key", "code_key", "serialize", "KERNELS"]

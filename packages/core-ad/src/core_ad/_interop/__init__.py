@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import sym
 from .._sym.buffers import is_buffer, is_scatter
-from .._sym.compile import check_inputs
+from .._sym.program import check_inputs
 from .._sym.graph import free_leaves
 
 __all__ = ["SymKernel", "lane_shape", "reduce_axes", "run_lanes"]

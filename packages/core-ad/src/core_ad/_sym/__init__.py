@@ -6,11 +6,14 @@
 * :mod:`.graph` -- iterative traversals and queries;
 * :mod:`.ops` -- the public math lifted to expressions;
 * :mod:`.diff` -- OnePass forward and reverse symbolic derivatives, Hessians;
-* :mod:`.compile` -- ``cse`` and compilation to numpy callables.
+* :mod:`.program` -- ``cse`` programs (the IR the backends of :mod:`core_ad._codegen` consume;
+  ``core_ad.sym.compile`` dispatches to them).
 """
 
+# first: the simplifier registers the symbolic kind with the primitive registry
+from . import simplify as _simplify  # noqa: F401, I001
 from .buffers import buffer, gather, scatter_add
-from .compile import Program, compile, cse, evaluate  # noqa: A004
+from .program import Program, cse
 from .diff import DiffMemo, diff, grad, hessian, hvp, jacobian, jvp, vjp
 from .expr import (
     Apply,
@@ -53,12 +56,10 @@ __all__ = [
     "buffer",
     "call",
     "calls",
-    "compile",
     "const",
     "count_nodes",
     "cse",
     "diff",
-    "evaluate",
     "free_leaves",
     "free_vars",
     "gather",

@@ -33,6 +33,10 @@ import numpy as np
 from .. import _rules as R
 from .._primitives import Primitive
 
+# the renderer of ``repr`` (``graph.to_str``, installed by that module: rendering needs the
+# traversals, which are built on this module)
+_RENDER: list = [lambda e, limit: object.__repr__(e)]
+
 __all__ = [
     "Expr",
     "Const",
@@ -124,9 +128,7 @@ class Expr:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        from .graph import to_str
-
-        return to_str(self, limit=300)
+        return _RENDER[0](self, limit=300)
 
     # arithmetic -------------------------------------------------------------------------
     def __add__(self, o):
@@ -453,7 +455,3 @@ def make_apply(prim: Primitive, args: tuple, pkey: tuple, params: dict, dtype: n
         return n
 
     return _intern(key, make)
-
-
-# the simplifier registers the symbolic kind with the primitive registry
-from . import simplify as _simplify  # noqa: E402,F401

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from .. import _rules as R
 from .._primitives import Primitive
+from . import expr as _expr
 from .expr import Apply, Const, Expr, Leaf, as_expr
 
 __all__ = [
@@ -166,6 +167,9 @@ def to_str(expr, limit: int = 1000) -> str:
         memo[id(n)] = s
     return memo[id(as_expr(expr))]
 
+
+
+_expr._RENDER[0] = to_str
 
 def substitute(exprs, mapping: dict):
     """Replace nodes by other expressions (``{old_node: new_expr}``) and rebuild (simplifying).

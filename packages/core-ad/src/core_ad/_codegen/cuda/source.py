@@ -1,4 +1,4 @@
-"""CUDA C emission from a ``cse`` :class:`~core_ad._sym.compile.Program`.
+"""CUDA C emission from a ``cse`` :class:`~core_ad._sym.program.Program`.
 
 One ``extern "C" __global__`` kernel per compiled graph, with a grid-stride loop over the
 lanes. Every node of the straight-line program becomes one typed local (``const T v_t3 =
@@ -38,7 +38,7 @@ import numpy as np
 from ... import _rules as R
 from ..._primitives import Primitive
 from ..._sym.buffers import is_buffer, is_scatter
-from ..._sym.compile import Program, _describe, check_inputs, check_program, cse
+from ..._sym.program import Program, _describe, check_inputs, check_program, cse
 from ..._sym.expr import Apply, Const, Leaf
 from ..._sym.simplify import CORE_PRIMITIVES
 

@@ -50,7 +50,7 @@ import numpy as np
 from llvmlite import ir
 
 from ... import _rules as R
-from ..._sym.compile import Program, _schedule, cse
+from ..._sym.program import Program, _schedule, cse
 from ..._sym.expr import Apply, Const, Expr, Leaf
 from ..._sym.graph import as_expr_list
 from .vecmath import VecMath, intrinsic

@@ -30,7 +30,7 @@ import numpy as np
 from llvmlite import ir
 
 from ..._sym.buffers import is_buffer, is_scatter
-from ..._sym.compile import Program
+from ..._sym.program import Program
 from ..._sym.expr import Apply
 from .emitter import BufferArg, Emitter, Unsupported, llvm_type, lowering_for
 from .vecmath import VecMath

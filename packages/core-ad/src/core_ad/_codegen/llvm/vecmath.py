@@ -11,7 +11,7 @@ the variant's width. Without libmvec (another libc, another architecture, or
 
 Accuracy, measured against numpy (numpy's float64 ``exp``/``log``/``sin``/..., scipy's ``erf``
 as the reference backend uses it; float32 likewise, evaluated in float32) by
-:func:`measure_accuracy` on this host (AMD znver3, glibc 2.36, libmvec ISA ``'d'`` = AVX2:
+:func:`core_ad._codegen.llvm.accuracy.measure_accuracy` on this host (AMD znver3, glibc 2.36, libmvec ISA ``'d'`` = AVX2:
 4 x float64, 8 x float32) over the domains of :data:`DOMAINS` (float32: :data:`DOMAINS_F32`
 where the float64 domain would overflow: exp [-87, 88], expm1 [-40, 88], log [1e-37, 1e37],
 sinh/cosh [-88, 88], pow x in [1e-2, 1e2]); 2^18 points per function, three quarters evenly
@@ -43,7 +43,7 @@ atan2      [-1e3, 1e3]^2         2           0           3           0
 
 So float64 results are within 3 ulp of numpy, float32 within 4 ulp (4 x 2^-23 = 4.8e-7
 relative, inside the 1e-6 target). Regenerate the table with ``from core_ad._codegen.llvm
-import vecmath as v; print(v._table(v.measure_accuracy(1 << 18)))``; the test suite
+import accuracy as a; print(a.table(a.measure_accuracy(1 << 18)))``; the test suite
 re-measures it (2^14 points) and checks every entry against :data:`ULP_BOUNDS` (4 ulp).
 """
 
@@ -65,7 +65,6 @@ __all__ = [
     "host_isa",
     "libmvec_available",
     "intrinsic",
-    "measure_accuracy",
 ]
 
 # core name -> (arity, libm / libmvec base name)
@@ -354,56 +353,3 @@ def ulp_error(got, ref) -> np.ndarray:
         err = np.abs(got.astype(np.float64) - ref.astype(np.float64)) / ulp
     err = np.where(same, 0.0, err)
     return np.where(np.isnan(err), np.inf, err)
-
-
-def measure_accuracy(n: int = 1 << 16, names=None) -> dict:
-    """{(name, dtype, "vector"|"scalar"): max ulp error vs numpy} over :data:`DOMAINS`,
-    through ``sym.compile(..., backend="llvm")`` (``vectorize=False`` for the scalar column)."""
-    from ... import _rules as R
-    from ... import sym
-
-    ref_fn = {
-        "exp": np.exp, "expm1": np.expm1, "log": np.log, "log1p": np.log1p, "sin": np.sin,
-        "cos": np.cos, "tan": np.tan, "asin": np.arcsin, "acos": np.arccos, "atan": np.arctan,
-        "sinh": np.sinh, "cosh": np.cosh, "tanh": np.tanh, "erf": R.erf_p.impl,
-        "pow": np.power, "atan2": np.arctan2,
-    }
-    sym_fn = {
-        "exp": sym.exp, "expm1": sym.expm1, "log": sym.log, "log1p": sym.log1p, "sin": sym.sin,
-        "cos": sym.cos, "tan": sym.tan, "asin": sym.arcsin, "acos": sym.arccos,
-        "atan": sym.arctan, "sinh": sym.sinh, "cosh": sym.cosh, "tanh": sym.tanh,
-        "erf": sym.erf, "pow": sym.pow, "atan2": sym.arctan2,
-    }
-    out = {}
-    for dt in ("float64", "float32"):
-        names_ = names or list(MATH_FUNCTIONS)
-        vs = [sym.var("a", dt), sym.var("b", dt)]
-        for name in names_:
-            arity = MATH_FUNCTIONS[name][0]
-            e = sym_fn[name](*vs[:arity])
-            pts = _points(name, dt, n)
-            with np.errstate(all="ignore"):
-                ref = ref_fn[name](*pts)
-            for mode in ("vector", "scalar"):
-                fn = sym.compile([e], vs[:arity], backend="llvm", vectorize=(mode == "vector"))
-                got = fn(*pts)[0]
-                out[(name, dt, mode)] = float(np.max(ulp_error(got, ref)))
-    return out
-
-
-def _table(acc: dict) -> str:
-    rows = []
-    for name in MATH_FUNCTIONS:
-        dom = DOMAINS[name][0]
-        if name == "pow":
-            d = "x [1e-3, 1e3], y +-8"
-        elif name == "atan2":
-            d = "[-1e3, 1e3]^2"
-        else:
-            d = f"[{dom[0][0]:g}, {dom[0][1]:g}]"
-        cells = [f"{acc[(name, dt, m)]:.3g}" for dt in ("float64", "float32")
-                 for m in ("vector", "scalar")]
-        rows.append(f"{name:<10s} {d:<21s} " + " ".join(f"{c:<16s}" for c in cells))
-    return "\n".join(rows)
-
-
