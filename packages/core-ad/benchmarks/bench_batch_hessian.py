@@ -33,29 +33,12 @@ Run from the repository root:  python3 packages/core-ad/benchmarks/bench_batch_h
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-import numpy as np
-
-try:
-    import core_ad as ad
-except ImportError:  # not pip-installed: use the source tree next to this script
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-    import core_ad as ad
+import core_ad as ad
 import core_ad.numpy as anp
-
-from _timing import (
-    apply_thread_count,
-    compare,
-    error_reason,
-    fmt_time,
-    load_note,
-    machine_info,
-    max_rel_diff,
-    print_table,
-    time_first_call,
-)
+import numpy as np
+from core_ad import benchmark as bench
 
 TOL = 1e-8
 
@@ -111,8 +94,8 @@ def setup_jax(x, n):
         H, g = fused_h(xj)
         return g.block_until_ready(), H.block_until_ready()
 
-    t_sep, _ = time_first_call(run_sep)
-    t_fused, _ = time_first_call(run_fused)
+    t_sep, _ = bench.time_first_call(run_sep)
+    t_fused, _ = bench.time_first_call(run_fused)
     return (
         {"jax.jit separate": run_sep, "jax.jit fused": run_fused},
         {"jax.jit separate": t_sep, "jax.jit fused": t_fused},
@@ -177,10 +160,10 @@ def setup_torch_compile(x, n, notes):
             H, g = cf(xt)
             return g, H
 
-        t, _ = time_first_call(run)
+        t, _ = bench.time_first_call(run)
         run()
     except Exception as e:  # noqa: BLE001 - report the reason and carry on without it
-        notes.append(f"torch.compile skipped: {error_reason(e)}")
+        notes.append(f"torch.compile skipped: {bench.error_reason(e)}")
         return None, None
     return {"torch.compile fused": run}, {"torch.compile fused": t}
 
@@ -189,44 +172,14 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--B", type=int, default=4096, help="number of lanes (4096)")
     p.add_argument("--n", type=int, default=12, help="coordinates per lane (12)")
-    p.add_argument("--repeats", type=int, default=9, help="timed runs per case (>= 5; 9)")
     p.add_argument("--torch-compile", action="store_true",
                    help="also time torch.compile of the fused torch.func form (slow to compile)")
-    p.add_argument("--no-torch", action="store_true", help="skip PyTorch")
-    p.add_argument("--no-jax", action="store_true", help="skip JAX")
-    p.add_argument("--threads", type=int, default=2,
-                   help="torch.set_num_threads (2 = all cores here); 1 also limits JAX to one"
-                        " thread via XLA_FLAGS. core_ad/numpy always runs on 1 thread")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.repeats < 5:
-        p.error("--repeats must be >= 5 (median of at least 5 runs)")
+    bench.add_common_arguments(p, repeats=9)
+    args = bench.parse_arguments(p, argv)
     B, n = args.B, args.n
 
     notes = []
-    jax_threads = apply_thread_count(args.threads)
-    torch = jax = None
-    if not args.no_torch:
-        try:
-            import torch
-            import torch.func  # noqa: F401
-
-            torch.set_num_threads(args.threads)
-        except ImportError as e:
-            notes.append(f"PyTorch not available ({e}); skipping the PyTorch cases")
-            torch = None
-    else:
-        notes.append("PyTorch skipped (--no-torch)")
-    if not args.no_jax:
-        try:
-            import jax
-
-            jax.config.update("jax_enable_x64", True)
-        except ImportError as e:
-            notes.append(f"JAX not available ({e}); skipping the JAX cases")
-            jax = None
-    else:
-        notes.append("JAX skipped (--no-jax)")
+    torch, jax = bench.import_peers(args, notes)
 
     rng = np.random.default_rng(args.seed)
     x = rng.uniform(-1.0, 1.0, (B, n))  # float64
@@ -235,14 +188,14 @@ def main(argv=None):
           " / (1 + sum_i (x_i x_{i+1})^2),  a_i = 0.3 + 0.05 i")
     print(f"B = {B} lanes, n = {n}, float64 uniform(-1, 1), seed {args.seed};"
           f" median of {args.repeats} alternating runs after 1 warm-up round")
-    print(machine_info(f"thread count: torch {args.threads}; {jax_threads}"))
+    print(bench.machine_info(f"thread count: torch {args.threads}; core_ad/numpy 1 thread"))
     print()
 
     f_core, core_bh = setup_core(x, n)
     cases = {"core_ad primal (numpy)": lambda: f_core(x), "core_ad batch_hessian": core_bh}
     compile_times = {}
     # The compiled path: symbolic gradient + Hessian traced once, one lane-wise kernel.
-    compile_times["core_ad compiled"], hess = time_first_call(
+    compile_times["core_ad compiled"], hess = bench.time_first_call(
         lambda: ad.compiled_batch_hessian(f_core, n, x.dtype))
     cases["core_ad compiled"] = lambda: hess(x)
     if jax is not None:
@@ -275,7 +228,7 @@ def main(argv=None):
         g, H = fn()
         g = np.asarray(g.detach().numpy() if hasattr(g, "detach") else g)
         H = np.asarray(H.detach().numpy() if hasattr(H, "detach") else H)
-        dg, dh = max_rel_diff(g, g0), max_rel_diff(H, H0)
+        dg, dh = bench.max_rel_diff(g, g0), bench.max_rel_diff(H, H0)
         good = dg <= TOL and dh <= TOL and g.dtype == np.float64 and H.dtype == np.float64
         ok &= good
         print(f"  {name:20s} grad rel diff {dg:.2e}  hessian rel diff {dh:.2e}  dtype {H.dtype}"
@@ -285,36 +238,19 @@ def main(argv=None):
         return 1
     print()
 
-    if compile_times:
-        print("first call (trace + compile + one run), not included in the medians:")
-        for name, t in compile_times.items():
-            print(f"  {name:22s} {fmt_time(t)}")
-        print()
-
-    res = compare(cases, repeats=args.repeats, warmup=1)
+    res = bench.compare_and_report(cases, args.repeats, first_calls=compile_times)
     med = {k: v["median"] for k, v in res.items()}
-    print(load_note("on average during the timed runs", compare.other_load))
-    print("all runs (median [min .. max]):")
-    for name, r in res.items():
-        print(f"  {name:24s} {fmt_time(r['median']):>10s}  [{fmt_time(r['min'])} .."
-              f" {fmt_time(r['max'])}]")
-    print()
     for note in notes:
         print("note:", note)
     ours = med["core_ad batch_hessian"]
     print(f"core_ad batch_hessian / core_ad primal = {ours / med['core_ad primal (numpy)']:.0f}x"
           f" (n = {n} directions)")
     print()
-    rows = []
-    for name in cases:
-        if name == "core_ad primal (numpy)":
-            continue
-        rows.append([name, fmt_time(med[name]), f"{ours / med[name]:.2f}",
-                     fmt_time(compile_times.get(name)) if name in compile_times else "-"])
     tthreads = args.threads if torch is not None else "no"
-    print_table(["system (grad + hessian)", "time", "core_ad / this", "first call"], rows,
-                title=f"summary: B = {B}, n = {n}, float64, {tthreads} torch threads,"
-                      f" median of {args.repeats}")
+    bench.side_by_side({k: v for k, v in res.items() if k != "core_ad primal (numpy)"},
+                       "core_ad batch_hessian", first_calls=compile_times,
+                       title=f"grad + hessian: B = {B}, n = {n}, float64, {tthreads} torch"
+                             f" threads, median of {args.repeats}")
     return 0
 
 

@@ -14,28 +14,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
 import numpy as np
-
-try:
-    from core_ad import sym
-except ImportError:  # not pip-installed: use the source tree next to this script
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-    from core_ad import sym
-
-from _timing import (
-    apply_thread_count,
-    compare,
-    error_reason,
-    fmt_time,
-    load_note,
-    machine_info,
-    max_rel_diff,
-    print_table,
-    time_first_call,
-)
+from core_ad import benchmark as bench
+from core_ad import sym
 
 
 def expression(m, x):
@@ -66,20 +49,17 @@ def random_graph(n_nodes: int, seed: int):
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=10_000_000, help="lanes (default 10^7)")
-    p.add_argument("--repeats", type=int, default=7)
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--no-torch", action="store_true")
-    p.add_argument("--no-jax", action="store_true")
     p.add_argument("--no-compile", action="store_true", help="torch eager instead of compile")
-    args = p.parse_args()
+    bench.add_common_arguments(p, repeats=7)
+    args = bench.parse_arguments(p)
     os.environ.setdefault("CORE_AD_NUM_THREADS", str(args.threads))
     notes = []
-    tnote = apply_thread_count(args.threads)
+    torch, jax = bench.import_peers(args, notes)
 
-    x = np.random.default_rng(0).uniform(-2.0, 2.0, args.n)
+    x = np.random.default_rng(args.seed).uniform(-2.0, 2.0, args.n)
     xs = sym.var("x")
     e = expression(sym, xs)
-    t_llvm, k_llvm = time_first_call(lambda: sym.compile([e], [xs], backend="llvm"))
+    t_llvm, k_llvm = bench.time_first_call(lambda: sym.compile([e], [xs], backend="llvm"))
     k_np = sym.compile([e], [xs], backend="numpy")
     cases = {
         "core_ad llvm": lambda: k_llvm(x)[0],
@@ -87,56 +67,40 @@ def main() -> int:
         "core_ad numpy backend": lambda: k_np(x)[0],
     }
     first = {"core_ad llvm": t_llvm}
-    if not args.no_jax:
-        try:
-            import jax
+    if jax is not None:
+        import jax.numpy as jnp
 
-            jax.config.update("jax_enable_x64", True)
-            import jax.numpy as jnp
-
-            jf = jax.jit(lambda v: expression(jnp, v))
-            xj = jnp.asarray(x)
-            first["jax.jit"], _ = time_first_call(lambda: jf(xj).block_until_ready())
-            cases["jax.jit"] = lambda: jf(xj).block_until_ready()
-        except ImportError:
-            notes.append("JAX not installed: skipped")
-    if not args.no_torch:
-        try:
-            import torch
-
-            xt = torch.from_numpy(x)
-            tf = lambda v: expression(torch, v)  # noqa: E731
-            name = "torch eager"
-            if not args.no_compile:
-                try:
-                    tc = torch.compile(tf)
-                    first["torch.compile"], _ = time_first_call(lambda: tc(xt))
-                    tf, name = tc, "torch.compile"
-                except Exception as err:  # noqa: BLE001 - report and fall back
-                    notes.append(f"torch.compile failed ({error_reason(err)}); eager timed")
-            cases[name] = lambda: tf(xt)
-        except ImportError:
-            notes.append("torch not installed: skipped")
+        jf = jax.jit(lambda v: expression(jnp, v))
+        xj = jnp.asarray(x)
+        first["jax.jit"], _ = bench.time_first_call(lambda: jf(xj).block_until_ready())
+        cases["jax.jit"] = lambda: jf(xj).block_until_ready()
+    if torch is not None:
+        xt = torch.from_numpy(x)
+        tf = lambda v: expression(torch, v)  # noqa: E731
+        name = "torch eager"
+        if not args.no_compile:
+            try:
+                tc = torch.compile(tf)
+                first["torch.compile"], _ = bench.time_first_call(lambda: tc(xt))
+                tf, name = tc, "torch.compile"
+            except Exception as err:  # noqa: BLE001 - report and fall back
+                notes.append(f"torch.compile failed ({bench.error_reason(err)}); eager timed")
+        cases[name] = lambda: tf(xt)
 
     ref = expression(np, x)
     print(f"bench_codegen: {args.n} float64 lanes of sin(x)*exp(-x*x) + x**3 + log1p(x*x)")
-    print(machine_info(tnote + f"; CORE_AD_NUM_THREADS={os.environ['CORE_AD_NUM_THREADS']}"))
+    print(bench.machine_info(f"CORE_AD_NUM_THREADS={os.environ['CORE_AD_NUM_THREADS']}"))
     for name, fn in cases.items():
         out = fn()
         out = np.asarray(out.detach().numpy() if hasattr(out, "detach") else out)
-        d = max_rel_diff(out, ref)
+        d = bench.max_rel_diff(out, ref)
         print(f"  {name:22s} max rel diff vs numpy {d:.1e}")
         if d > 1e-12:
             print("outputs disagree; not timing")
             return 1
-    res = compare(cases, repeats=args.repeats, warmup=1)
-    med = {k: v["median"] for k, v in res.items()}
-    print(load_note("on average during the timed runs", compare.other_load))
-    ours = med["core_ad llvm"]
-    rows = [[k, fmt_time(v), f"{v / ours:.2f}", fmt_time(first.get(k)) if k in first else "-"]
-            for k, v in med.items()]
-    print_table(["system", "median", "this / core_ad llvm", "first call"], rows,
-                title=f"elementwise, n = {args.n}, median of {args.repeats}")
+    res = bench.compare_and_report(cases, args.repeats, first_calls=first)
+    bench.side_by_side(res, "core_ad llvm", first_calls=first,
+                       title=f"elementwise, n = {args.n}, median of {args.repeats}")
 
     g, leaves = random_graph(200, seed=int(time.time()))  # fresh constants: a cold cache
     n_nodes = sym.count_nodes([g])
@@ -147,9 +111,10 @@ def main() -> int:
     again = sym.compile([g], leaves, backend="llvm")
     t_warm = time.perf_counter() - t0
     print()
-    print_table(["graph", "first compile", "second compile (cache)", "same kernel"],
-                [[f"{n_nodes} nodes", fmt_time(t_cold), fmt_time(t_warm), str(again is kern)]],
-                title="compile time")
+    bench.print_table(["graph", "first compile", "second compile (cache)", "same kernel"],
+                      [[f"{n_nodes} nodes", bench.fmt_time(t_cold), bench.fmt_time(t_warm),
+                        str(again is kern)]],
+                      title="compile time")
     for note in notes:
         print("note:", note)
     return 0

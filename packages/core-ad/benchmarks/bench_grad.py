@@ -19,29 +19,12 @@ Run from the repository root:  python3 packages/core-ad/benchmarks/bench_grad.py
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
-import numpy as np
-
-try:
-    import core_ad as ad
-except ImportError:  # not pip-installed: use the source tree next to this script
-    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "src"))
-    import core_ad as ad
+import core_ad as ad
 import core_ad.numpy as anp
-
-from _timing import (
-    apply_thread_count,
-    compare,
-    error_reason,
-    fmt_time,
-    load_note,
-    machine_info,
-    max_rel_diff,
-    print_table,
-    time_first_call,
-)
+import numpy as np
+from core_ad import benchmark as bench
 
 TOL = 1e-10  # float64: all systems evaluate the same closed-form expression
 
@@ -116,13 +99,13 @@ def setup_torch_compile(x, notes):
             (g,) = torch.autograd.grad(y, xr)
             return y.detach(), g
 
-        t_p, _ = time_first_call(primal)
-        t_g, _ = time_first_call(fwd_bwd)
+        t_p, _ = bench.time_first_call(primal)
+        t_g, _ = bench.time_first_call(fwd_bwd)
         # A second call must not recompile (would signal a guard failure); time it as a check.
         primal()
         fwd_bwd()
     except Exception as e:  # noqa: BLE001 - report the reason and carry on without it
-        notes.append(f"torch.compile skipped: {error_reason(e)}")
+        notes.append(f"torch.compile skipped: {bench.error_reason(e)}")
         return None, None, None
     return (
         {"torch.compile primal": primal, "torch.compile fwd+bwd": fwd_bwd},
@@ -145,8 +128,8 @@ def setup_jax(x):
         v, g = jvg(xj)
         return v.block_until_ready(), g.block_until_ready()
 
-    t_p, _ = time_first_call(primal)
-    t_g, _ = time_first_call(vg)
+    t_p, _ = bench.time_first_call(primal)
+    t_g, _ = bench.time_first_call(vg)
     return (
         {"jax.jit primal": primal, "jax.jit value_and_grad": vg},
         vg,
@@ -157,41 +140,12 @@ def setup_jax(x):
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--n", type=int, default=10**6, help="number of float64 inputs (10**6)")
-    p.add_argument("--repeats", type=int, default=15, help="timed runs per case (>= 5; 15)")
     p.add_argument("--no-compile", action="store_true", help="skip torch.compile")
-    p.add_argument("--no-torch", action="store_true", help="skip PyTorch entirely")
-    p.add_argument("--no-jax", action="store_true", help="skip JAX entirely")
-    p.add_argument("--threads", type=int, default=2,
-                   help="torch.set_num_threads (2 = all cores here); 1 also limits JAX to one"
-                        " thread via XLA_FLAGS. core_ad/numpy always runs on 1 thread")
-    p.add_argument("--seed", type=int, default=0)
-    args = p.parse_args(argv)
-    if args.repeats < 5:
-        p.error("--repeats must be >= 5 (median of at least 5 runs)")
+    bench.add_common_arguments(p, repeats=15)
+    args = bench.parse_arguments(p, argv)
 
     notes = []
-    jax_threads = apply_thread_count(args.threads)
-    torch = jax = None
-    if not args.no_torch:
-        try:
-            import torch
-
-            torch.set_num_threads(args.threads)
-        except ImportError as e:
-            notes.append(f"PyTorch not available ({e}); skipping the PyTorch cases")
-            torch = None
-    if not args.no_jax:
-        try:
-            import jax
-
-            jax.config.update("jax_enable_x64", True)
-        except ImportError as e:
-            notes.append(f"JAX not available ({e}); skipping the JAX cases")
-            jax = None
-    else:
-        notes.append("JAX skipped (--no-jax)")
-    if args.no_torch:
-        notes.append("PyTorch skipped (--no-torch)")
+    torch, jax = bench.import_peers(args, notes)
 
     rng = np.random.default_rng(args.seed)
     x = rng.uniform(-2.0, 2.0, args.n)  # float64
@@ -199,7 +153,7 @@ def main(argv=None):
     print("bench_grad: f(x) = sum(sin(x) * exp(-x*x) + x**3)")
     print(f"n = {args.n} float64 values, uniform(-2, 2), seed {args.seed};"
           f" median of {args.repeats} alternating runs after 1 warm-up round")
-    print(machine_info(f"thread count: torch {args.threads}; {jax_threads}"))
+    print(bench.machine_info(f"thread count: torch {args.threads}; core_ad/numpy 1 thread"))
     print()
 
     # ---- set up every system, then check that they agree before timing anything
@@ -242,7 +196,7 @@ def main(argv=None):
         v = float(np.asarray(v))
         g = np.asarray(g.numpy() if hasattr(g, "numpy") and not isinstance(g, np.ndarray) else g)
         dv = abs(v - v_ref) / abs(v_ref)
-        dg = max_rel_diff(g, g_ref)
+        dg = bench.max_rel_diff(g, g_ref)
         good = dp < TOL and dv < TOL and dg < TOL and g.dtype == np.float64
         ok &= good
         print(f"  {name:14s} primal rel diff {dp:.2e}  value rel diff {dv:.2e}"
@@ -253,21 +207,8 @@ def main(argv=None):
         return 1
     print()
 
-    if compile_times:
-        print("first call (trace + compile + one run), not included in the medians:")
-        for name, t in compile_times.items():
-            print(f"  {name:26s} {fmt_time(t)}")
-        print()
-
-    res = compare(cases, repeats=args.repeats, warmup=1)
+    res = bench.compare_and_report(cases, args.repeats, first_calls=compile_times)
     med = {k: v["median"] for k, v in res.items()}
-    print(load_note("on average during the timed runs", compare.other_load))
-
-    print("all runs (median [min .. max]):")
-    for name, r in res.items():
-        print(f"  {name:26s} {fmt_time(r['median']):>10s}  [{fmt_time(r['min'])} .."
-              f" {fmt_time(r['max'])}]")
-    print()
 
     systems = [
         ("core_ad", "core_ad primal", "core_ad value_and_grad"),
@@ -276,7 +217,6 @@ def main(argv=None):
         ("jax.jit", "jax.jit primal", "jax.jit value_and_grad"),
     ]
     systems = [s for s in systems if s[1] in med]
-    ours_grad = med["core_ad value_and_grad"]
     ratios = {s: med[g] / med[p] for s, p, g in systems}
     for n in notes:
         print("note:", n)
@@ -287,17 +227,13 @@ def main(argv=None):
               f" ratio {r_torch:.2f}  -> core_ad is {verdict} PyTorch eager"
               f" ({r_ours / r_torch:.2f}x)")
     print()
-    rows = []
-    for s, pk, gk in systems:
-        rows.append([s, fmt_time(med[pk]), fmt_time(med[gk]), f"{ratios[s]:.2f}",
-                     f"{ours_grad / med[gk]:.2f}",
-                     fmt_time(compile_times.get(gk)) if gk in compile_times else "-"])
     tthreads = args.threads if torch is not None else "no"
-    print_table(
-        ["system", "primal", "value+grad", "grad/primal", "core_ad grad / this grad",
-         "first call (grad)"],
-        rows,
-        title=f"summary: n = {args.n} float64, {tthreads} torch threads, median of"
+    bench.side_by_side(
+        {s: res[gk] for s, _, gk in systems}, "core_ad", first_calls={
+            s: compile_times[gk] for s, _, gk in systems if gk in compile_times},
+        columns={"primal": {s: bench.fmt_time(med[pk]) for s, pk, _ in systems},
+                 "grad/primal": {s: f"{ratios[s]:.2f}" for s, _, _ in systems}},
+        title=f"value + grad: n = {args.n} float64, {tthreads} torch threads, median of"
               f" {args.repeats}",
     )
     return 0

@@ -24,18 +24,12 @@ of ``--steps`` steps each, cases alternated. Run from the repository root:
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
-
-import numpy as np
-
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core-ad",
-                                "benchmarks"))
-from _timing import compare, fmt_time, machine_info, max_rel_diff, print_table  # noqa: E402
 
 import core_ad.numpy as anp  # noqa: E402
 import h2mc  # noqa: E402
+import numpy as np
+from core_ad import benchmark as bench
 
 SIGMA2 = 1e-2
 
@@ -136,15 +130,15 @@ def check_same(n, B, ours_target, J, seed=0):
     lf = ours_target.log_f(x)
     g, H = ours_target.derivatives(x)
     lfj, gj, Hj = (np.asarray(a) for a in J["derivs"](jnp.asarray(x)))
-    errs = {"log f": max_rel_diff(lfj, lf), "grad": max_rel_diff(gj, g),
-            "hess": max_rel_diff(Hj, H)}
+    errs = {"log f": bench.max_rel_diff(lfj, lf), "grad": bench.max_rel_diff(gj, g),
+            "hess": bench.max_rel_diff(Hj, H)}
     k = h2mc.H2MCStep(sigma2=SIGMA2)
     gx = k.gaussian(g, H, lf)
     Ej, pj, mj = (np.asarray(a) for a in J["gaussian"](jnp.asarray(lf), jnp.asarray(g),
                                                        jnp.asarray(H)))
     cov_j = np.einsum("bik,bk,bjk->bij", Ej, 1 / pj, Ej)
-    errs["mean"] = max_rel_diff(mj, gx.mean)
-    errs["cov"] = max_rel_diff(cov_j, gx.covariance())
+    errs["mean"] = bench.max_rel_diff(mj, gx.mean)
+    errs["cov"] = bench.max_rel_diff(cov_j, gx.covariance())
     # one MH step from the same states with the same draws
     xi = rng.standard_normal((B, n))
     u = rng.random(B)
@@ -179,8 +173,7 @@ def main(argv=None):
     jax.config.update("jax_enable_x64", True)
     import jax.numpy as jnp
 
-    print(machine_info())
-    rows = []
+    print(bench.machine_info())
     for n in args.n:
         B = args.B
         log_f = make_log_f(n, anp.sin, anp.cos, lambda x, j: x[:, j])
@@ -238,21 +231,19 @@ def main(argv=None):
         cases = {"h2mc (core_ad compiled)": run_ours, "jax.jit(jax.vmap(step))": run_jax}
         if st_t is not None:
             cases["h2mc (core_ad traced)"] = run_traced
-        res = compare(cases, repeats=args.repeats, warmup=1)
-        for name, r in res.items():
-            sps = args.steps / r["median"]
-            rows.append([n, B, name, fmt_time(r["median"] / args.steps), f"{sps:.2f}",
-                         f"{sps * B:.3g}",
-                         fmt_time(t_compile_ours if "compiled" in name else
-                                  t_compile_jax if "jax" in name else 0.0)])
-        ratio = res["jax.jit(jax.vmap(step))"]["median"] / res["h2mc (core_ad compiled)"]["median"]
-        print(f"n = {n}: h2mc (core_ad compiled) is {ratio:.2f}x the steps/s of jax"
-              f" (acceptance: ours {sc.stats['h2mc'].acceptance:.3f})")
-        rows.append([n, B, "ratio jax time / core_ad time", f"{ratio:.2f}x", "", "", ""])
-    print()
-    print_table(["n", "chains", "sampler", "time/step", "steps/s", "chain-steps/s",
-                 "first call (compile)"], rows,
-                title=f"H2MC steps per second, {args.B} chains, float64")
+        res = bench.compare(cases, repeats=args.repeats, warmup=1)
+        first = {"h2mc (core_ad compiled)": t_compile_ours,
+                 "jax.jit(jax.vmap(step))": t_compile_jax}
+        sps = {name: args.steps / r["median"] for name, r in res.items()}
+        ratios = bench.side_by_side(
+            res, "h2mc (core_ad compiled)", first_calls=first,
+            columns={"steps/s": {k: f"{v:.2f}" for k, v in sps.items()},
+                     "chain-steps/s": {k: f"{v * B:.3g}" for k, v in sps.items()}},
+            title=f"n = {n}: {args.steps} H2MC steps of {B} chains, float64, median of"
+                  f" {args.repeats}")
+        print(f"n = {n}: h2mc (core_ad compiled) is {ratios['jax.jit(jax.vmap(step))']:.2f}x the"
+              f" steps/s of jax (acceptance: ours {sc.stats['h2mc'].acceptance:.3f})")
+        print()
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ the bilateral grid on a 4096 x 4096 float32 image, timed side by side in one run
   trilinear slicing).
 
 Every output is checked against the numpy result before timing. Cases are alternated per
-repeat (``_timing.compare``); the figure is the median. Goal (project issue 4): halide_ad within
+repeat (``core_ad.benchmark.compare``); the figure is the median. Goal (project issue 4): halide_ad within
 1.5x of Halide 21 and faster than torch CPU.
 
 Run from the repository root (Halide 21 is optional: its column is skipped when ``import halide``
@@ -27,51 +27,17 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import importlib.util
 import os
-import sys
-from pathlib import Path
 
 import numpy as np
-
-HERE = Path(__file__).resolve().parent
-# The workspace's one benchmark helper lives with core_ad's benchmarks.
-sys.path.insert(0, str(HERE.parents[1] / "core-ad" / "benchmarks"))
-from _timing import (
-    compare,
-    error_reason,
-    fmt_time,
-    load_note,
-    machine_info,
-    max_rel_diff,
-    print_table,
-    time_first_call,
-)
-
-APPS_DIR = HERE.parent / "src" / "halide_ad" / "apps"
-
-
-def load_apps(notes):
-    """``halide_ad.apps``; loaded from its directory when halide_ad itself does not import
-    (the apps need only numpy and the ``hl`` module they are given)."""
-    try:
-        return importlib.import_module("halide_ad.apps")
-    except Exception as err:  # noqa: BLE001
-        notes.append(f"halide_ad.apps imported from {APPS_DIR} ({error_reason(err)})")
-    name = "_halide_ad_apps_bench"
-    spec = importlib.util.spec_from_file_location(
-        name, APPS_DIR / "__init__.py", submodule_search_locations=[str(APPS_DIR)])
-    mod = importlib.util.module_from_spec(spec)
-    sys.modules[name] = mod
-    spec.loader.exec_module(mod)
-    return mod
+from core_ad import benchmark as bench
 
 
 def import_or_note(name, notes):
     try:
         return importlib.import_module(name)
     except Exception as err:  # noqa: BLE001
-        notes.append(f"{name} not importable, its column is skipped ({error_reason(err)})")
+        notes.append(f"{name} not importable, its column is skipped ({bench.error_reason(err)})")
         return None
 
 
@@ -153,13 +119,13 @@ def halide_case(hl, mod, img, kw, tile, vec, label, first, notes):
         mod.schedule(app, "tiled", tile=tile, vec=vec)
         out = app.output
         sizes = list(next(iter(app.sizes.values())))
-        first[label], _ = time_first_call(out.compile_jit)
+        first[label], _ = bench.time_first_call(out.compile_jit)
         def fn():
             return out.realize(sizes)
         fn.app = app  # keep the input buffers alive
         return fn
     except Exception as err:  # noqa: BLE001 - report, skip the column
-        notes.append(f"{label} failed ({error_reason(err)}); skipped")
+        notes.append(f"{label} failed ({bench.error_reason(err)}); skipped")
         return None
 
 
@@ -172,25 +138,23 @@ def as_numpy(x):
 def bench_pipeline(title, cases, first, ref, repeats, tol):
     checked = {}
     for name, fn in cases.items():
-        d = max_rel_diff(as_numpy(fn()), ref)
+        d = bench.max_rel_diff(as_numpy(fn()), ref)
         checked[name] = d
         if d > tol:
             print(f"  {name}: max rel diff vs numpy {d:.2e} > {tol:g}: not timed")
     cases = {k: v for k, v in cases.items() if checked[k] <= tol}
-    res = compare(cases, repeats=repeats, warmup=1)
+    res = bench.compare(cases, repeats=repeats, warmup=1)
     med = {k: v["median"] for k, v in res.items()}
     ours = med.get("halide_ad")
     hal = med.get("Halide 21 (JIT)")
-    rows = []
-    for k, v in med.items():
-        rows.append([k, f"{v * 1e3:.1f}",
-                     f"{v / ours:.2f}" if ours else "-",
-                     f"{v / hal:.2f}" if hal else "-",
-                     fmt_time(first[k]) if k in first else "-",
-                     f"{checked[k]:.1e}"])
-    print_table(["implementation", "median ms", "this / halide_ad", "this / Halide 21",
-                 "compile (first)", "max rel diff vs numpy"], rows, title=title)
-    print(load_note("on average during the timed runs", compare.other_load))
+    columns = {"max rel diff vs numpy": {k: f"{checked[k]:.1e}" for k in med}}
+    if hal:
+        columns["this / Halide 21"] = {k: f"{v / hal:.2f}" for k, v in med.items()}
+    if ours:
+        bench.side_by_side(res, "halide_ad", first_calls=first, columns=columns, title=title)
+    else:
+        bench.report_runs(res)
+    print(bench.load_note("on average during the timed runs", bench.compare.other_load))
     if ours:
         torch_best = min((v for k, v in med.items() if k.startswith("torch")), default=None)
         goal = []
@@ -218,7 +182,8 @@ def main() -> int:
     notes = []
     if args.threads:
         os.environ["HL_NUM_THREADS"] = str(args.threads)   # read when the pool starts
-    apps = load_apps(notes)
+    from halide_ad import apps
+
     hl_ad = import_or_note("halide_ad", notes)
     hl_21 = import_or_note("halide", notes)
     torch = import_or_note("torch", notes)
@@ -239,7 +204,7 @@ def main() -> int:
     if hl_21 is not None:
         extra = (f"halide  : {hver} (PyPI), JIT target "
                  f"{hl_21.get_jit_target_from_environment()}\n" + extra)
-    print(machine_info(extra, modules=("numpy", "halide_ad", "torch")))
+    print(bench.machine_info(extra, modules=("numpy", "halide_ad", "torch")))
 
     pipelines = [
         ("blur", apps.blur, {}, 1e-6),

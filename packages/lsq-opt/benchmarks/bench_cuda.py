@@ -30,11 +30,10 @@ for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
 
 import numpy as np
+from core_ad import benchmark as bench
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-sys.path.insert(0, os.path.join(HERE, "..", "..", "core-ad", "benchmarks"))
-from _timing import compare, fmt_time, machine_info, print_table  # noqa: E402
 from bench_solvers import arap_problem, mesh_example, poisson_problem  # noqa: E402
 
 from lsq_opt import LsqCompileError, compile_problem, solve  # noqa: E402
@@ -104,8 +103,8 @@ def main(argv=None):
         return 0
     dev = cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
-    print(machine_info(extra=f"GPU {name}; cupy {cupy.__version__}",
-                       modules=("numpy", "cupy", "core_ad", "lsq_opt")))
+    print(bench.machine_info(extra=f"GPU {name}; cupy {cupy.__version__}",
+                             modules=("numpy", "cupy", "core_ad", "lsq_opt")))
     rows = []
     for pname, (energy, kw) in problems(args).items():
         for dt in args.dtypes:
@@ -133,10 +132,10 @@ def main(argv=None):
             med = {}
             for label, plan in plans.items():
                 plan.linearize(x)
-                res = compare(product_cases(plan, x, p), repeats=args.repeats)
+                res = bench.compare(product_cases(plan, x, p), repeats=args.repeats)
                 med[label] = {k: v["median"] for k, v in res.items()}
             for op in med["cpu fused"]:
-                rows.append([pname, dt, op] + [fmt_time(med[b][op]) for b in BACKENDS]
+                rows.append([pname, dt, op] + [bench.fmt_time(med[b][op]) for b in BACKENDS]
                             + [f"{med['cpu fused'][op] / med['cuda'][op]:.2f}x"])
             solves = {}
             for label in ("cpu fused", "cuda"):
@@ -144,14 +143,15 @@ def main(argv=None):
                 runs = [lm_solve(plans[label], plans[label].x0, args) for _ in range(3)]
                 solves[label] = (sorted(t for t, _ in runs)[1], runs[0][1])
             (tc, rc), (tg, rg) = solves["cpu fused"], solves["cuda"]
-            print(f"  LM {args.lm_iterations} iterations (PCG {args.pcg}): cpu fused {fmt_time(tc)} "
-                  f"(cost {rc.cost:.6e}, {rc.pcg_iterations} PCG), cuda {fmt_time(tg)} "
+            print(f"  LM {args.lm_iterations} iterations (PCG {args.pcg}): cpu fused"
+                  f" {bench.fmt_time(tc)} "
+                  f"(cost {rc.cost:.6e}, {rc.pcg_iterations} PCG), cuda {bench.fmt_time(tg)} "
                   f"(cost {rg.cost:.6e}, {rg.pcg_iterations} PCG)")
-            rows.append([pname, dt, f"LM solve ({args.lm_iterations} it)", fmt_time(tc), "-",
-                         fmt_time(tg), f"{tc / tg:.2f}x"])
+            rows.append([pname, dt, f"LM solve ({args.lm_iterations} it)", bench.fmt_time(tc),
+                         "-", bench.fmt_time(tg), f"{tc / tg:.2f}x"])
     print()
-    print_table(["problem", "dtype", "operation"] + list(BACKENDS) + ["cpu fused / cuda"], rows,
-                title=f"median of {args.repeats} (LM solve: median of 3)")
+    bench.print_table(["problem", "dtype", "operation", *BACKENDS, "cpu fused / cuda"], rows,
+                      title=f"median of {args.repeats} (LM solve: median of 3)")
     return 0
 
 

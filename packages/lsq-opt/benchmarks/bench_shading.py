@@ -22,10 +22,10 @@ import sys
 import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from bench_solvers import (F32_PLANS, fmt_time, lsq_time_to, machine_info,  # noqa: E402
-                           median_or_none, print_table, scipy_trf)
+from bench_solvers import F32_PLANS, lsq_time_to, scipy_trf  # noqa: E402
 
 import numpy as np  # noqa: E402
+from core_ad import benchmark as bench  # noqa: E402
 
 from lsq_opt import compile_problem  # noqa: E402
 from lsq_opt.examples import shading  # noqa: E402
@@ -38,7 +38,7 @@ def main():
     ap.add_argument("--iterations", type=int, default=60, help="lsq_opt non-linear iterations (max)")
     a = ap.parse_args()
     size = tuple(a.size)
-    print(machine_info(modules=("numpy", "scipy", "core_ad")))
+    print(bench.machine_info(modules=("numpy", "scipy", "core_ad")))
     data, params, truth = shading.make_data(size)
     t0 = time.perf_counter()
     plan = compile_problem(shading.energy(), arrays=data, params=params)
@@ -63,26 +63,32 @@ def main():
     print(f"scipy trf: final cost {ref.cost:.6e} after {ref.nfev} evaluations, {t_ref:.2f} s; "
           f"target {target:.6e}")
     valid = data["D_i"] > 0
-    rows = [["scipy trf (lsmr)", "float64", fmt_time(t_scipy), f"{ref.cost:.6e}", ref.nfev,
-             f"{shading.rms_error(plan.vector_to_unknowns(ref.x)['X'], truth, valid):.2e}", "1.0"]]
+    depth_err = shading.rms_error(plan.vector_to_unknowns(ref.x)["X"], truth, valid)
+    stats = {"scipy trf (lsmr)": bench.summarize([t_scipy])}
+    cost_at_stop = {"scipy trf (lsmr)": f"{ref.cost:.6e}"}
+    iterations = {"scipy trf (lsmr)": ref.nfev}
+    rms = {"scipy trf (lsmr)": f"{depth_err:.2e}"}
     for method in ("lm", "gn"):
         for dt in ("float64", "float32"):
+            name = f"lsq_opt {method.upper()} {dt}"
             ts, last = [], None
             for _ in range(a.repeats):
                 t, cost, its, res = lsq_time_to(plan, plan.x0, method, target, dtype=dt,
                                                 max_iterations=a.iterations, pcg_max_iterations=10)
                 ts.append(t)
                 last = (cost, its, res)
-            t = median_or_none(ts)
             X = (plan32 if dt == "float32" else plan).vector_to_unknowns(last[2].x)["X"]
-            rows.append([f"lsq_opt {method.upper()}", dt, fmt_time(t), f"{last[0]:.6e}", last[1],
-                         f"{shading.rms_error(X, truth, valid):.2e}",
-                         f"{t_scipy / t:.1f}" if t else "-"])
-    print_table(["solver", "dtype", "time to target", "cost at stop", "its", "rms depth err",
-                 "speedup vs scipy"], rows,
-                title=f"\ntime to (1+1e-3) x scipy's final cost (input rms depth error "
-                      f"{shading.rms_error(data['D_i'], truth, valid):.2e}; median of {a.repeats})")
-
+            reached = [t for t in ts if t is not None]
+            stats[name] = bench.summarize(reached) if reached else None
+            cost_at_stop[name], iterations[name] = f"{last[0]:.6e}", last[1]
+            rms[name] = f"{shading.rms_error(X, truth, valid):.2e}"
+    ours = min((k for k, v in stats.items() if k.startswith("lsq_opt") and v is not None),
+               key=lambda k: stats[k]["median"])
+    bench.side_by_side(
+        stats, ours,
+        columns={"cost at stop": cost_at_stop, "its": iterations, "rms depth err": rms},
+        title=f"\ntime to (1+1e-3) x scipy's final cost (input rms depth error "
+              f"{shading.rms_error(data['D_i'], truth, valid):.2e}; median of {a.repeats})")
 
 if __name__ == "__main__":
     main()

@@ -39,7 +39,6 @@ import io
 import os
 import pstats
 import statistics
-import sys
 import time
 
 # One BLAS/OpenMP thread for every side (set before numpy is imported): on this 2-core sandbox a
@@ -51,11 +50,7 @@ import numpy as np
 import scipy
 import scipy.sparse.linalg as spla
 from scipy.optimize import least_squares
-
-# The workspace's one benchmark helper lives with core_ad's benchmarks.
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "core-ad",
-                                "benchmarks"))
-from _timing import fmt_time, machine_info, print_table  # noqa: E402
+from core_ad import benchmark as bench
 
 from lsq_opt.examples import arap as arap_example  # noqa: E402
 from lsq_opt.examples import mesh as mesh_example  # noqa: E402
@@ -559,7 +554,7 @@ def run_case(name, plan, fun, x0, args, rng, ceres_builder, lsq_configs):
     print(f"  initial cost {plan.cost(x0):.6e}; target = (1 + {REL:g}) x {base_cost:.6e} = {target:.6e}")
     if not lsq_only:
         t_trf_first = next((t for t, c in rec if c <= target), None)
-        print(f"  scipy trf time to target within that run: {fmt_time(t_trf_first)}")
+        print(f"  scipy trf time to target within that run: {bench.fmt_time(t_trf_first)}")
 
     cases = {}
     if not lsq_only:
@@ -575,7 +570,7 @@ def run_case(name, plan, fun, x0, args, rng, ceres_builder, lsq_configs):
         t, c, it, r = lsq_time_to(plan, x0, method, target, budget=args.budget, **kw)
         finals[label] = (t, c, it, r.pcg_iterations, r.termination_reason)
         print(f"  warm-up {label:28s}: reached={t is not None} cost {c:.8e} after {it} iters "
-              f"({r.pcg_iterations} PCG), stop: {r.termination_reason}, t={fmt_time(t)}")
+              f"({r.pcg_iterations} PCG), stop: {r.termination_reason}, t={bench.fmt_time(t)}")
     for label, method, kw in lsq_configs:  # timed repeats only for configs that got there
         if finals[label][0] is not None:
             cases[label] = (lambda method=method, kw=kw:
@@ -585,7 +580,8 @@ def run_case(name, plan, fun, x0, args, rng, ceres_builder, lsq_configs):
     direct = None
     if "scipy GN + SuperLU(J^T J)" in cases:
         direct = direct_gn(plan, x0, target)
-        print(f"  warm-up scipy GN + SuperLU     : cost {direct[1]:.8e}, t={fmt_time(direct[0])}")
+        print(f"  warm-up scipy GN + SuperLU     : cost {direct[1]:.8e},"
+              f" t={bench.fmt_time(direct[0])}")
 
     times = {k: [] for k in cases}
     names = list(cases)
@@ -609,7 +605,7 @@ def run_case(name, plan, fun, x0, args, rng, ceres_builder, lsq_configs):
                       f"final cost {ccost:.10e} ({summary.num_successful_steps} steps, "
                       f"termination {summary.termination_type}); "
                       f"vs scipy cost rel diff {(ccost - base_cost) / base_cost:+.2e}; "
-                      f"time to target (Ceres cumulative iteration time) {fmt_time(t_tg)}")
+                      f"time to target (Ceres cumulative iteration time) {bench.fmt_time(t_tg)}")
                 print("  " + summary.BriefReport())
                 ceres_rows[label] = (t_tg if t_tg is not None else wall, ccost, t_build,
                                      t_tg is not None)
@@ -624,7 +620,8 @@ def profile_solve(plan, x0, method, target, kw, top=25):
     pr.enable()
     t, c, it, r = lsq_time_to(plan, x0, method, target, budget=120, **kw)
     pr.disable()
-    print(f"time to target {fmt_time(t)} (under cProfile), {it} iterations, {r.pcg_iterations} PCG")
+    print(f"time to target {bench.fmt_time(t)} (under cProfile), {it} iterations,"
+          f" {r.pcg_iterations} PCG")
     s = io.StringIO()
     ps = pstats.Stats(pr, stream=s).sort_stats("tottime")
     ps.print_stats(top)
@@ -656,7 +653,7 @@ def main():
     have_ceres, why = pyceres_available()
     if not have_ceres:
         print(f"pyceres: not available ({why}); skipping the Ceres baseline")
-    print(machine_info(extra=f"scipy {scipy.__version__}; lsq_opt backend llvm, kernels {args.kernels}, float64 (+ float32 configs); "
+    print(bench.machine_info(extra=f"scipy {scipy.__version__}; lsq_opt backend llvm, kernels {args.kernels}, float64 (+ float32 configs); "
                              f"pyceres {'yes' if have_ceres else 'no'}",
                        modules=("numpy", "scipy", "core_ad", "lsq_opt", "pyceres")))
 
@@ -785,22 +782,29 @@ def main():
         gn = med[gn_k] if gn_k else None
         ours = min((t for t in (lm, gn) if t is not None), default=None)
         ratio = f"{best_t / ours:.2f}x" if (ours and best_t) else "-"
-        rows.append([r["name"], r["n"], f"{best}, {r['base_cost']:.6e}, {fmt_time(best_t)}",
-                     f"{fmt_time(lm)} ({lm_k[8:] if lm_k else '-'})",
-                     f"{fmt_time(gn)} ({gn_k[8:] if gn_k else '-'})", ratio])
+        rows.append([r["name"], r["n"], f"{best}, {r['base_cost']:.6e}, {bench.fmt_time(best_t)}",
+                     f"{bench.fmt_time(lm)} ({lm_k[8:] if lm_k else '-'})",
+                     f"{bench.fmt_time(gn)} ({gn_k[8:] if gn_k else '-'})", ratio])
     print(f"\nAll times: wall time to reach cost <= (1 + {REL:g}) x scipy trf final cost, median of "
-          f"{args.repeats}; lsq_opt float64, llvm backend. Per case:")
+          f"{args.repeats}; lsq_opt float64 (and float32 where named), llvm backend.\n")
     for r in results:
-        print(f"  {r['name']}: target {r['target']:.8e}")
-        for k, v in r["med"].items():
-            raw = ", ".join(fmt_time(t) for t in r["times"][k])
-            print(f"    {k:28s}: median {fmt_time(v):>10s}   runs [{raw}]")
+        stats = {k: bench.summarize([t for t in ts if t is not None])
+                 if any(t is not None for t in ts) else None for k, ts in r["times"].items()}
+        notes = {}
         for label, (t_c, c_cost, t_build, reached) in r["ceres"].items():
-            what = "time to target" if reached else "target NOT reached; total solve time"
-            print(f"    {label:28s}: {fmt_time(t_c)} (1 run, {what}; final cost {c_cost:.8e}; "
-                  f"problem build {fmt_time(t_build)} not included)")
+            stats[label] = bench.summarize([t_c])
+            notes[label] = (f"1 run; {'reached' if reached else 'target NOT reached: total'};"
+                            f" build {bench.fmt_time(t_build)} excluded")
+        ours = min((k for k in stats if k.startswith("lsq_opt") and stats[k] is not None),
+                   key=lambda k: stats[k]["median"], default=None)
+        if ours is None:
+            print(f"{r['name']}: no lsq_opt configuration reached the target")
+            continue
+        bench.side_by_side(stats, ours, columns={"note": notes},
+                           title=f"{r['name']}: time to cost <= {r['target']:.8e}")
+        print()
     print()
-    print_table(["problem", "unknowns", "best baseline (method, final cost, time)",
+    bench.print_table(["problem", "unknowns", "best baseline (method, final cost, time)",
                  "lsq_opt LM time-to-cost (best config)", "GN time (best config)",
                  "ratio best-baseline / best lsq_opt"], rows)
 

@@ -1,5 +1,5 @@
-"""Shared helpers for the workspace's benchmarks (core_ad's, and the sibling packages' which
-import this file by path): timing, alternating runs, machine info, tables.
+"""The benchmark harness every package's ``benchmarks/`` scripts use: timing, alternating
+runs, machine and load notes, and one summary-table shape with ratios.
 
 Conventions (see PRACTICES.md, "Benchmarks"):
 
@@ -8,7 +8,18 @@ Conventions (see PRACTICES.md, "Benchmarks"):
   no case always runs right after the same neighbour;
 * warm-up calls are not timed; the first call of a JIT/compiled case is timed separately by
   the caller (``time_first_call``) and never mixed into the steady-state median;
-* the reported figure is the median of ``repeats`` (>= 5) runs.
+* the reported figure is the median of ``repeats`` (>= 5) runs, with the range beside it;
+* every script ends with :func:`side_by_side` tables: one row per system, its median and
+  range, ``this / ours`` (above 1: ours is faster) and its first-call time.
+
+Example::
+
+    from core_ad import benchmark as bench
+
+    first = {"ours": bench.time_first_call(build_ours)[0]}
+    res = bench.compare({"ours": run_ours, "torch": run_torch}, repeats=7)
+    bench.report_runs(res)
+    bench.side_by_side(res, "ours", first_calls=first, title="blur 4096^2 float32")
 """
 
 from __future__ import annotations
@@ -19,6 +30,30 @@ import statistics
 import sys
 import time
 from typing import Callable
+
+__all__ = [
+    "OtherLoad",
+    "add_common_arguments",
+    "apply_thread_count",
+    "busy_cores",
+    "compare",
+    "compare_and_report",
+    "error_reason",
+    "fmt_time",
+    "import_peers",
+    "load_note",
+    "machine_info",
+    "max_rel_diff",
+    "parse_arguments",
+    "print_table",
+    "report_first_calls",
+    "report_runs",
+    "side_by_side",
+    "summarize",
+    "time_first_call",
+    "time_median",
+    "time_once",
+]
 
 
 def time_once(fn: Callable[[], object]) -> float:
@@ -60,15 +95,16 @@ def compare(cases: dict[str, Callable[[], object]], repeats: int = 7,
         for name in names[k:] + names[:k]:
             times[name].append(time_once(cases[name]))
     compare.other_load = load.stop().cores
-    return {
-        name: {
-            "median": statistics.median(ts),
-            "min": min(ts),
-            "max": max(ts),
-            "times": ts,
-        }
-        for name, ts in times.items()
-    }
+    return {name: summarize(ts) for name, ts in times.items()}
+
+
+compare.other_load = None
+
+
+def summarize(times: list[float]) -> dict:
+    """``{"median", "min", "max", "times"}`` of a list of seconds, as ``compare`` returns."""
+    return {"median": statistics.median(times), "min": min(times), "max": max(times),
+            "times": list(times)}
 
 
 def _cpuinfo() -> tuple[str, set[str]]:
@@ -219,6 +255,54 @@ def apply_thread_count(threads: int) -> str:
     return "JAX thread pool left at its default"
 
 
+def add_common_arguments(parser, repeats: int = 7, threads: int = 2) -> None:
+    """The options every side-by-side script takes: --repeats, --threads, --no-torch,
+    --no-jax, --seed (check them with :func:`parse_arguments`)."""
+    parser.add_argument("--repeats", type=int, default=repeats,
+                        help=f"timed runs per case (>= 5; {repeats})")
+    parser.add_argument("--threads", type=int, default=threads,
+                        help=f"threads for the peers ({threads}); 1 also limits JAX to one thread"
+                             " via XLA_FLAGS")
+    parser.add_argument("--no-torch", action="store_true", help="skip PyTorch")
+    parser.add_argument("--no-jax", action="store_true", help="skip JAX")
+    parser.add_argument("--seed", type=int, default=0)
+
+
+def parse_arguments(parser, argv=None):
+    """``parser.parse_args(argv)``, refusing fewer than 5 repeats (a median needs them)."""
+    args = parser.parse_args(argv)
+    if args.repeats < 5:
+        parser.error("--repeats must be >= 5 (median of at least 5 runs)")
+    return args
+
+
+def import_peers(args, notes: list[str]):
+    """``(torch, jax)`` as the options of :func:`add_common_arguments` ask (None where skipped
+    or not installed, with a line in ``notes``): torch on ``args.threads`` threads, JAX in
+    float64 with its thread count set before import."""
+    apply_thread_count(args.threads)
+    torch = jax = None
+    if args.no_torch:
+        notes.append("PyTorch skipped (--no-torch)")
+    else:
+        try:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        except ImportError as e:
+            notes.append(f"PyTorch not available ({e}); skipping the PyTorch cases")
+    if args.no_jax:
+        notes.append("JAX skipped (--no-jax)")
+    else:
+        try:
+            import jax
+
+            jax.config.update("jax_enable_x64", True)
+        except ImportError as e:
+            notes.append(f"JAX not available ({e}); skipping the JAX cases")
+    return torch, jax
+
+
 def error_reason(e: BaseException, limit: int = 300) -> str:
     """One line saying why ``e`` happened (its first line plus any 'got <Error>' detail)."""
     text = str(e).strip()
@@ -270,3 +354,66 @@ def max_rel_diff(a, b) -> float:
     if scale == 0.0:
         return diff
     return diff / scale
+
+
+def report_first_calls(first_calls: dict[str, float]) -> None:
+    """The first-call times (trace + compile + one run), which no median includes."""
+    if not first_calls:
+        return
+    print("first call (trace + compile + one run), not included in the medians:")
+    width = max(len(k) for k in first_calls)
+    for name, t in first_calls.items():
+        print(f"  {name:{width}s}  {fmt_time(t)}")
+    print()
+
+
+def report_runs(results: dict[str, dict]) -> None:
+    """The load during the last :func:`compare` and every case's median and range."""
+    print(load_note("on average during the timed runs", compare.other_load))
+    print("all runs (median [min .. max]):")
+    width = max((len(k) for k in results), default=0)
+    for name, r in results.items():
+        print(f"  {name:{width}s}  {fmt_time(r['median']):>10s}  [{fmt_time(r['min'])} .."
+              f" {fmt_time(r['max'])}]")
+    print()
+
+
+def compare_and_report(cases: dict[str, Callable[[], object]], repeats: int = 7, *,
+                       first_calls: dict[str, float] | None = None, warmup: int = 1) -> dict:
+    """:func:`report_first_calls`, then :func:`compare`, then :func:`report_runs`."""
+    report_first_calls(first_calls or {})
+    res = compare(cases, repeats=repeats, warmup=warmup)
+    report_runs(res)
+    return res
+
+
+def side_by_side(results: dict[str, dict | None], ours: str, *, title: str = "",
+                 first_calls: dict[str, float] | None = None,
+                 columns: dict[str, dict[str, object]] | None = None) -> dict[str, float]:
+    """Print the summary table every benchmark ends with, and return ``this / ours`` ratios.
+
+    ``results``: ``{system: stats}`` as :func:`compare` or :func:`summarize` return them
+    (``None`` for a system that did not finish); ``ours`` names our row, printed first.
+    Columns: system, median, [min .. max], ``this / ours`` (above 1: ours is faster), first
+    call, then ``columns`` (``{header: {system: cell}}``) for what one benchmark adds.
+    """
+    if ours not in results or results[ours] is None:
+        raise ValueError(f"side_by_side: no result for ours ({ours!r})")
+    first_calls = first_calls or {}
+    columns = columns or {}
+    base = results[ours]["median"]
+    ratios, rows = {}, []
+    for name in [ours] + [k for k in results if k != ours]:
+        r = results[name]
+        if r is None:
+            cells = [name, "did not finish", "-", "-"]
+        else:
+            ratios[name] = r["median"] / base
+            cells = [name, fmt_time(r["median"]), f"{fmt_time(r['min'])} .. {fmt_time(r['max'])}",
+                     f"{ratios[name]:.2f}"]
+        cells.append(fmt_time(first_calls[name]) if name in first_calls else "-")
+        cells += [str(col.get(name, "-")) for col in columns.values()]
+        rows.append(cells)
+    print_table(["system", "median", "min .. max", f"this / {ours}", "first call",
+                 *columns], rows, title=title)
+    return ratios
