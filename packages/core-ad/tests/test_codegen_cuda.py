@@ -41,7 +41,7 @@ import pytest
 from core_ad import Primitive, sym
 from core_ad._codegen.cuda import compile_cuda, cuda_source, launcher, spell
 from core_ad._codegen.cuda.host_emulation import HostDeviceArray, HostKernels, stand_in_cupy
-from core_ad._codegen.cuda.source import PREAMBLE
+from core_ad._codegen.cuda.writer import PREAMBLE
 from core_ad._sym.expr import freeze_params
 from core_ad._sym.simplify import CORE_PRIMITIVES, _node
 

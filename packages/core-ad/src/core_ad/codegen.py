@@ -39,8 +39,9 @@ expressions with the ONE emitter here rather than writing another::
   emitter): ``KernelModule(name)`` with several entry points (``range_function(name,
   ints=False)``: ``int32 name(int64 start, int64 end, int8 **ptrs [, int64 *ints])``, or
   ``function(name, [Arg(...), ...])`` with typed pointer / scalar arguments) compiled together
-  by ``KernelModule.compile() -> {name: ctypes callable}``; in a body: ``loop`` (counted; ``Loop`` for a body emitted across helpers),
-  ``vector_loop`` (vector main body + scalar tail), ``splat``, ``hsum`` / ``hmin`` / ``hmax``,
+  by ``KernelModule.compile() -> {name: ctypes callable}``; in a body: ``loop`` (counted;
+  ``Loop`` for a body emitted across helpers), ``vector_loop`` (vector main body + scalar
+  tail), ``splat``, ``hsum`` / ``hmin`` / ``hmax``,
   ``dense_load`` / ``dense_store`` / ``masked_dense_store``, ``gather`` (per-lane loads;
   bounds-checked gathers and scatters are the emitter's ``BufferArg``); ``parallel_for(fn, n,
   args, ...)`` splits ``[0, n)`` over the thread pool in aligned ranges, with per-thread
@@ -73,7 +74,10 @@ expressions with the ONE emitter here rather than writing another::
       codegen.parallel_for(sumsq, data.size, (ctypes.addressof(table),), align=W)
       total = partials.sum()
 
-* for siblings that write CUDA C loop nests: ``c_spell(prim, operands, arg_dtypes,
+* the CUDA side, for siblings that write CUDA C kernels: :class:`CudaWriter` (a kernel with
+  documented parameters, ``grid_stride_loop``, ``for_range``, ``if_``, bounds-checked
+  accesses recording the first failure in the error slot, ``atomic_add``; see its example),
+  ``c_spell(prim, operands, arg_dtypes,
   out_dtype)`` (one lane-wise primitive over C operand expressions, numpy's promotion rules),
   ``c_type(dtype)``, ``c_literal(value, dtype)``, ``CUDA_PREAMBLE`` (the device helpers the
   spellings use), ``cuda_kernel(source, name)`` (a cached ``cupy.RawKernel``) and
@@ -88,9 +92,10 @@ from ._codegen import (
 )
 from ._codegen.cuda.launcher import available as cuda_available
 from ._codegen.cuda.launcher import get_kernel as cuda_kernel
-from ._codegen.cuda.source import PREAMBLE as CUDA_PREAMBLE
 from ._codegen.cuda.source import c_literal, c_type
 from ._codegen.cuda.source import spell as c_spell
+from ._codegen.cuda.writer import PREAMBLE as CUDA_PREAMBLE
+from ._codegen.cuda.writer import CudaWriter
 from ._codegen.llvm.builder import (
     Arg,
     KernelFunction,
@@ -143,6 +148,7 @@ def host_vector_width(dtype) -> int:
 
 __all__ = [
     "CUDA_PREAMBLE",
+    "CudaWriter",
     "LOWERINGS",
     "Arg",
     "BoundsFailure",

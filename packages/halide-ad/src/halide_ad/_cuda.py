@@ -64,10 +64,12 @@ def _split_gpu_loops(stmt, where):
 
 
 class _CWriter:
-    def __init__(self, slots, root_storage, loop_names):
+    """The lowered statements of one kernel body, written through core_ad's CUDA writer."""
+
+    def __init__(self, w: codegen.CudaWriter, slots, root_storage):
+        self.w = w
         self.slots, self.root_storage = slots, root_storage
-        self.names = dict(loop_names)  # leaf -> C identifier
-        self.lines: list = []
+        self.names = {}  # leaf -> C identifier
         self.count = 0
 
     def fresh(self, prefix="v"):
@@ -110,7 +112,7 @@ class _CWriter:
         terms = [f"(({c}) - {m}) * {s}" for c, m, s in zip(coords, mins, strides)]
         return base, " + ".join(terms) if terms else "0"
 
-    def exprs(self, nodes, pad):
+    def exprs(self, nodes):
         """C statements computing ``nodes``; returns their C names."""
         prog = sym.cse(list(nodes))
         local = {}
@@ -126,35 +128,32 @@ class _CWriter:
             args = [local[id(a)] for a in n.args]
             if n.prim is E.CALL:
                 base, idx = self.index(n.params["fid"], n.params["index"], args)
-                self.lines.append(f"{pad}const {ct} {var} = {base}[{idx}];")
+                self.w.line(f"const {ct} {var} = {base}[{idx}];")
             else:
                 text = codegen.c_spell(n.prim, args, [a.dtype for a in n.args], n.dtype)
-                self.lines.append(f"{pad}const {ct} {var} = {text};")
+                self.w.line(f"const {ct} {var} = {text};")
             local[id(n)] = var
         outs = dict(prog.assignments)
         return [local[id(outs[o])] for o in prog.outputs]
 
-    def stmt(self, s, depth):
-        pad = "    " * depth
+    def stmt(self, s):
         if isinstance(s, Block):
-            self.lines.append(f"{pad}{{")
-            for t in s.stmts:
-                self.stmt(t, depth + 1)
-            self.lines.append(f"{pad}}}")
+            with self.w.block():
+                for t in s.stmts:
+                    self.stmt(t)
         elif isinstance(s, For):
             if s.kind in ("gpu_block", "gpu_thread", "parallel"):
                 raise ScheduleError(f"loop {s.name}: {s.kind} loops must be outermost in a GPU"
                                     " kernel")
-            (ext,) = self.exprs([s.extent], pad)
+            (ext,) = self.exprs([s.extent])
             name = self.fresh("i")
             self.names[s.leaf] = name
-            self.lines.append(f"{pad}for (int {name} = 0; {name} < {ext}; ++{name}) {{")
-            self.stmt(s.body, depth + 1)
-            self.lines.append(f"{pad}}}")
+            with self.w.for_range(name, ext):
+                self.stmt(s.body)
         elif isinstance(s, LetStmt):
-            (v,) = self.exprs([s.value], pad)
+            (v,) = self.exprs([s.value])
             name = self.fresh("let")
-            self.lines.append(f"{pad}const int {name} = {v};")
+            self.w.line(f"const int {name} = {v};")
             self.names[s.leaf] = name
         elif isinstance(s, Allocate):
             raise ScheduleError(f"{s.func.name()} is computed inside a GPU kernel: compute_root"
@@ -163,41 +162,36 @@ class _CWriter:
             nodes = list(s.values) + list(s.args)
             if s.predicate is not None:
                 nodes.append(s.predicate)
-            vals = self.exprs(nodes, pad)
+            vals = self.exprs(nodes)
             n = len(s.values)
             coords = vals[n:n + len(s.args)]
-            inner = pad
-            if s.predicate is not None:
-                self.lines.append(f"{pad}if ({vals[-1]}) {{")
-                inner = pad + "    "
-            for k in range(n):
-                base, idx = self.index(s.func.fid, k, coords)
-                self.lines.append(f"{inner}{base}[{idx}] = {vals[k]};")
-            if s.predicate is not None:
-                self.lines.append(f"{pad}}}")
+            stores = [self.index(s.func.fid, k, coords) for k in range(n)]
+            if s.predicate is None:
+                self._store(stores, vals)
+            else:
+                with self.w.if_(vals[-1]):
+                    self._store(stores, vals)
+
+    def _store(self, stores, vals):
+        for (base, idx), v in zip(stores, vals):
+            self.w.line(f"{base}[{idx}] = {v};")
 
 
 def kernel_source(name, stmt, slots, root_storage, where) -> GpuKernel:
     blocks, threads, body = _split_gpu_loops(stmt, where)
-    names = {}
-    w = _CWriter(slots, root_storage, names)
-    for k, b in enumerate(blocks):
-        w.names[b.leaf] = f"((int)blockIdx.{_AXES[k]})"
-    guards = []
-    for k, t in enumerate(threads):
-        w.names[t.leaf] = f"((int)threadIdx.{_AXES[k]})"
-    # thread extents depend on the block indices only
-    for k, t in enumerate(threads):
-        (ext,) = w.exprs([t.extent], "    ")
-        guards.append(f"((int)threadIdx.{_AXES[k]}) < {ext}")
-    if guards:
-        w.lines.append(f"    if (!({' && '.join(guards)})) return;")
-    w.stmt(body, 1)
-    src = "\n".join([
-        codegen.CUDA_PREAMBLE,
-        f'extern "C" __global__ void {name}(char* const* ptrs, const long long* ints) {{',
-        *w.lines,
-        "}",
-    ])
+    w = codegen.CudaWriter()
+    with w.kernel(name, [("char* const* ptrs", "buffer and parameter pointers"),
+                         ("const long long* ints", "sizes, strides and bounds")]):
+        c = _CWriter(w, slots, root_storage)
+        for k, b in enumerate(blocks):
+            c.names[b.leaf] = f"((int)blockIdx.{_AXES[k]})"
+        for k, t in enumerate(threads):
+            c.names[t.leaf] = f"((int)threadIdx.{_AXES[k]})"
+        # thread extents depend on the block indices only; threads past them do nothing
+        exts = [c.exprs([t.extent])[0] for t in threads]
+        guards = [f"((int)threadIdx.{_AXES[k]}) < {ext}" for k, ext in enumerate(exts)]
+        if guards:
+            w.line(f"if (!({' && '.join(guards)})) return;")
+        c.stmt(body)
     factors = [t.factor if t.factor is not None else const_int(t.extent) for t in threads]
-    return GpuKernel(name, src, blocks, factors)
+    return GpuKernel(name, w.source(), blocks, factors)
