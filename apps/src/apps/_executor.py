@@ -85,9 +85,15 @@ class LocalExecutor:
     name = "local"
 
     def submit_all(self, names, tier, progress):
-        """Yield (name, outcome, seconds) as each experiment finishes (in order)."""
+        """Yield (name, outcome or the exception it raised, seconds) as each one finishes."""
+        import time
+
         for n in names:
-            out, secs = _run_experiment(n, tier, False, progress)
+            t0 = time.perf_counter()
+            try:
+                out, secs = _run_experiment(n, tier, False, progress)
+            except Exception as err:  # noqa: BLE001 (reported as that experiment's failure)
+                out, secs = err, time.perf_counter() - t0
             yield n, out, secs
 
     def shutdown(self):
@@ -128,7 +134,10 @@ class RayExecutor:
         pending = list(refs)
         while pending:
             done, pending = ray.wait(pending, num_returns=1)
-            out, secs = ray.get(done[0])
+            try:
+                out, secs = ray.get(done[0])
+            except Exception as err:  # noqa: BLE001 (reported as that experiment's failure)
+                out, secs = err, float("nan")
             yield refs[done[0]], out, secs
 
     def shutdown(self):

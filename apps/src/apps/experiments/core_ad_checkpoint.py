@@ -1,4 +1,4 @@
-"""Thesis §2.4 (checkpointing, Griewank): reverse mode through an l-step loop with s
+"""Thesis §2.3.1 (checkpointing, Griewank): reverse mode through an l-step loop with s
 checkpoint slots; the recomputation core_ad's revolve schedule does, against the binomial
 bound t(l, s) = r l - C(s + r, s + 1) of Griewank & Walther."""
 
@@ -98,7 +98,7 @@ def run(ctx, l, slots, seed=0):
 EXPERIMENT = Experiment(
     name="core_ad_checkpoint",
     title="Checkpointing: recomputation vs memory against the revolve bound",
-    reference="Thesis §2.4 (checkpointing, Griewank's O(log N) memory); Griewank & Walther "
+    reference="Thesis §2.3.1 (checkpointing: Griewank, O(log N) memory) and §4.3.3; Griewank & Walther "
               "(2000), binomial checkpointing",
     paper={"t(100, 5)": "316", "t(100, 10)": "222", "t(1000, 10)": "3636",
            "memory": "O(log N) states for O(N log N) steps"},

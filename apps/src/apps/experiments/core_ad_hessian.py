@@ -1,4 +1,4 @@
-"""Thesis §3.1.3 / §2.3.1: Hessian-vector products cost a small constant times a gradient,
+"""Thesis §3.1.3 (Newton) and §2.2-2.3 (higher order by nesting modes): Hessian-vector products cost a small constant times a gradient,
 independent of n; a dense Hessian (forward-over-reverse, n directions) costs n of them."""
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def run(ctx, ns, repeats, dense_max, seed=0):
 EXPERIMENT = Experiment(
     name="core_ad_hessian",
     title="Hessian-vector product and dense Hessian cost vs n",
-    reference="Thesis §3.1.3 (Hessian-vector products) and §2.3.1 (forward-over-reverse)",
+    reference="Thesis §3.1.3 (Newton, Hessian-vector products) and §2.2.1, §2.3.1 (forward-over-reverse)",
     paper={"HVP cost": "a small constant times the function's cost, independent of n",
            "dense Hessian": "n forward passes over the reverse graph"},
     check="HVP / gradient time <= 10 at every n; HVP equals central differences of the "

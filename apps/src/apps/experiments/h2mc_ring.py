@@ -1,4 +1,4 @@
-"""Thesis Fig 6-2: on a thin ring (a caustic-like slice of path space), H2MC's Gaussian
+"""Thesis ch. 6, Fig 6-2: on a thin ring (a caustic-like slice of path space), H2MC's Gaussian
 proposals follow the ring and are accepted far more often than traditional isotropic
 MCMC's (Kelemen) small steps; 128 proposals from one state and 1024-state chains."""
 
@@ -98,7 +98,7 @@ def _ring_panels(point_sets, titles):
 EXPERIMENT = Experiment(
     name="h2mc_ring",
     title="Ring: H2MC vs isotropic MCMC acceptance",
-    reference="Thesis §6.3, Fig 6-2 (gold ring caustic slice)",
+    reference="Thesis ch. 6 introduction, Fig 6-2 (gold ring caustic slice)",
     paper={k: pct(v) for k, v in PAPER.items()},
     check="H2MC's chain acceptance is above isotropic MCMC's (the thesis' 92.99% vs 57.52%)",
     sizes={"tiny": dict(proposals=16, chains=1, steps=64),

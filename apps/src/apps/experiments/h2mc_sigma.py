@@ -45,7 +45,7 @@ SWEEP = (1e-4, 1e-3, 7e-3, 2.8e-2, 1e-1)
 EXPERIMENT = Experiment(
     name="h2mc_sigma",
     title="H2MC acceptance vs prior sigma2",
-    reference="Thesis §6.4, Fig 6-5 (bathroom inset: sigma2 = 0.028 / 0.007 / 0.001)",
+    reference="Thesis §6.3, Fig 6-5 (bathroom inset: sigma2 = 0.028 / 0.007 / 0.001)",
     paper={f"sigma2 = {k}": pct(v) for k, v in PAPER.items()},
     check="acceptance decreases strictly with sigma2 and one sigma2 lands in 50-70 %",
     sizes={"tiny": dict(sigma2s=(1e-3, 2.8e-2), chains=50, steps=10),
