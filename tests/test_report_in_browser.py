@@ -48,7 +48,7 @@ def test_report_loads_in_headless_chromium(tiny_report, tmp_path):
                            capture_output=True, text=True, timeout=180)
     finally:
         page.unlink()
-    line = [s for s in r.stdout.splitlines() if "PROBE images=" in s]
+    line = [s for s in r.stdout.splitlines() if '<pre id="probe-result">' in s]
     assert line, f"the page did not load (rc {r.returncode}): {r.stderr[-2000:]}"
     assert "bad=[]" in line[0], line[0]
     n_images = int(line[0].split("images=")[1].split()[0])

@@ -49,6 +49,11 @@ def machine_info(executor: str, tier: str, total_s: float) -> dict:
 
 
 def _headline(exp, outcome):
+    """The check the summary shows: the experiment's ``headline`` (name prefix) if it ran,
+    else the first gated one."""
+    named = [c for c in outcome.checks if exp.headline and c.name.startswith(exp.headline)]
+    if named:
+        return named[0]
     gated = [c for c in outcome.checks if c.passed is not None]
     return (gated or outcome.checks or [None])[0]
 

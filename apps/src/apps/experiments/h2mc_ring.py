@@ -55,7 +55,8 @@ def run(ctx, proposals, chains, steps, seed=0):
     res = dict(zip(jobs, ctx.starmap(piece, jobs, desc="runs")))
     rows = []
     for (what, kind), r in res.items():
-        label = f"{kind}, {proposals} proposals" if what == "prop" else f"{kind}, {steps} states"
+        label = (f"{kind}, {proposals} proposals" if what == "prop"
+                 else f"{kind}, {steps} states")
         paper_key = label.replace(str(steps), "1024").replace(str(proposals), "128")
         rows.append([label, pct(PAPER[paper_key]), pct(r["acceptance"])])
         out.numbers[label] = r["acceptance"]

@@ -98,4 +98,5 @@ EXPERIMENT = Experiment(
     sizes={"tiny": dict(size=64, repeats=1), "quick": dict(size=1024, repeats=5),
            "full": dict(size=4096, repeats=7)},
     run=run,
+    headline="bilateral_grid: halide_ad / Halide 21",
 )

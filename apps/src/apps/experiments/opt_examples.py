@@ -12,49 +12,49 @@ from .._experiment import Experiment, Figure, Outcome
 # name -> (figure, title, what the paper shows, our check as (criterion, ours, passed))
 SPECS = {
     "laplacian": (
-        "Opt §3, Fig. 3", "Laplacian image smoothing (the running example)",
+        "§3, Fig. 3", "Laplacian image smoothing (the running example)",
         "a linear energy: one GN step solves it",
         lambda r: ("max |x - spsolve(J^T J, J^T F)| <= 1e-9",
                    f"{r['max_abs_diff_direct']:.1e}", r["max_abs_diff_direct"] <= 1e-9)),
     "laplacian_mesh": (
-        "Opt §3, Fig. 5", "Laplacian smoothing on a mesh (graph energy)",
+        "§3, Fig. 5", "Laplacian smoothing on a mesh (graph energy)",
         "the same smoothing on a graph domain",
         lambda r: ("max |x - direct solve| <= 1e-9", f"{r['max_abs_diff_direct']:.1e}",
                    r["max_abs_diff_direct"] <= 1e-9)),
     "poisson": (
-        "Opt App. A.1.4, Fig. 27", "Poisson image editing",
+        "App. A.1.4, Fig. 27", "Poisson image editing",
         "GN + PCG reaches the direct solution (GPU: 50.0x Eigen)",
         lambda r: ("max |X - SuperLU| / range <= 1e-6, fixed pixels unchanged",
                    f"{r['rel_err_direct']:.1e}",
                    r["rel_err_direct"] <= 1e-6 and r["fixed_unchanged"])),
     "arap": (
-        "Opt App. A.1.1, Fig. 24", "As-rigid-as-possible image warping",
+        "App. A.1.1, Fig. 24", "As-rigid-as-possible image warping",
         "handles reached, shape kept rigid",
         lambda r: ("monotone LM costs, handle error <= 0.05 px",
                    f"handle err {r['handle_max_err_px']:.1e} px",
                    r["monotone_accepted_costs"] and r["finite"]
                    and r["handle_max_err_px"] <= 0.05)),
     "arap_mesh": (
-        "Opt App. A.1.2, Fig. 25", "As-rigid-as-possible mesh deformation",
+        "App. A.1.2, Fig. 25", "As-rigid-as-possible mesh deformation",
         "handles reached, edges barely stretched",
         lambda r: ("monotone LM costs, handle error <= 0.1",
                    f"handle err {r['handle_max_err']:.1e}, max stretch "
                    f"{r['edge_stretch_max']:.2f}",
                    r["monotone_accepted_costs"] and r["finite"] and r["handle_max_err"] <= 0.1)),
     "shading": (
-        "Opt App. A.1.3, Fig. 26", "Shape from shading (depth refinement)",
+        "App. A.1.3, Fig. 26", "Shape from shading (depth refinement)",
         "refined depth closer to the truth than the noisy input",
         lambda r: ("rms depth error drops by >= 25 %, monotone costs",
                    f"{r['rms_depth_err_input']:.2e} -> {r['rms_depth_err_refined']:.2e}",
                    r["finite"] and r["monotone_accepted_costs"]
                    and r["rms_depth_err_refined"] < 0.75 * r["rms_depth_err_input"])),
     "flow": (
-        "Opt App. A.2.3, Fig. 30", "Dense optical flow (coarse-to-fine)",
+        "App. A.2.3, Fig. 30", "Dense optical flow (coarse-to-fine)",
         "sub-pixel flow recovered",
         lambda r: ("mean interior endpoint error < 0.1 px", f"{r['mean_epe_interior']:.3f} px",
                    r["finite"] and r["mean_epe_interior"] < 0.1)),
     "intrinsic": (
-        "Opt App. A.2.4, Figs. 20, 33", "Intrinsic images with an L_p (IRLS) prior",
+        "App. A.2.4, Figs. 20, 33", "Intrinsic images with an L_p (IRLS) prior",
         "p < 2 gives sparser reflectance gradients than p = 2",
         lambda r: ("fraction of reflectance gradients > 1e-3: p=0.8 < 0.5 x p=2",
                    f"{r['grad_frac_p']:.2f} vs {r['grad_frac_p2']:.2f}",
