@@ -18,6 +18,16 @@ from pathlib import Path
 import numpy as np
 
 from . import _experiments as E
+# the experiment drivers, public here for the apps package (thesis reproductions)
+from ._experiments import (  # noqa: F401
+    THESIS_FIG_6_5,
+    THESIS_FIG_6_6,
+    TUNED_SIGMA2,
+    ae4_stationarity,
+    ae5_mixing,
+    ae6_sigma_sweep,
+    ae13_economy,
+)
 from ._dynamics import dynamics_coefficients
 from ._png import histogram_png
 from ._proposal import h2mc_log_acceptance, h2mc_proposal

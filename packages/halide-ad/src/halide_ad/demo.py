@@ -51,7 +51,7 @@ def _time(fn, repeats=3):
     return out, best
 
 
-def _cases(img):
+def cases(img):
     h, w = img.shape
     rgb = np.stack([img, img[::-1], img[:, ::-1]]).astype(np.float32)
     kernel = (np.outer([1, 4, 6, 4, 1], [1, 2, 1]) / 64.0).astype(np.float32)
@@ -83,7 +83,7 @@ def main(argv=None) -> int:
           f" -> {out}/")
     print(f"{'app':<16} {'compile s':>9} {'halide_ad ms':>12} {'numpy ms':>9} {'max |err|':>10}")
     worst = 0.0
-    for name, mod, inputs, kw, key, pos in _cases(img):
+    for name, mod, inputs, kw, key, pos in cases(img):
         t0 = time.perf_counter()
         app = mod.build(hl, *inputs, **kw)
         mod.schedule(app, "tiled")
