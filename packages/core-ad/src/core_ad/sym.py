@@ -71,7 +71,7 @@ constructible by force) raises :class:`SymbolicCycleError`.
 """
 
 from ._codegen import compile, evaluate
-from ._sym import *
+from ._sym import *  # noqa: F403
 from ._sym import __all__ as _sym_all
 
 __all__ = _sym_all + ["compile", "evaluate"]  # noqa: PLE0605
