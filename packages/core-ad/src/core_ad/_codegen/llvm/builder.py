@@ -264,28 +264,30 @@ def _lanes(b, v):
     return [b.extract_element(v, ir.Constant(I32, k)) for k in range(v.type.count)]
 
 
-def hsum(b: ir.IRBuilder, v):
-    """Sum of the lanes of ``v`` (in lane order: the same rounding on every run)."""
+def _fold(b, v, combine):
+    """The lanes of ``v`` folded in lane order (the same rounding on every run) by
+    ``combine(acc, lane, is_float)``; a scalar is returned as it is."""
     if not isinstance(v.type, ir.VectorType):
         return v
     lanes = _lanes(b, v)
+    is_float = isinstance(lanes[0].type, (ir.FloatType, ir.DoubleType))
     acc = lanes[0]
-    is_float = isinstance(acc.type, (ir.FloatType, ir.DoubleType))
     for x in lanes[1:]:
-        acc = b.fadd(acc, x) if is_float else b.add(acc, x)
+        acc = combine(acc, x, is_float)
     return acc
+
+
+def hsum(b: ir.IRBuilder, v):
+    """Sum of the lanes of ``v``, in lane order."""
+    return _fold(b, v, lambda acc, x, is_float: b.fadd(acc, x) if is_float else b.add(acc, x))
 
 
 def _hreduce(b, v, float_op, int_op):
-    if not isinstance(v.type, ir.VectorType):
-        return v
-    lanes = _lanes(b, v)
-    acc = lanes[0]
-    is_float = isinstance(acc.type, (ir.FloatType, ir.DoubleType))
-    for x in lanes[1:]:
+    def pick(acc, x, is_float):
         c = b.fcmp_ordered(float_op, x, acc) if is_float else b.icmp_signed(int_op, x, acc)
-        acc = b.select(c, x, acc)
-    return acc
+        return b.select(c, x, acc)
+
+    return _fold(b, v, pick)
 
 
 def hmin(b: ir.IRBuilder, v):
