@@ -6,6 +6,8 @@
 * ``custom_vjp``, ``custom_jvp``, :class:`Function`: custom derivatives.
 * ``checkpoint``, ``checkpointed_loop``, ``revolve_schedule``: recompute instead of store.
 * ``check_grads``: finite-difference checks.
+* ``eigh``: batched small symmetric eigen-decomposition (compiled Jacobi kernel, n <= 16),
+  differentiable on traced arrays.
 * :mod:`core_ad.sym`: the symbolic expression engine (hash-consed DAG, symbolic derivatives,
   ``compile``).
 
@@ -36,6 +38,7 @@ from ._functional import (
     vjp,
 )
 from ._primitives import Primitive, get_primitive, primitives, register
+from ._linalg import eigh
 from ._revolve import revolve_schedule
 from ._tracing import (
     Array,
@@ -72,6 +75,7 @@ __all__ = [
     "custom_jvp",
     "custom_vjp",
     "detach",
+    "eigh",
     "enable_grad",
     "forward",
     "get_primitive",

@@ -113,9 +113,15 @@ class Jit:
         return data
 
     # ---- compile -----------------------------------------------------------------------
-    def compile(self, ir_text: str, module_name: str, fn_name: str) -> tuple[int, dict]:
+    def compile(self, ir_text: str, module_name: str, fn_name) -> tuple:
         """Parse, optimise (O3), compile and link ``ir_text``; returns (address of
-        ``fn_name``, timings {"parse", "opt", "codegen", "disk_hit"} in seconds)."""
+        ``fn_name``, timings {"parse", "opt", "codegen", "disk_hit"} in seconds). With a
+        list or tuple of names, the first element is the tuple of their addresses (one module,
+        one optimisation and code generation for all of them)."""
+        names = [fn_name] if isinstance(fn_name, str) else list(fn_name)
+        if not names or not all(isinstance(n, str) for n in names):
+            raise TypeError(f"LLVM backend: fn_name must be a name or a list of names, got"
+                            f" {fn_name!r}")
         times = {}
         with self.lock:
             t0 = time.perf_counter()
@@ -142,14 +148,16 @@ class Jit:
                 self.engine.finalize_object()
             finally:
                 self._pending_dir = None
-            addr = self.engine.get_function_address(fn_name)
+            addrs = [self.engine.get_function_address(n) for n in names]
             t3 = time.perf_counter()
             self.modules.append(mod)
             self.stats["compiled"] += 1
-        if not addr:
-            raise RuntimeError(f"LLVM backend: function {fn_name!r} not found after linking")
+        missing = [n for n, a in zip(names, addrs) if not a]
+        if missing:
+            raise RuntimeError(f"LLVM backend: function(s) {missing!r} not found after linking"
+                               f" module {module_name!r}")
         times.update(parse=t1 - t0, opt=t2 - t1, codegen=t3 - t2, disk_hit=hit)
-        return addr, times
+        return (addrs[0] if isinstance(fn_name, str) else tuple(addrs)), times
 
     def assembly(self, ir_text: str) -> str:
         """Optimised assembly of ``ir_text`` (for inspection and tests; not linked)."""
