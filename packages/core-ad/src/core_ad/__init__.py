@@ -17,7 +17,13 @@ All of it derives from one rule table of primitives (:func:`primitives`).
 from . import numpy, sym  # noqa: F401
 from ._check import check_grads
 from ._checkpoint import LoopStats, checkpointed_loop
-from ._compiled_hessian import CompiledBatchHessian, SymbolicTraceError, compiled_batch_hessian
+from ._compiled_hessian import (
+    CompiledBatchGrad,
+    CompiledBatchHessian,
+    SymbolicTraceError,
+    compiled_batch_grad,
+    compiled_batch_hessian,
+)
 from ._custom import (
     CheckpointClosureError,
     Function,
@@ -57,6 +63,7 @@ __version__ = "0.1.0"
 __all__ = [
     "Array",
     "CheckpointClosureError",
+    "CompiledBatchGrad",
     "CompiledBatchHessian",
     "Function",
     "FunctionCtx",
@@ -71,6 +78,7 @@ __all__ = [
     "checkpoint",
     "checkpointed_loop",
     "clear_grads",
+    "compiled_batch_grad",
     "compiled_batch_hessian",
     "custom_jvp",
     "custom_vjp",
