@@ -44,6 +44,7 @@ from ._functional import (
     vjp,
 )
 from ._primitives import Primitive, get_primitive, primitives, register
+from ._lazy import evaluate_scope as _evaluate_scope, is_lazy, lazy, set_lazy
 from ._linalg import eigh
 from ._revolve import revolve_schedule
 from ._tracing import (
@@ -57,6 +58,15 @@ from ._tracing import (
     label,
     no_grad,
 )
+
+
+
+def eval(*arrays):  # noqa: A001 - Enoki's / Dr.Jit's name
+    """Compute pending lazy arithmetic now (all of it: every live pending array of the
+    scope is evaluated in one fused kernel per shape); returns the arrays."""
+    _evaluate_scope()
+    return arrays[0] if len(arrays) == 1 else arrays
+
 
 __version__ = "0.1.0"
 
@@ -84,6 +94,10 @@ __all__ = [
     "custom_vjp",
     "detach",
     "eigh",
+    "eval",
+    "is_lazy",
+    "lazy",
+    "set_lazy",
     "enable_grad",
     "forward",
     "get_primitive",
