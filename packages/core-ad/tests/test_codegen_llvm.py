@@ -89,6 +89,7 @@ def _cases(dt):
     cases = [
         ("add", _raw("add", r, s)), ("add", _raw("add", r, s, u)),
         ("sub", _raw("sub", r, s)), ("neg", _raw("neg", r)), ("identity", _raw("identity", r)),
+        ("stop_gradient", _raw("stop_gradient", r)),
         ("mul", _raw("mul", r, s)), ("mul", _raw("mul", r, s, u)), ("div", _raw("div", r, p)),
         ("safe_mul", _raw("safe_mul", r, s)),
         ("pow", _raw("pow", p, s)), ("pow", _raw("pow", r, k(2))), ("pow", _raw("pow", r, k(3))),

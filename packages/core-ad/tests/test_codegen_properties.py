@@ -87,6 +87,7 @@ _ON_INPUTS = {
     "isfinite": lambda v, w, a, b, dt: sym.where(sym.isfinite(v / w), a, b),
     "isnan": lambda v, w, a, b, dt: sym.where(sym.isnan(sym.log(v)), a, b),
     "sign": lambda v, w, a, b, dt: sym.sign(v) * a,
+    "stop_gradient": lambda v, w, a, b, dt: sym.stop_gradient(v * w) + a,
     "floor": lambda v, w, a, b, dt: sym.floor(v) + a,
     "ceil": lambda v, w, a, b, dt: sym.ceil(v) * a,
     "round": lambda v, w, a, b, dt: sym.round(v * 2.0) + a,

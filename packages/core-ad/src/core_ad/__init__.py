@@ -6,6 +6,8 @@
 * ``custom_vjp``, ``custom_jvp``, :class:`Function`: custom derivatives.
 * ``checkpoint``, ``checkpointed_loop``, ``revolve_schedule``: recompute instead of store.
 * ``check_grads``: finite-difference checks.
+* ``eigh``: batched small symmetric eigen-decomposition (compiled Jacobi kernel, n <= 16),
+  differentiable on traced arrays.
 * :mod:`core_ad.sym`: the symbolic expression engine (hash-consed DAG, symbolic derivatives,
   ``compile``).
 
@@ -15,7 +17,13 @@ All of it derives from one rule table of primitives (:func:`primitives`).
 from . import numpy, sym  # noqa: F401
 from ._check import check_grads
 from ._checkpoint import LoopStats, checkpointed_loop
-from ._compiled_hessian import CompiledBatchHessian, SymbolicTraceError, compiled_batch_hessian
+from ._compiled_hessian import (
+    CompiledBatchGrad,
+    CompiledBatchHessian,
+    SymbolicTraceError,
+    compiled_batch_grad,
+    compiled_batch_hessian,
+)
 from ._custom import (
     CheckpointClosureError,
     Function,
@@ -36,6 +44,8 @@ from ._functional import (
     vjp,
 )
 from ._primitives import Primitive, get_primitive, primitives, register
+from ._lazy import evaluate_scope as _evaluate_scope, is_lazy, lazy, set_lazy
+from ._linalg import eigh
 from ._revolve import revolve_schedule
 from ._tracing import (
     Array,
@@ -49,11 +59,21 @@ from ._tracing import (
     no_grad,
 )
 
+
+
+def eval(*arrays):  # noqa: A001 - Enoki's / Dr.Jit's name
+    """Compute pending lazy arithmetic now (all of it: every live pending array of the
+    scope is evaluated in one fused kernel per shape); returns the arrays."""
+    _evaluate_scope()
+    return arrays[0] if len(arrays) == 1 else arrays
+
+
 __version__ = "0.1.0"
 
 __all__ = [
     "Array",
     "CheckpointClosureError",
+    "CompiledBatchGrad",
     "CompiledBatchHessian",
     "Function",
     "FunctionCtx",
@@ -68,10 +88,16 @@ __all__ = [
     "checkpoint",
     "checkpointed_loop",
     "clear_grads",
+    "compiled_batch_grad",
     "compiled_batch_hessian",
     "custom_jvp",
     "custom_vjp",
     "detach",
+    "eigh",
+    "eval",
+    "is_lazy",
+    "lazy",
+    "set_lazy",
     "enable_grad",
     "forward",
     "get_primitive",

@@ -49,42 +49,60 @@ class _Columns:
         )
 
 
-class CompiledBatchHessian:
-    """``hess(x) -> (grad (B, n), hessian (B, n, n))`` for a fixed ``n`` and dtype."""
+def _trace(f, n: int, dtype, who: str):
+    """``(columns, output expression)`` of ``f`` traced on symbolic columns."""
+    dtype = np.dtype(dtype)
+    if dtype.kind != "f":
+        raise TypeError(f"compiled {who}: dtype must be floating, got {dtype}")
+    xs = [sym.var(f"x{j}", dtype) for j in range(int(n))]
+    try:
+        out = f(_Columns(xs, -1))
+    except SymbolicTraceError:
+        raise
+    except (TypeError, ValueError) as e:
+        raise SymbolicTraceError(
+            f"compiled {who}: f could not be traced symbolically ({e}); write it"
+            " lane-wise with columns x[:, j] and core_ad.numpy functions, or use"
+            " compiled=False"
+        ) from e
+    return xs, sym.as_expr(out, who)
 
-    def __init__(self, f, n: int, dtype="float64", backend: str | None = None):
-        dtype = np.dtype(dtype)
-        if dtype.kind != "f":
-            raise TypeError(f"compiled batch_hessian: dtype must be floating, got {dtype}")
-        self.n, self.dtype = int(n), dtype
-        xs = [sym.var(f"x{j}", dtype) for j in range(self.n)]
-        try:
-            out = f(_Columns(xs, -1))
-        except SymbolicTraceError:
-            raise
-        except (TypeError, ValueError) as e:
-            raise SymbolicTraceError(
-                f"compiled batch_hessian: f could not be traced symbolically ({e}); write it"
-                " lane-wise with columns x[:, j] and core_ad.numpy functions, or use"
-                " compiled=False"
-            ) from e
-        out = sym.as_expr(out, "batch_hessian")
+
+def _columns_of(xv, n, dtype, who):
+    xv = np.asarray(xv)
+    if xv.ndim != 2 or xv.shape[1] != n:
+        raise ValueError(f"{who}: x must have shape (B, {n}), got {xv.shape}")
+    if xv.dtype != dtype:
+        raise TypeError(f"{who}: x has dtype {xv.dtype}, compiled for {dtype}")
+    return xv.shape[0], [np.ascontiguousarray(xv[:, j]) for j in range(n)]
+
+
+def _lanes(r, B, dtype):
+    """A kernel output as ``B`` lanes (a lane-independent output comes back 0-d)."""
+    return np.broadcast_to(np.asarray(r, dtype), (B,))
+
+
+class CompiledBatchHessian:
+    """``hess(x) -> (grad (B, n), hessian (B, n, n))`` for a fixed ``n`` and dtype; with
+    ``value=True``, ``(value (B,), grad, hessian)`` from the same kernel."""
+
+    def __init__(self, f, n: int, dtype="float64", backend: str | None = None,
+                 value: bool = False):
+        self.n, self.dtype = int(n), np.dtype(dtype)
+        self.value = bool(value)
+        xs, out = _trace(f, n, dtype, "batch_hessian")
         grad = sym.grad(out, xs)
         hess = sym.hessian(out, xs)
         self._tri = [(i, j) for i in range(self.n) for j in range(i + 1)]
-        outputs = list(grad) + [hess[i][j] for i, j in self._tri]
+        outputs = ([out] if self.value else []) + list(grad) + [hess[i][j] for i, j in self._tri]
         kw = {} if backend is None else {"backend": backend}
         self.kernel = sym.compile(outputs, xs, **kw)
 
     def __call__(self, x):
-        xv = np.asarray(x)
-        if xv.ndim != 2 or xv.shape[1] != self.n:
-            raise ValueError(f"batch_hessian: x must have shape (B, {self.n}), got {xv.shape}")
-        if xv.dtype != self.dtype:
-            raise TypeError(f"batch_hessian: x has dtype {xv.dtype}, compiled for {self.dtype}")
-        B, n = xv.shape
-        cols = [np.ascontiguousarray(xv[:, j]) for j in range(n)]
-        res = self.kernel(*cols)
+        B, cols = _columns_of(x, self.n, self.dtype, "batch_hessian")
+        n = self.n
+        res = list(self.kernel(*cols))
+        val = _lanes(res.pop(0), B, self.dtype).copy() if self.value else None
         g = np.empty((B, n), self.dtype)
         for j in range(n):
             g[:, j] = res[j]
@@ -92,18 +110,51 @@ class CompiledBatchHessian:
         for (i, j), h in zip(self._tri, res[n:]):
             H[:, i, j] = h
             H[:, j, i] = h  # the same values: exactly symmetric
-        return g, H
+        return (val, g, H) if self.value else (g, H)
 
 
-_CACHE: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
+class CompiledBatchGrad:
+    """``grad(x) -> grad (B, n)`` (or ``(value (B,), grad)`` with ``value=True``): the per-lane
+    gradient alone, one reverse-symbolic sweep compiled into one kernel (no Hessian work)."""
+
+    def __init__(self, f, n: int, dtype="float64", backend: str | None = None,
+                 value: bool = False):
+        self.n, self.dtype = int(n), np.dtype(dtype)
+        self.value = bool(value)
+        xs, out = _trace(f, n, dtype, "batch_grad")
+        outputs = ([out] if self.value else []) + list(sym.grad(out, xs))
+        kw = {} if backend is None else {"backend": backend}
+        self.kernel = sym.compile(outputs, xs, **kw)
+
+    def __call__(self, x):
+        B, cols = _columns_of(x, self.n, self.dtype, "batch_grad")
+        res = list(self.kernel(*cols))
+        val = _lanes(res.pop(0), B, self.dtype).copy() if self.value else None
+        g = np.empty((B, self.n), self.dtype)
+        for j, r in enumerate(res):
+            g[:, j] = r
+        return (val, g) if self.value else g
 
 
-def compiled_batch_hessian(f, n: int, dtype="float64", backend: str | None = None):
-    """A reusable compiled ``batch_hessian`` for ``f`` on ``(B, n)`` inputs of ``dtype``.
+_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def compiled_batch_hessian(f, n: int, dtype="float64", backend: str | None = None, *,
+                           value: bool = False):
+    """A reusable compiled ``batch_hessian`` for ``f`` on ``(B, n)`` inputs of ``dtype``;
+    ``value=True`` also returns f's per-lane value (first), computed in the same kernel.
 
     ``f`` is traced once, like ``jax.jit``: values it closes over are baked into the kernel.
     """
-    return CompiledBatchHessian(f, n, dtype, backend)
+    return CompiledBatchHessian(f, n, dtype, backend, value)
+
+
+def compiled_batch_grad(f, n: int, dtype="float64", backend: str | None = None, *,
+                        value: bool = False):
+    """A reusable compiled per-lane gradient of ``f`` on ``(B, n)`` inputs (``(value, grad)``
+    with ``value=True``); the gradient-only kernel for samplers that need no Hessian (MALA,
+    HMC) and for optimisers."""
+    return CompiledBatchGrad(f, n, dtype, backend, value)
 
 
 def cached_batch_hessian(f, n: int, dtype) -> CompiledBatchHessian:

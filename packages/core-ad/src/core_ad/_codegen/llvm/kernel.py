@@ -142,23 +142,27 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
     else:
         vend = start
     entry = b.block
-    vhead = fn.append_basic_block("vec.head") if width > 1 else None
-    vbody = fn.append_basic_block("vec.body") if width > 1 else None
-    shead = fn.append_basic_block("rem.head")
-    sbody = fn.append_basic_block("rem.body")
+    staged = width > 1 and not targets
+    vhead = fn.append_basic_block("vec.head") if width > 1 and not staged else None
+    vbody = fn.append_basic_block("vec.body") if width > 1 and not staged else None
+    shead = None if staged else fn.append_basic_block("rem.head")
+    sbody = None if staged else fn.append_basic_block("rem.body")
     exit_ok = fn.append_basic_block("exit")
     exit_err = fn.append_basic_block("error")
     failures = []  # (block, ordinal, lane, index) of every bounds-check failure branch
     checked = []
 
-    def body(i, w):
-        """Loads at lane ``i``, the program at width ``w``, stores."""
+    def body(i, w, lane0=None, in_over=None, out_over=None):
+        """Loads at lane ``i``, the program at width ``w``, stores. ``lane0`` (default ``i``)
+        is the first lane's number for error reports; ``in_over`` / ``out_over`` replace the
+        input / output pointers (the staged tail)."""
+        lane0 = i if lane0 is None else lane0
         env = dict(scalars)
         for v, p in in_ptrs.items():
-            env[v] = _load(b, p, i, v.dtype, w)
+            env[v] = _load(b, (in_over or {}).get(v, p), i, v.dtype, w)
 
         def on_error(bld, failure):
-            lane = bld.add(i, failure.lane)
+            lane = bld.add(lane0, failure.lane)
             failures.append((bld.block, _I64(failure.ordinal), lane, failure.index))
             bld.branch(exit_err)
 
@@ -167,35 +171,19 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         vals = em.emit_program(prog, env)
         for k, (r, v) in enumerate(zip(roots, vals)):
             if not is_scatter(r):
-                _store(b, out_ptrs[k], i, v, r.dtype, w, em)
+                _store(b, (out_over or {}).get(k, out_ptrs[k]), i, v, r.dtype, w, em)
         if not checked:
             checked.extend(em.checked)
 
-    # ---- vector main loop: lanes [start, vend), W at a time ------------------------------
-    if width > 1:
-        b.branch(vhead)
-        b.position_at_end(vhead)
-        i = b.phi(_I64, name="i")
-        i.add_incoming(start, entry)
-        b.cbranch(b.icmp_signed("<", i, vend), vbody, shead)
-        b.position_at_end(vbody)
-        body(i, width)
-        i.add_incoming(b.add(i, _I64(width)), b.block)
-        b.branch(vhead)
-        pred = vhead
+    if width > 1 and not targets:
+        # One copy of the program: the last, partial group of lanes runs the vector code on
+        # staged copies (inputs padded with the last lane, outputs copied back lane by lane)
+        # instead of a scalar remainder loop, which halves the code to optimise and compile.
+        _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, out_ptrs,
+                     exit_ok)
     else:
-        b.branch(shead)
-        pred = entry
-
-    # ---- scalar remainder loop: lanes [vend, end) ----------------------------------------
-    b.position_at_end(shead)
-    j = b.phi(_I64, name="j")
-    j.add_incoming(vend, pred)
-    b.cbranch(b.icmp_signed("<", j, end), sbody, exit_ok)
-    b.position_at_end(sbody)
-    body(j, None)
-    j.add_incoming(b.add(j, _I64(1)), b.block)
-    b.branch(shead)
+        _vector_then_scalar(b, fn, body, entry, start, end, vend, width, vhead, vbody, shead,
+                            sbody, exit_ok)
 
     b.position_at_end(exit_ok)
     b.ret(_I32(0))
@@ -226,6 +214,93 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         # 'e' variants expect, even on CPUs that prefer 256-bit vectors
         text = _add_fn_attr(text, name, '"min-legal-vector-width"="512"')
     return KernelIR(text, name, width, checks)
+
+
+def _vector_then_scalar(b, fn, body, entry, start, end, vend, width, vhead, vbody, shead, sbody,
+                        exit_ok):
+    """Vector main loop over lanes [start, vend), W at a time, then a scalar remainder loop
+    (used when the program scatters: padded lanes must not add anything)."""
+    if width > 1:
+        b.branch(vhead)
+        b.position_at_end(vhead)
+        i = b.phi(_I64, name="i")
+        i.add_incoming(start, entry)
+        b.cbranch(b.icmp_signed("<", i, vend), vbody, shead)
+        b.position_at_end(vbody)
+        body(i, width)
+        i.add_incoming(b.add(i, _I64(width)), b.block)
+        b.branch(vhead)
+        pred = vhead
+    else:
+        b.branch(shead)
+        pred = entry
+    b.position_at_end(shead)
+    j = b.phi(_I64, name="j")
+    j.add_incoming(vend, pred)
+    b.cbranch(b.icmp_signed("<", j, end), sbody, exit_ok)
+    b.position_at_end(sbody)
+    body(j, None)
+    j.add_incoming(b.add(j, _I64(1)), b.block)
+    b.branch(shead)
+
+
+def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, out_ptrs,
+                 exit_ok):
+    """Lanes [start, end), W at a time; a partial last group goes through stack copies."""
+    W = width
+    stage_in, stage_out = {}, {}
+    with b.goto_block(entry):
+        b.position_at_start(entry)
+        for v in in_ptrs:
+            st = llvm_type(v.dtype, storage=True)
+            stage_in[v] = b.bitcast(b.alloca(ir.ArrayType(st, W)), st.as_pointer())
+        for k, r in enumerate(roots):
+            st = llvm_type(r.dtype, storage=True)
+            stage_out[k] = b.bitcast(b.alloca(ir.ArrayType(st, W)), st.as_pointer())
+    head = fn.append_basic_block("vec.head")
+    check = fn.append_basic_block("vec.check")
+    stage = fn.append_basic_block("tail.stage")
+    main = fn.append_basic_block("vec.body")
+    latch = fn.append_basic_block("vec.latch")
+    unstage = fn.append_basic_block("tail.unstage")
+    b.branch(head)
+    b.position_at_end(head)
+    i = b.phi(_I64, name="i")
+    i.add_incoming(start, entry)
+    b.cbranch(b.icmp_signed("<", i, end), check, exit_ok)
+    b.position_at_end(check)
+    is_tail = b.icmp_signed(">", b.add(i, _I64(W)), end)
+    b.cbranch(is_tail, stage, main)
+
+    # the tail: copies of the remaining lanes, padded with the last one (valid values, so no
+    # spurious bounds errors or floating-point traps)
+    b.position_at_end(stage)
+    last = b.sub(end, _I64(1))
+    for v, p in in_ptrs.items():
+        for lane in range(W):
+            src = b.add(i, _I64(lane))
+            src = b.select(b.icmp_signed("<", src, end), src, last)
+            b.store(b.load(b.gep(p, [src])), b.gep(stage_in[v], [_I64(lane)]))
+    b.branch(main)
+
+    # one copy of the program for full groups and the staged tail
+    b.position_at_end(main)
+    at = b.select(is_tail, _I64(0), i)
+    ins = {v: b.select(is_tail, stage_in[v], p) for v, p in in_ptrs.items()}
+    outs = {k: b.select(is_tail, stage_out[k], p) for k, p in enumerate(out_ptrs)}
+    body(at, W, lane0=i, in_over=ins, out_over=outs)
+    b.cbranch(is_tail, unstage, latch)
+    b.position_at_end(latch)
+    i.add_incoming(b.add(i, _I64(W)), latch)
+    b.branch(head)
+
+    b.position_at_end(unstage)
+    for k, _r in enumerate(roots):
+        for lane in range(W):
+            dst = b.add(i, _I64(lane))
+            with b.if_then(b.icmp_signed("<", dst, end)):
+                b.store(b.load(b.gep(stage_out[k], [_I64(lane)])), b.gep(out_ptrs[k], [dst]))
+    b.branch(exit_ok)
 
 
 def llvm_type_bytes(prog):

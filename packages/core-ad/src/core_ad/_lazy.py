@@ -1,0 +1,258 @@
+"""Lazy evaluation with fusion for traced arrays (Enoki / Dr.Jit style), opt-in.
+
+With lazy mode on (``core_ad.set_lazy(True)`` or ``with core_ad.lazy():``), a lane-wise
+operation (a primitive with an LLVM lowering) on operands of one shape does not compute: it
+records a :mod:`core_ad.sym` node over *leaves* (the numpy buffers it reads) and the Array holds
+a :class:`Pending` value (shape and dtype known). Anything that needs numbers -- ``.value``,
+printing, ``numpy()``/``np.asarray``, a reduction, reshape, gather or scatter (these stay
+eager), :func:`eval` -- evaluates **every live pending array of the scope at once**: their
+expressions become the outputs of one lane-wise kernel per shape, compiled by
+``sym.compile`` (LLVM, vectorised, multi-threaded) through the structural kernel cache.
+Leaves are named by their order of first use in the scope, so a loop whose iterations repeat
+the same operations builds the same expressions and hits the cache.
+
+Reverse mode on the fused graph: in a first-order ``backward`` the local partials of lane-wise
+nodes (``cos x`` for ``sin x``) and the adjoint arithmetic are recorded the same way, on the
+still-pending primal expressions, so primal and derivative arithmetic end up in one kernel
+(CSE and constant folding by the symbolic engine); it is evaluated once, after the graph is
+freed, so intermediates that nothing references any more are never stored.
+
+A scope also evaluates when it has recorded ``max_pending_nodes`` operations (bounds the
+kernel size and its compile time).
+"""
+
+from __future__ import annotations
+
+import threading
+import weakref
+from contextlib import contextmanager
+
+import numpy as np
+
+_state = threading.local()
+MAX_PENDING_NODES = 4000
+
+
+class Pending:
+    """A not-yet-computed value: a symbolic expression over the scope's leaves."""
+
+    __slots__ = ("expr", "shape", "dtype", "scope", "where")
+
+    def __init__(self, expr, shape, dtype, scope, where):
+        self.expr, self.shape, self.dtype, self.scope = expr, shape, np.dtype(dtype), scope
+        self.where = where
+
+    ndim = property(lambda self: len(self.shape))
+    size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
+
+
+class Scope:
+    """The leaves and pending arrays recorded since the last evaluation."""
+
+    def __init__(self):
+        self.leaves = {}  # id(buffer) -> (var, buffer)
+        self.pending = []  # weakrefs to Arrays holding a Pending of this scope
+        self.n_ops = 0
+        self.closed = False
+
+    def leaf(self, arr: np.ndarray):
+        from . import sym
+
+        hit = self.leaves.get(id(arr))
+        if hit is not None:
+            return hit[0]
+        v = sym.var(f"_lazy{len(self.leaves)}_{arr.dtype.str[1:]}", arr.dtype)
+        self.leaves[id(arr)] = (v, arr)
+        return v
+
+
+def is_lazy() -> bool:
+    return getattr(_state, "lazy", False)
+
+
+def set_lazy(flag: bool = True) -> bool:
+    """Turn lazy mode on or off (per thread); returns the previous setting. Turning it off
+    evaluates what is pending."""
+    prev = is_lazy()
+    if prev and not flag:
+        evaluate_scope()
+    _state.lazy = bool(flag)
+    return prev
+
+
+@contextmanager
+def lazy(flag: bool = True):
+    """``with core_ad.lazy():`` -- lazy mode inside the block (evaluated when it is left)."""
+    prev = set_lazy(flag)
+    try:
+        yield
+    finally:
+        set_lazy(prev)
+
+
+def current_scope() -> Scope:
+    s = getattr(_state, "scope", None)
+    if s is None or s.closed:
+        s = _state.scope = Scope()
+    return s
+
+
+def stats() -> dict:
+    """Counters: ``evaluations`` (scope flushes), ``kernels`` (kernel launches), ``outputs``
+    (arrays computed), ``compiled`` (kernels built, i.e. cache misses)."""
+    return _STATS
+
+
+_STATS = {"evaluations": 0, "kernels": 0, "outputs": 0, "compiled": 0}
+
+
+def _user_frame() -> str:
+    """``file:line`` of the first frame outside core_ad (named in evaluation errors)."""
+    import sys
+
+    f = sys._getframe(2)
+    while f is not None and "/core_ad/" in f.f_code.co_filename.replace("\\", "/"):
+        f = f.f_back
+    return "<unknown>" if f is None else f"{f.f_code.co_filename}:{f.f_lineno}"
+
+
+def _lane_shape(args):
+    """The common shape of the array operands, or None when they differ (eager then)."""
+    shape = None
+    for a in args:
+        s = getattr(a, "shape", None)
+        if s is None or (isinstance(a, np.ndarray | np.generic) and a.ndim == 0):
+            continue
+        s = tuple(s)
+        if s == ():
+            continue
+        if shape is None:
+            shape = s
+        elif s != shape:
+            return None
+    return () if shape is None else shape
+
+
+def record(prim, args, params, array_cls):
+    """The Pending value of ``prim(*args)`` or None when the operation must run eagerly."""
+    from ._codegen.llvm.emitter import LOWERINGS
+    from ._primitives import bind
+
+    if not prim.elementwise or prim.name not in LOWERINGS:
+        return None
+    shape = _lane_shape(args)
+    if shape is None:
+        return None
+    scope = current_scope()
+    exprs = []
+    for a in args:
+        if isinstance(a, array_cls):
+            v = a._value
+            if isinstance(v, Pending):
+                if v.scope is not scope:
+                    return None
+                exprs.append(v.expr)
+                continue
+            a = v
+        if isinstance(a, np.ndarray | np.generic):
+            a = np.asarray(a)
+            if a.dtype.kind not in "biuf":
+                return None
+            exprs.append(scope.leaf(a))
+        elif isinstance(a, bool | int | float):
+            exprs.append(a)
+        else:
+            return None
+    expr = bind(prim, *exprs, **params)
+    scope.n_ops += 1
+    return Pending(expr, shape, expr.dtype, scope, _user_frame())
+
+
+def track(arr, scope):
+    scope.pending.append(weakref.ref(arr))
+    if scope.n_ops >= MAX_PENDING_NODES:
+        evaluate_scope(scope)
+
+
+def materialize(p: Pending, scope: Scope):
+    """The numpy value of a pending expression that folded to a constant or a leaf."""
+    from . import sym
+
+    e = p.expr
+    if sym.is_const(e):
+        return np.full(p.shape, e.value, p.dtype)
+    for v, buf in scope.leaves.values():
+        if v is e:
+            return np.broadcast_to(buf, p.shape).astype(p.dtype, copy=True)
+    return None
+
+
+def evaluate_scope(scope: Scope | None = None):
+    """Compute every live pending array of ``scope`` (default: the current one)."""
+    from . import sym
+
+    scope = getattr(_state, "scope", None) if scope is None else scope
+    if scope is None or scope.closed:
+        return
+    scope.closed = True  # new operations open a new scope
+    live = []
+    for r in scope.pending:
+        a = r()
+        if a is not None and isinstance(a._value, Pending) and a._value.scope is scope:
+            live.append(a)
+    if not live:
+        return
+    _STATS["evaluations"] += 1
+    by_shape: dict = {}
+    for a in live:
+        p = a._value
+        m = materialize(p, scope)
+        if m is not None:
+            a._value = m
+            continue
+        by_shape.setdefault(p.shape, []).append(a)
+    var_buf = {v: buf for v, buf in scope.leaves.values()}
+    for shape, arrays in by_shape.items():
+        outs, index = [], {}
+        for a in arrays:
+            e = a._value.expr
+            if e not in index:
+                index[e] = len(outs)
+                outs.append(e)
+        leaves = sorted(sym.free_vars(outs), key=lambda v: int(v.name[5:].split("_")[0]))
+        from ._codegen.cache import KERNELS
+
+        misses = KERNELS.misses
+        try:
+            fn = sym.compile(outs, leaves)
+        except Exception as e:  # a lowering problem: name the user's line of the first op
+            raise type(e)(f"{e} (lazy evaluation of the operation at"
+                          f" {arrays[0]._value.where})") from e
+        _STATS["compiled"] += KERNELS.misses - misses
+        ins = []
+        for v in leaves:
+            buf = var_buf[v]
+            ins.append(np.ascontiguousarray(buf).reshape(-1) if buf.ndim else buf)
+        try:
+            res = fn(*ins)
+        except (IndexError, ValueError, FloatingPointError) as e:
+            raise type(e)(f"{e} (lazy evaluation of the operation at"
+                          f" {arrays[0]._value.where})") from e
+        _STATS["kernels"] += 1
+        _STATS["outputs"] += len(outs)
+        for a in arrays:
+            p = a._value
+            r = np.asarray(res[index[p.expr]])
+            a._value = (np.broadcast_to(r, shape) if r.ndim == 0 else r.reshape(shape)).astype(
+                p.dtype, copy=r.ndim == 0)
+
+
+def force(arr):
+    """``arr``'s numpy value (evaluating its scope when pending)."""
+    v = arr._value
+    if isinstance(v, Pending):
+        evaluate_scope(v.scope)
+        v = arr._value
+        if isinstance(v, Pending):  # its scope was evaluated without it (cannot happen)
+            raise RuntimeError("lazy evaluation left an array pending")
+    return v
