@@ -31,7 +31,8 @@ from llvmlite import ir
 
 from core_ad import Primitive, codegen, sym
 from core_ad._codegen import cache as kcache
-from core_ad._codegen.llvm import accuracy, vecmath
+from core_ad import _accuracy as accuracy
+from core_ad._codegen.llvm import vecmath
 from core_ad._codegen.llvm.jit import jit
 from core_ad._sym.expr import freeze_params
 from core_ad._sym.simplify import CORE_PRIMITIVES, _node

@@ -22,6 +22,7 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import itertools
+import queue
 import time
 from contextlib import contextmanager
 
@@ -345,13 +346,16 @@ def gather(b: ir.IRBuilder, ptr, indices, offset=None, alias=None):
 # ---------------------------------------------------------------------------- threads
 def parallel_for(fn, n: int, args, threads: int | None = None, chunks_per_thread: int = 1,
                  min_per_thread: int = 1, align: int = 1) -> list[int]:
-    """Run ``fn(start, end, *args)`` over ``[0, n)`` split into ranges on the thread pool
-    (the first range on the calling thread); returns every call's status.
+    """Run ``fn(start, end, *args)`` over ``[0, n)`` split into ranges; returns every range's
+    status, in range order.
 
-    ``args`` is a tuple, or a callable ``k -> tuple`` for per-thread arguments (private
-    partial buffers, say: range ``k`` of at most ``threads`` ranges). Ranges start at multiples
-    of ``align`` (whole vectors), hold at least ``min_per_thread`` iterations, and there are
-    ``chunks_per_thread`` of them per thread (more chunks balance uneven work)."""
+    ``threads`` threads (the calling one and ``threads - 1`` pool workers, so the cores are
+    never oversubscribed) take the ranges one after another from a shared queue, so a thread
+    that finishes early takes more. ``args`` is a tuple, or a callable ``k -> tuple`` for
+    per-range arguments (private partial buffers, say: range ``k`` of at most ``threads``
+    ranges when ``chunks_per_thread`` is 1). Ranges start at multiples of ``align`` (whole
+    vectors), hold at least ``min_per_thread`` iterations, and there are ``chunks_per_thread``
+    of them per thread (more chunks balance uneven work)."""
     from .runtime import num_threads, thread_pool
 
     if n <= 0:
@@ -370,8 +374,22 @@ def parallel_for(fn, n: int, args, threads: int | None = None, chunks_per_thread
     ranges = list(itertools.pairwise(bounds))
     if len(ranges) == 1:
         return [fn(0, n, *get(0))]
+    todo = queue.SimpleQueue()
+    for k in range(len(ranges)):
+        todo.put(k)
+    rcs = [0] * len(ranges)
+
+    def drain():
+        while True:
+            try:
+                k = todo.get_nowait()
+            except queue.Empty:
+                return
+            rcs[k] = fn(*ranges[k], *get(k))
+
     pool = thread_pool()
-    futs = [pool.submit(fn, s, e, *get(k)) for k, (s, e) in enumerate(ranges[1:], start=1)]
-    rcs = [fn(ranges[0][0], ranges[0][1], *get(0))]
-    rcs += [f.result() for f in futs]
+    helpers = [pool.submit(drain) for _ in range(min(t, len(ranges)) - 1)]
+    drain()
+    for h in helpers:
+        h.result()
     return rcs

@@ -11,8 +11,8 @@ the variant's width. Without libmvec (another libc, another architecture, or
 
 Accuracy, measured against numpy (numpy's float64 ``exp``/``log``/``sin``/..., scipy's ``erf``
 as the reference backend uses it; float32 likewise, evaluated in float32) by
-:func:`core_ad._codegen.llvm.accuracy.measure_accuracy` on this host (AMD znver3, glibc 2.36, libmvec ISA ``'d'`` = AVX2:
-4 x float64, 8 x float32) over the domains of :data:`DOMAINS` (float32: :data:`DOMAINS_F32`
+:func:`core_ad._accuracy.measure_accuracy` on this host (AMD znver3, glibc 2.36, libmvec ISA
+``'d'`` = AVX2: 4 x float64, 8 x float32) over the domains of :data:`DOMAINS` (float32: :data:`DOMAINS_F32`
 where the float64 domain would overflow: exp [-87, 88], expm1 [-40, 88], log [1e-37, 1e37],
 sinh/cosh [-88, 88], pow x in [1e-2, 1e2]); 2^18 points per function, three quarters evenly
 spaced, one quarter uniformly random. Max error in units in the last place of numpy's result
@@ -42,8 +42,8 @@ atan2      [-1e3, 1e3]^2         2           0           3           0
 =========  ====================  ==========  ==========  ==========  ==========
 
 So float64 results are within 3 ulp of numpy, float32 within 4 ulp (4 x 2^-23 = 4.8e-7
-relative, inside the 1e-6 target). Regenerate the table with ``from core_ad._codegen.llvm
-import accuracy as a; print(a.table(a.measure_accuracy(1 << 18)))``; the test suite
+relative, inside the 1e-6 target). Regenerate the table with ``from core_ad import
+_accuracy as a; print(a.table(a.measure_accuracy(1 << 18)))``; the test suite
 re-measures it (2^14 points) and checks every entry against :data:`ULP_BOUNDS` (4 ulp).
 """
 

@@ -1,12 +1,12 @@
 """Accuracy of the LLVM backend's math (libmvec / libm) against numpy, in ulp: the
-measurement behind the table in :mod:`.vecmath` (a diagnostic on top of ``sym.compile``: no
-backend module imports it)."""
+measurement behind the table in :mod:`core_ad._codegen.llvm.vecmath` (a diagnostic on top of
+``sym.compile``, so it sits above the backends: none of them imports it)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from .vecmath import DOMAINS, MATH_FUNCTIONS, _points, ulp_error
+from ._codegen.llvm.vecmath import DOMAINS, MATH_FUNCTIONS, _points, ulp_error
 
 __all__ = ["measure_accuracy", "table"]
 
@@ -14,8 +14,8 @@ __all__ = ["measure_accuracy", "table"]
 def measure_accuracy(n: int = 1 << 16, names=None) -> dict:
     """{(name, dtype, "vector"|"scalar"): max ulp error vs numpy} over :data:`DOMAINS`,
     through ``sym.compile(..., backend="llvm")`` (``vectorize=False`` for the scalar column)."""
-    from ... import _rules as R
-    from ... import sym
+    from . import _rules as R
+    from . import sym
 
     ref_fn = {
         "exp": np.exp, "expm1": np.expm1, "log": np.log, "log1p": np.log1p, "sin": np.sin,
