@@ -214,6 +214,7 @@ class _Adjoints:
         self.inputs: dict = {}
         self.seed = seed_func
         self._copies: dict = {}
+        self._keep: list = []
 
     @staticmethod
     def _regions_need_params(missing):
@@ -266,6 +267,7 @@ class _Adjoints:
             cur = adj[k]
             read = _boundary.constant_exterior(
                 cur, E.cast(t, 0), bounds=[(lo, ext) for lo, ext in region]) if region else cur
+            self._keep.append(read)  # calls name Funcs by id only; keep it alive until used
             seed = E.as_expr(read[tuple(E.Expr(_node=a) for a in d.args)]).node
             value = d.values[0]
             if k > 0:
@@ -348,11 +350,13 @@ class _Adjoints:
         if not nodes:
             return
         partials = sym.grad(value, nodes)
-        pure = [sym.leaf("hl.var", nm, I32) for nm in f._pure_arg_names]
+        # the definition's variables: the pure Vars on its left-hand side, and its RVars
+        used = set(d.pure_var_names())
         domain = {}
-        for k, leaf in enumerate(pure):
-            lo, ext = region[k]
-            domain[leaf] = (sym.const(lo, I32), sym.const(ext, I32))
+        for k, nm in enumerate(f._pure_arg_names):
+            if nm in used:
+                lo, ext = region[k]
+                domain[sym.leaf("hl.var", nm, I32)] = (sym.const(lo, I32), sym.const(ext, I32))
         for leaf, rv in d.rvars():
             lo, ext = rv.rdom.bounds[rv.dim]
             domain[leaf] = (lo.node, ext.node)
@@ -370,7 +374,8 @@ class _Adjoints:
 
     def _contribution(self, args, adj, domain, predicate):
         m = len(args)
-        us = self.adjoint_vars(m)
+        # fresh names: the consumer's own variables may be another adjoint's _d0, _d1, ...
+        us = [sym.leaf("hl.var", E.unique_name(f"_u{k}"), I32) for k in range(m)]
         dvars = set(domain)
         solved: dict = {}
         masks, new_dims = [], []
@@ -402,7 +407,6 @@ class _Adjoints:
                 done[i] = True
                 progress = True
         lhs = []
-        scatter = False
         for i, a in enumerate(args):
             if done[i]:
                 lhs.append(us[i])
@@ -410,11 +414,7 @@ class _Adjoints:
             a_sub = sym.substitute(a, solved) if solved else a
             if _uses(a_sub, set(us)) or (solved and _uses(a, set(solved))):
                 return self._scatter(args, adj, domain, predicate)
-            lhs.append(a_sub)
-            scatter = True
-        if scatter and any(done):
-            # a partial gather: the solved dimensions stay pure variables (race-free)
-            pass
+            lhs.append(a_sub)  # a partial gather: solved dimensions stay pure (race-free)
         # clamp the solutions into their variables' ranges, mask outside
         subst = {}
         for v, s in solved.items():
@@ -430,6 +430,12 @@ class _Adjoints:
         for mk in masks + ([predicate] if predicate is not None else []):
             mk = sym.substitute(mk, subst) if subst else mk
             mask = mk if mask is None else sym.logical_and(mask, mk)
+        to_pure = dict(zip(us, self.adjoint_vars(m)))
+        value, mask = (sym.substitute(v, to_pure) if v is not None else None
+                       for v in (value, mask))
+        lhs = [sym.substitute(a, to_pure) for a in lhs]
+        rdims = [(leaf, sym.substitute(lo, to_pure), sym.substitute(ext, to_pure))
+                 for leaf, lo, ext in rdims]
         return _Contribution(lhs, value, rdims, mask)
 
     def _scatter(self, args, adj, domain, predicate):
