@@ -19,6 +19,7 @@ The names and call shapes are those of Halide's Python bindings::
 from . import _boundary as BoundaryConditions
 from ._bounds import const_value
 from ._buffer import Buffer
+from ._derivative import Derivative, propagate_adjoints
 from ._expr import (
     Expr,
     ExprError,
@@ -82,6 +83,7 @@ __all__ = [
     "BoundaryConditions",
     "BoundsError",
     "Buffer",
+    "Derivative",
     "Expr",
     "ExprError",
     "Float",
@@ -133,6 +135,7 @@ __all__ = [
     "max",
     "min",
     "pow",
+    "propagate_adjoints",
     "round",
     "select",
     "sin",

@@ -1,0 +1,520 @@
+"""Reverse-mode automatic differentiation of pipelines: ``propagate_adjoints`` (Halide-AD,
+spec section 3).
+
+The adjoint of every Func, Buffer and Param is an ordinary Func built with the language
+itself, so it can be scheduled, realised and differentiated again. Scalar partial derivatives
+of each definition's value come from core_ad's rule table (``sym.grad`` with respect to the
+call nodes and Param leaves). Each call ``g(e_0, ..., e_k)`` in a definition of ``f`` turns
+into a contribution to ``d_g``:
+
+* every argument that can be solved for one of the definition's variables (``x + c``,
+  ``c - x``, ``k * x`` (masked ``u % k == 0``), ``x / k`` (a new RDom of extent ``k``), an
+  RVar alone) becomes the adjoint's pure variable: a **gather**, race-free over it;
+* variables left unsolved become reduction dimensions over ``f``'s inferred region (pure
+  Vars) or their own RDom (RVars);
+* an argument that cannot be solved (clamped or data-dependent) keeps its expression on the
+  left-hand side: a general **scatter** ``d_g[e(r)] += ...`` over the whole domain.
+
+Solved variables are replaced by ``clamp(solution, lo, hi)`` and the contribution is masked
+by ``lo <= solution <= hi``, so every forward read stays where the forward pipeline read
+(bounds inference proves it) and nothing outside ``f``'s region contributes. Adjoints are read
+through ``constant_exterior(0)`` over their Func's inferred region (the paper's zero padding).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from core_ad import sym
+
+from . import _boundary
+from . import _expr as E
+from ._buffer import Buffer
+from ._func import Func, FuncError
+from ._graph import Graph
+from ._lower import root_regions
+from ._schedule import LoopLevel
+from ._types import type_of_dtype
+
+__all__ = ["Derivative", "propagate_adjoints"]
+
+I32 = np.int32
+
+
+class _AllRootGraph(Graph):
+    """The forward graph with every Func realised: bounds inference then gives a region for
+    every Func, including the ones a schedule would inline."""
+
+    def _is_inline(self, f):
+        return False
+
+    def _level(self, f):
+        return LoopLevel("root")
+
+    def _store(self, f):
+        return LoopLevel("root")
+
+    def _check_levels(self):
+        pass
+
+
+def _values(graph):
+    values = {}
+    for p in graph.params:
+        obj = E.PARAMS.get(p.key)
+        if obj is not None and obj.get() is not None:
+            values[p] = obj.get()
+    for fid, buf in graph.buffers.items():
+        for d in range(buf.dimensions()):
+            values[sym.leaf("hl.bufdim", (fid, d, "min"), I32)] = buf.dim(d).min()
+            values[sym.leaf("hl.bufdim", (fid, d, "extent"), I32)] = buf.dim(d).extent()
+    return values
+
+
+def _is_float(t) -> bool:
+    return t.is_float()
+
+
+def _const_int(n):
+    if getattr(n, "op", None) == "const" and np.dtype(n.dtype).kind in "iu":
+        return int(n.value)
+    return None
+
+
+def _uses(node, leaves) -> set:
+    return {n for n in sym.free_leaves(node) if n in leaves}
+
+
+def _solve(arg, var, target):
+    """``var`` such that ``arg == target``, as (solution, masks, new reduction dims) or None.
+
+    ``new reduction dims`` are ``(leaf, min, extent)`` of RVars the solution introduces (the
+    ``k`` preimages of a floor division by ``k``)."""
+    if arg is var:
+        return target, [], []
+    op = getattr(arg.op, "name", arg.op)
+    if op == "add":
+        inside = [a for a in arg.args if var in sym.free_leaves(a)]
+        if len(inside) != 1:
+            return None
+        rest = [a for a in arg.args if a is not inside[0]]
+        other = rest[0]
+        for a in rest[1:]:
+            other = other + a
+        return _solve(inside[0], var, target - other)
+    if op == "mul" and len(arg.args) == 2:
+        k = _const_int(arg.args[0])
+        inner = arg.args[1]
+        if k is None:
+            k, inner = _const_int(arg.args[1]), arg.args[0]
+        if k is None or var not in sym.free_leaves(inner) or k == 0:
+            return None
+        if k in (1, -1):
+            return _solve(inner, var, target * k)
+        sol = _solve(inner, var, sym.floor_divide(target, sym.const(k, I32)))
+        if sol is None:
+            return None
+        s, masks, dims = sol
+        return s, [sym.eq(sym.mod(target, sym.const(k, I32)), sym.const(0, I32))] + masks, dims
+    if op == "floor_divide":
+        k = _const_int(arg.args[1])
+        if k is None or k <= 0 or var in sym.free_leaves(arg.args[1]):
+            return None
+        if k == 1:
+            return _solve(arg.args[0], var, target)
+        leaf = sym.leaf("hl.rvar", (E.unique_name("div"), 0), I32)
+        sol = _solve(arg.args[0], var, target * k + leaf)
+        if sol is None:
+            return None
+        s, masks, dims = sol
+        return s, masks, [(leaf, sym.const(0, I32), sym.const(k, I32))] + dims
+    return None
+
+
+def _retarget(node, old_fid, new_fid):
+    """``node`` with its calls of ``old_fid`` made calls of ``new_fid``."""
+    mapping = {c: sym.call(E.CALL, *c.args, out_dtype=c.dtype, fid=new_fid,
+                           index=c.params["index"])
+               for c in sym.calls(node, E.CALL) if c.params["fid"] == old_fid}
+    return sym.substitute(node, mapping) if mapping else node
+
+
+class Derivative:
+    """The adjoints: ``d[f]`` (pure stage), ``d[f, i]`` (after update ``i``), ``d[buffer]``,
+    ``d[param]`` (a 0-D Func), all ordinary Funcs."""
+
+    def __init__(self, stages, inputs, funcs, output):
+        self._stages = stages  # fid -> [adjoint of stage 0 (pure), after update 0, ...]
+        self._inputs = inputs  # fid / param leaf -> Func
+        self._funcs = funcs
+        self._output = output
+
+    def __getitem__(self, key):
+        index = None
+        if isinstance(key, tuple):
+            key, index = key
+        if isinstance(key, Func):
+            stages = self._stages.get(key.fid)
+            if stages is None:
+                if key.fid in self._funcs:
+                    raise FuncError(
+                        f"Func {key.name()} is {key.type()}-valued: integer Funcs have no"
+                        " adjoint"
+                    )
+                raise FuncError(
+                    f"Func {key.name()} is not in the pipeline of {self._output.name()}: it has"
+                    " no adjoint"
+                )
+            k = 0 if index is None else index + 1
+            if not 0 <= k < len(stages):
+                raise FuncError(
+                    f"Func {key.name()} has {len(stages) - 1} update(s); no adjoint for update"
+                    f" {index}"
+                )
+            return stages[k]
+        if index is not None:
+            raise FuncError("an update index is only meaningful for a Func")
+        if isinstance(key, Buffer):
+            f = self._inputs.get(key.fid)
+            if f is None:
+                if not key.type().is_float():
+                    raise FuncError(f"Buffer {key.name()} is {key.type()}: it has no adjoint")
+                f = Func(f"{key.name()}_d")  # the loss does not depend on it: zeros
+                f[tuple(E.Var(f"_{k}") for k in range(key.dimensions()))] = \
+                    E.cast(key.type(), 0)
+            return f
+        if isinstance(key, E.Param):
+            f = self._inputs.get(key.node)
+            if f is None:
+                if not key.type().is_float():
+                    raise FuncError(f"Param {key.name()} is {key.type()}: it has no adjoint")
+                f = Func(E.cast(key.type(), 0), name=f"{key.name()}_d")
+            return f
+        raise FuncError(f"no adjoint for {type(key).__name__}: use a Func, Buffer or Param")
+
+
+class _Contribution:
+    """``target[lhs] += value`` with the reduction dims ``rdims`` [(leaf, min, extent)] and a
+    boolean mask (or None)."""
+
+    def __init__(self, lhs, value, rdims, mask):
+        self.lhs, self.value, self.rdims, self.mask = lhs, value, rdims, mask
+
+
+class _Adjoints:
+    def __init__(self, output, seed_func, out_region):
+        self.output = output
+        graph = _AllRootGraph([output])
+        self.graph = graph
+        values = _values(graph)
+        missing = [p for p in graph.params if p not in values]
+        self.regions = root_regions(graph, {output.fid: out_region}, values) if not missing \
+            else self._regions_need_params(missing)
+        self.contribs: dict = {}  # fid / param leaf -> [_Contribution]
+        self.stages: dict = {}
+        self.inputs: dict = {}
+        self.seed = seed_func
+        self._copies: dict = {}
+        self._keep: list = []
+
+    @staticmethod
+    def _regions_need_params(missing):
+        names = ", ".join(E.PARAMS[p.key].name() if p.key in E.PARAMS else str(p.key)
+                          for p in missing)
+        raise FuncError(f"propagate_adjoints: set the Params {names} first (bounds need them)")
+
+    def adjoint_vars(self, n):
+        return [sym.leaf("hl.var", f"_d{k}", I32) for k in range(n)]
+
+    # ---- driver ------------------------------------------------------------------------
+    def run(self):
+        g = self.graph
+        for fid in reversed(g.order):
+            f = g.funcs[fid]
+            if not all(_is_float(t) for t in f.types()):
+                continue
+            if len(f.types()) != 1:
+                raise FuncError(
+                    f"propagate_adjoints: Func {f.name()} is a Tuple; differentiate Funcs with"
+                    " one value (split the Tuple into several Funcs)"
+                )
+            self._process(f)
+        for fid, buf in g.buffers.items():
+            if buf.type().is_float():
+                self.inputs[fid] = self._materialise(buf, f"{buf.name()}_d", buf.type(),
+                                                     buf.dimensions(), self.contribs.get(fid, []))
+        for p in g.params:
+            if np.dtype(p.dtype).kind == "f":
+                obj = E.PARAMS.get(p.key)
+                name = obj.name() if obj is not None else "param"
+                self.inputs[p] = self._materialise(None, f"{name}_d", type_of_dtype(p.dtype), 0,
+                                                   self.contribs.get(p, []))
+        return Derivative(self.stages, self.inputs, g.funcs, self.output)
+
+    def _process(self, f):
+        region = self.regions[f.fid]
+        defs = f.definitions()
+        n = len(defs)
+        t = f.type()
+        if f is self.output:
+            final = self.seed
+        else:
+            final = self._materialise(f, f"{f.name()}_{n}_d", t, f.dimensions(),
+                                      self.contribs.get(f.fid, []))
+        adj = [None] * n
+        adj[n - 1] = final
+        for k in range(n - 1, -1, -1):
+            d = defs[k]
+            cur = adj[k]
+            read = _boundary.constant_exterior(
+                cur, E.cast(t, 0), bounds=[(lo, ext) for lo, ext in region]) if region else cur
+            self._keep.append(read)  # calls name Funcs by id only; keep it alive until used
+            seed = E.as_expr(read[tuple(E.Expr(_node=a) for a in d.args)]).node
+            value = d.values[0]
+            if k > 0:
+                # self-reads see the value before this update: a copy of stages 0..k-1
+                before = self._stage_copy(f, k - 1)
+                value = _retarget(value, f.fid, before.fid)
+                adj[k - 1] = self._previous_stage(f, d, k, cur, t, value, before)
+            self._propagate(f, d, value, seed, region)
+        self.stages[f.fid] = adj
+
+    # ---- updates -----------------------------------------------------------------------
+    def _stage_copy(self, f, j):
+        """A Func equal to ``f`` after its definition ``j`` (0: the pure one)."""
+        key = (f.fid, j)
+        copy = self._copies.get(key)
+        if copy is None:
+            copy = self._copies[key] = Func(f"{f.name()}_s{j}")
+            xs = [E.Var(n) for n in f._pure_arg_names]
+            for d in f.definitions()[:j + 1]:
+                val = E.Expr(_node=_retarget(d.values[0], f.fid, copy.fid))
+                if d.stage_index == 0:
+                    copy[tuple(xs)] = val
+                else:
+                    copy[tuple(E.Expr(_node=a) for a in d.args)] = val
+        return copy
+
+    def _previous_stage(self, f, d, k, cur, t, value, before):
+        """The adjoint of ``f`` before update ``k - 1`` from the adjoint after it."""
+        selfs = [c for c in sym.calls(value, E.CALL) if c.params["fid"] == before.fid]
+        has_r = bool(d.rdoms)
+        name = f"{f.name()}_{k}_d"
+        xs = [E.Var(n) for n in f._pure_arg_names]
+        prev = Func(name)
+        if not has_r:
+            if selfs:
+                partial = sym.grad(value, selfs[0])
+                for c in selfs[1:]:
+                    partial = partial + sym.grad(value, c)
+                vmap = {sym.leaf("hl.var", nm, I32): x.node for nm, x in
+                        zip(f._pure_arg_names, xs)}
+                prev[tuple(xs)] = cur[tuple(xs)] * E.Expr(_node=sym.substitute(partial, vmap))
+            else:  # every point overwritten
+                prev[tuple(xs)] = E.cast(t, 0)
+            return prev
+        lhs = d.args
+        if not selfs:
+            mask = Func(f"{name}_mask")
+            mask[tuple(xs)] = E.cast(t, 1)
+            pred = d.predicate
+            wr = E.cast(t, 0) if pred is None else E.select(
+                E.Expr(_node=pred), E.cast(t, 0), mask[tuple(E.Expr(_node=a) for a in lhs)])
+            mask[tuple(E.Expr(_node=a) for a in lhs)] = wr
+            prev[tuple(xs)] = cur[tuple(xs)] * mask[tuple(xs)]
+            return prev
+        if len(selfs) == 1 and selfs[0].args == lhs:
+            partial = sym.grad(value, selfs[0])
+            if _const_int(partial) == 1 or (getattr(partial, "op", None) == "const"
+                                             and float(partial.value) == 1.0):
+                prev[tuple(xs)] = cur[tuple(xs)]
+                return prev
+        raise FuncError(
+            f"propagate_adjoints: update {k - 1} of Func {f.name()} reads {f.name()} in a way"
+            " that cannot be reversed (a scan or a non-additive in-place reduction over an"
+            f" RDom: {sym.to_str(value, limit=160)}). Rewrite it: accumulate with += into"
+            f" {f.name()}, or write each step into a new Func (f_k[x] = g(f_(k-1)[...]))"
+        )
+
+    # ---- expression level --------------------------------------------------------------
+    def _propagate(self, f, d, value, seed, region):
+        calls = [c for c in sym.calls(value, E.CALL) if c.params["fid"] != f.fid]
+        g = self.graph
+        wrt = []
+        for c in calls:
+            callee = g.buffers.get(c.params["fid"]) or g.funcs.get(c.params["fid"])
+            if np.dtype(c.dtype).kind == "f" and callee is not None:
+                wrt.append(c)
+        params = [p for p in sym.free_leaves(value) if E.is_param(p)
+                  and np.dtype(p.dtype).kind == "f"]
+        nodes = wrt + params
+        if not nodes:
+            return
+        partials = sym.grad(value, nodes)
+        # the definition's variables: the pure Vars on its left-hand side, and its RVars
+        used = set(d.pure_var_names())
+        domain = {}
+        for k, nm in enumerate(f._pure_arg_names):
+            if nm in used:
+                lo, ext = region[k]
+                domain[sym.leaf("hl.var", nm, I32)] = (sym.const(lo, I32), sym.const(ext, I32))
+        for leaf, rv in d.rvars():
+            lo, ext = rv.rdom.bounds[rv.dim]
+            domain[leaf] = (lo.node, ext.node)
+        for node, partial in zip(nodes, partials):
+            if getattr(partial, "op", None) == "const" and float(partial.value) == 0.0:
+                continue
+            adj = seed * partial if np.dtype(seed.dtype) == np.dtype(partial.dtype) else \
+                sym.astype(seed, partial.dtype) * partial
+            if node in params:
+                key, args = node, ()
+            else:
+                key, args = node.params["fid"], node.args
+            self.contribs.setdefault(key, []).append(
+                self._contribution(args, adj, domain, d.predicate))
+
+    def _contribution(self, args, adj, domain, predicate):
+        m = len(args)
+        # fresh names: the consumer's own variables may be another adjoint's _d0, _d1, ...
+        us = [sym.leaf("hl.var", E.unique_name(f"_u{k}"), I32) for k in range(m)]
+        dvars = set(domain)
+        solved: dict = {}
+        masks, new_dims = [], []
+        done = [False] * m
+        progress = True
+        while progress:
+            progress = False
+            for i, a in enumerate(args):
+                if done[i]:
+                    continue
+                a_sub = sym.substitute(a, solved) if solved else a
+                free = _uses(a_sub, dvars) - set(solved)
+                if not free:
+                    continue
+                pure_free = [v for v in free if E.is_var(v)]
+                cands = pure_free if len(pure_free) == 1 else (
+                    list(free) if len(free) == 1 else [])
+                if not cands:
+                    continue
+                v = cands[0]
+                sol = _solve(a_sub, v, us[i])
+                if sol is None:
+                    continue
+                s, ms, dims = sol
+                solved = {k: sym.substitute(e, {v: s}) for k, e in solved.items()}
+                solved[v] = s
+                masks += ms
+                new_dims += dims
+                done[i] = True
+                progress = True
+        lhs = []
+        for i, a in enumerate(args):
+            if done[i]:
+                lhs.append(us[i])
+                continue
+            a_sub = sym.substitute(a, solved) if solved else a
+            if _uses(a_sub, set(us)) or (solved and _uses(a, set(solved))):
+                return self._scatter(args, adj, domain, predicate)
+            lhs.append(a_sub)  # a partial gather: solved dimensions stay pure (race-free)
+        # clamp the solutions into their variables' ranges, mask outside
+        subst = {}
+        for v, s in solved.items():
+            lo, ext = domain[v]
+            hi = lo + ext - sym.const(1, I32)
+            subst[v] = sym.clamp(s, lo, hi)
+            masks.append(sym.logical_and(sym.ge(s, lo), sym.le(s, hi)))
+        rdims = [(leaf, lo, ext) for leaf, (lo, ext) in domain.items() if leaf not in solved]
+        rdims += new_dims
+        value = sym.substitute(adj, subst) if subst else adj
+        lhs = [sym.substitute(a, subst) if subst else a for a in lhs]
+        mask = None
+        for mk in masks + ([predicate] if predicate is not None else []):
+            mk = sym.substitute(mk, subst) if subst else mk
+            mask = mk if mask is None else sym.logical_and(mask, mk)
+        to_pure = dict(zip(us, self.adjoint_vars(m)))
+        value, mask = (sym.substitute(v, to_pure) if v is not None else None
+                       for v in (value, mask))
+        lhs = [sym.substitute(a, to_pure) for a in lhs]
+        rdims = [(leaf, sym.substitute(lo, to_pure), sym.substitute(ext, to_pure))
+                 for leaf, lo, ext in rdims]
+        return _Contribution(lhs, value, rdims, mask)
+
+    def _scatter(self, args, adj, domain, predicate):
+        rdims = [(leaf, lo, ext) for leaf, (lo, ext) in domain.items()]
+        return _Contribution(list(args), adj, rdims, predicate)
+
+    # ---- building the adjoint Funcs -----------------------------------------------------
+    def _materialise(self, obj, name, t, dims, contribs):
+        f = Func(name)
+        us = self.adjoint_vars(dims)
+        xs = [E.Var(u.key) for u in us]
+        pure_terms, updates = [], []
+        for c in contribs:
+            if not c.rdims and all(a is u for a, u in zip(c.lhs, us)):
+                pure_terms.append(c)
+            else:
+                updates.append(c)
+        total = E.cast(t, 0)
+        for c in pure_terms:
+            total = total + self._value(c, t, {})
+        f[tuple(xs)] = total
+        for c in updates:
+            rename = {}
+            if c.rdims:
+                r = E.RDom([(E.Expr(_node=lo), E.Expr(_node=ext)) for _, lo, ext in c.rdims])
+                for (leaf, _, _), rv in zip(c.rdims, r):
+                    rename[leaf] = rv.node
+            lhs = [sym.substitute(a, rename) if rename else a for a in c.lhs]
+            key = tuple(E.Expr(_node=a) for a in lhs)
+            f[key] = f[key] + self._value(c, t, rename)
+        return f
+
+    @staticmethod
+    def _value(c, t, rename):
+        v = sym.substitute(c.value, rename) if rename else c.value
+        e = E.cast(t, E.Expr(_node=v))
+        if c.mask is not None:
+            mk = sym.substitute(c.mask, rename) if rename else c.mask
+            e = E.select(E.Expr(_node=mk), e, E.cast(t, 0))
+        return e
+
+
+def propagate_adjoints(output, adjoint=None):
+    """Adjoints of every Func, Buffer and Param ``output`` depends on.
+
+    ``propagate_adjoints(loss)`` for a zero-dimensional float Func (seed 1), or
+    ``propagate_adjoints(func, adjoint)`` with ``adjoint`` a numpy array / Buffer of the
+    output's shape (numpy order), holding dL/d func over the region it covers.
+    Regions are inferred from the current Buffer sizes and Param values."""
+    if not isinstance(output, Func):
+        raise FuncError(f"propagate_adjoints: expected a Func, got {type(output).__name__}")
+    output._require_defined()
+    if len(output.types()) != 1 or not output.type().is_float():
+        raise FuncError(
+            f"propagate_adjoints: {output.name()} must have one float value, it has"
+            f" {', '.join(str(t) for t in output.types())}"
+        )
+    t = output.type()
+    n = output.dimensions()
+    if adjoint is None:
+        if n != 0:
+            raise FuncError(
+                f"propagate_adjoints({output.name()}): a {n}-dimensional output needs an adjoint"
+                " buffer (propagate_adjoints(f, d_f)); only a scalar loss has the seed 1"
+            )
+        seed = Func(E.cast(t, 1), name=f"{output.name()}_d")
+        region = []
+    else:
+        buf = adjoint if isinstance(adjoint, Buffer) else Buffer(
+            np.ascontiguousarray(np.asarray(adjoint, dtype=t.dtype)), name=f"{output.name()}_dout")
+        if buf.dimensions() != n:
+            raise FuncError(
+                f"propagate_adjoints: the adjoint buffer has {buf.dimensions()} dimensions,"
+                f" {output.name()} has {n}"
+            )
+        region = [(buf.dim(k).min(), buf.dim(k).extent()) for k in range(n)]
+        seed = _boundary.constant_exterior(buf, E.cast(t, 0))
+        seed_named = Func(f"{output.name()}_d")
+        vs = [E.Var(f"_d{k}") for k in range(n)]
+        seed_named[tuple(vs)] = E.cast(t, seed[tuple(vs)])
+        seed = seed_named
+    return _Adjoints(output, seed, region).run()
