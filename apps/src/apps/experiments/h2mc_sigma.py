@@ -48,7 +48,7 @@ EXPERIMENT = Experiment(
     reference="Thesis §6.3, Fig 6-5 (bathroom inset: sigma2 = 0.028 / 0.007 / 0.001)",
     paper={f"sigma2 = {k}": pct(v) for k, v in PAPER.items()},
     check="acceptance decreases strictly with sigma2 and one sigma2 lands in 50-70 %",
-    sizes={"tiny": dict(sigma2s=(1e-3, 2.8e-2), chains=50, steps=10),
+    sizes={"tiny": dict(sigma2s=(1e-3, 7e-3, 2.8e-2), chains=50, steps=10),
            "quick": dict(sigma2s=SWEEP, chains=500, steps=60),
            "full": dict(sigma2s=SWEEP, chains=1000, steps=100)},
     run=run,
