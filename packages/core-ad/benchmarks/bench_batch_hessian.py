@@ -94,12 +94,8 @@ def setup_jax(x, n):
         H, g = fused_h(xj)
         return g.block_until_ready(), H.block_until_ready()
 
-    t_sep, _ = bench.time_first_call(run_sep)
-    t_fused, _ = bench.time_first_call(run_fused)
-    return (
-        {"jax.jit separate": run_sep, "jax.jit fused": run_fused},
-        {"jax.jit separate": t_sep, "jax.jit fused": t_fused},
-    )
+    cases = {"jax.jit separate": run_sep, "jax.jit fused": run_fused}
+    return cases, bench.time_first_calls(cases)
 
 
 def _torch_forms(x, n):

@@ -62,21 +62,27 @@ def setup_core(x):
     }, lambda: vg(x)
 
 
-def setup_torch_eager(x):
+def _torch_cases(xt, f_primal, f_grad):
+    """Primal (no grad) and forward + ``autograd.grad`` of the torch function(s)."""
     import torch
-
-    xt = torch.from_numpy(x)
 
     def primal():
         with torch.no_grad():
-            return f_torch(xt)
+            return f_primal(xt)
 
     def fwd_bwd():
         xr = xt.detach().requires_grad_(True)
-        y = f_torch(xr)
+        y = f_grad(xr)
         (g,) = torch.autograd.grad(y, xr)
         return y.detach(), g
 
+    return primal, fwd_bwd
+
+
+def setup_torch_eager(x):
+    import torch
+
+    primal, fwd_bwd = _torch_cases(torch.from_numpy(x), f_torch, f_torch)
     return {"torch eager primal": primal, "torch eager fwd+bwd": fwd_bwd}, fwd_bwd
 
 
@@ -86,32 +92,17 @@ def setup_torch_compile(x, notes):
 
     xt = torch.from_numpy(x)
     try:
-        cf_primal = torch.compile(f_torch)
-        cf_grad = torch.compile(f_torch)  # separate object: compiled with autograd (fwd + bwd)
-
-        def primal():
-            with torch.no_grad():
-                return cf_primal(xt)
-
-        def fwd_bwd():
-            xr = xt.detach().requires_grad_(True)
-            y = cf_grad(xr)
-            (g,) = torch.autograd.grad(y, xr)
-            return y.detach(), g
-
-        t_p, _ = bench.time_first_call(primal)
-        t_g, _ = bench.time_first_call(fwd_bwd)
+        # separate objects: the second is compiled with autograd (fwd + bwd)
+        primal, fwd_bwd = _torch_cases(xt, torch.compile(f_torch), torch.compile(f_torch))
+        cases = {"torch.compile primal": primal, "torch.compile fwd+bwd": fwd_bwd}
+        first = bench.time_first_calls(cases)
         # A second call must not recompile (would signal a guard failure); time it as a check.
         primal()
         fwd_bwd()
     except Exception as e:  # noqa: BLE001 - report the reason and carry on without it
         notes.append(f"torch.compile skipped: {bench.error_reason(e)}")
         return None, None, None
-    return (
-        {"torch.compile primal": primal, "torch.compile fwd+bwd": fwd_bwd},
-        fwd_bwd,
-        {"torch.compile primal": t_p, "torch.compile fwd+bwd": t_g},
-    )
+    return cases, fwd_bwd, first
 
 
 def setup_jax(x):
@@ -128,13 +119,8 @@ def setup_jax(x):
         v, g = jvg(xj)
         return v.block_until_ready(), g.block_until_ready()
 
-    t_p, _ = bench.time_first_call(primal)
-    t_g, _ = bench.time_first_call(vg)
-    return (
-        {"jax.jit primal": primal, "jax.jit value_and_grad": vg},
-        vg,
-        {"jax.jit primal": t_p, "jax.jit value_and_grad": t_g},
-    )
+    cases = {"jax.jit primal": primal, "jax.jit value_and_grad": vg}
+    return cases, vg, bench.time_first_calls(cases)
 
 
 def main(argv=None):

@@ -63,3 +63,10 @@ def test_max_rel_diff_and_fmt_time():
         bench.max_rel_diff([1.0], [1.0, 2.0])
     assert [bench.fmt_time(t) for t in (None, 2e-6, 2e-3, 2.0)] == ["-", "2.0 us", "2.00 ms",
                                                                      "2.00 s"]
+
+
+def test_time_first_calls_times_each_case_once():
+    calls = []
+    first = bench.time_first_calls({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")})
+    assert calls == ["a", "b"] and set(first) == {"a", "b"}
+    assert all(t >= 0.0 for t in first.values())

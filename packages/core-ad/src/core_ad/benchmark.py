@@ -51,6 +51,7 @@ __all__ = [
     "side_by_side",
     "summarize",
     "time_first_call",
+    "time_first_calls",
     "time_median",
     "time_once",
 ]
@@ -68,6 +69,11 @@ def time_first_call(fn: Callable[[], object]) -> tuple[float, object]:
     t0 = time.perf_counter()
     out = fn()
     return time.perf_counter() - t0, out
+
+
+def time_first_calls(cases: dict[str, Callable[[], object]]) -> dict[str, float]:
+    """Seconds of the first call of every case (what :func:`report_first_calls` prints)."""
+    return {name: time_first_call(fn)[0] for name, fn in cases.items()}
 
 
 def time_median(fn: Callable[[], object], repeats: int = 7, warmup: int = 2) -> float:
