@@ -221,14 +221,10 @@ def main(argv=None):
     for name, fn in cases.items():
         if name.startswith("core_ad"):
             continue
-        g, H = fn()
-        g = np.asarray(g.detach().numpy() if hasattr(g, "detach") else g)
-        H = np.asarray(H.detach().numpy() if hasattr(H, "detach") else H)
-        dg, dh = bench.max_rel_diff(g, g0), bench.max_rel_diff(H, H0)
-        good = dg <= TOL and dh <= TOL and g.dtype == np.float64 and H.dtype == np.float64
-        ok &= good
-        print(f"  {name:20s} grad rel diff {dg:.2e}  hessian rel diff {dh:.2e}  dtype {H.dtype}"
-              f"  {'OK' if good else 'MISMATCH'}")
+        g, H = (bench.to_numpy(v) for v in fn())
+        ok &= bench.report_agreement(
+            name, {"grad": bench.max_rel_diff(g, g0), "hessian": bench.max_rel_diff(H, H0)}, TOL,
+            dtype=np.result_type(g, H))
     if not ok:
         print(f"outputs disagree beyond {TOL:g}; not timing")
         return 1

@@ -176,18 +176,12 @@ def main(argv=None):
     primal_of = {"core_ad": "core_ad primal", "torch eager": "torch eager primal",
                  "torch.compile": "torch.compile primal", "jax.jit": "jax.jit primal"}
     for name, fn in checks.items():
-        vp = float(np.asarray(cases[primal_of[name]]()))
-        dp = abs(vp - v_ref) / abs(v_ref)
-        v, g = fn()
-        v = float(np.asarray(v))
-        g = np.asarray(g.numpy() if hasattr(g, "numpy") and not isinstance(g, np.ndarray) else g)
-        dv = abs(v - v_ref) / abs(v_ref)
-        dg = bench.max_rel_diff(g, g_ref)
-        good = dp < TOL and dv < TOL and dg < TOL and g.dtype == np.float64
-        ok &= good
-        print(f"  {name:14s} primal rel diff {dp:.2e}  value rel diff {dv:.2e}"
-              f"  grad rel diff {dg:.2e}"
-              f"  dtype {g.dtype}  {'OK' if good else 'MISMATCH'}")
+        vp = float(bench.to_numpy(cases[primal_of[name]]()))
+        v, g = (bench.to_numpy(r) for r in fn())
+        diffs = {"primal": abs(vp - v_ref) / abs(v_ref),
+                 "value": abs(float(v) - v_ref) / abs(v_ref),
+                 "grad": bench.max_rel_diff(g, g_ref)}
+        ok &= bench.report_agreement(name, diffs, TOL, dtype=g.dtype, width=14)
     if not ok:
         print(f"gradients disagree beyond {TOL:g}; not timing")
         return 1

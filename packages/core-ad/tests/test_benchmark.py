@@ -70,3 +70,17 @@ def test_time_first_calls_times_each_case_once():
     first = bench.time_first_calls({"a": lambda: calls.append("a"), "b": lambda: calls.append("b")})
     assert calls == ["a", "b"] and set(first) == {"a", "b"}
     assert all(t >= 0.0 for t in first.values())
+
+
+def test_to_numpy_and_report_agreement(capsys):
+    import numpy as np
+    import torch
+
+    t = torch.ones(3, dtype=torch.float64, requires_grad=True) * 2
+    np.testing.assert_array_equal(bench.to_numpy(t), [2.0, 2.0, 2.0])
+    assert bench.report_agreement("peer", {"grad": 1e-16}, 1e-12, dtype=np.float64)
+    assert not bench.report_agreement("peer", {"grad": 1e-3}, 1e-12)
+    assert not bench.report_agreement("peer", {"grad": 0.0}, 1e-12, dtype=np.float32)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["peer", "grad", "rel", "diff", "1.00e-16", "dtype", "float64", "OK"]
+    assert out[1].endswith("MISMATCH") and out[2].endswith("MISMATCH")

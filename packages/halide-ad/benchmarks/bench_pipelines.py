@@ -129,16 +129,10 @@ def halide_case(hl, mod, img, kw, tile, vec, label, first, notes):
         return None
 
 
-def as_numpy(x):
-    if hasattr(x, "detach"):
-        return x.detach().numpy()
-    return np.asarray(x)
-
-
 def bench_pipeline(title, cases, first, ref, repeats, tol):
     checked = {}
     for name, fn in cases.items():
-        d = bench.max_rel_diff(as_numpy(fn()), ref)
+        d = bench.max_rel_diff(bench.to_numpy(fn()), ref)
         checked[name] = d
         if d > tol:
             print(f"  {name}: max rel diff vs numpy {d:.2e} > {tol:g}: not timed")

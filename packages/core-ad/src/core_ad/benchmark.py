@@ -46,6 +46,7 @@ __all__ = [
     "max_rel_diff",
     "parse_arguments",
     "print_table",
+    "report_agreement",
     "report_first_calls",
     "report_runs",
     "side_by_side",
@@ -54,6 +55,7 @@ __all__ = [
     "time_first_calls",
     "time_median",
     "time_once",
+    "to_numpy",
 ]
 
 
@@ -345,6 +347,32 @@ def print_table(headers: list[str], rows: list[list[object]], title: str = "") -
     print("|" + "|".join("-" * (w + 2) for w in widths) + "|")
     for r in cells[1:]:
         print(line(r))
+
+
+def to_numpy(x):
+    """A peer's result (torch tensor, JAX or CuPy array, numpy) as a numpy array."""
+    import numpy as np
+
+    if hasattr(x, "detach"):
+        x = x.detach().cpu().numpy()
+    elif hasattr(x, "get") and not isinstance(x, np.ndarray):
+        x = x.get()
+    return np.asarray(x)
+
+
+def report_agreement(name: str, diffs: dict[str, float], tol: float, dtype=None,
+                     width: int = 22) -> bool:
+    """Print one line of normwise relative differences against the reference; True when
+    every one is at most ``tol`` (and ``dtype``, when given, is float64)."""
+    import numpy as np
+
+    good = all(d <= tol for d in diffs.values())
+    if dtype is not None:
+        good &= np.dtype(dtype) == np.float64
+    cells = "  ".join(f"{k} rel diff {d:.2e}" for k, d in diffs.items())
+    kind = f"  dtype {np.dtype(dtype)}" if dtype is not None else ""
+    print(f"  {name:{width}s} {cells}{kind}  {'OK' if good else 'MISMATCH'}")
+    return good
 
 
 def max_rel_diff(a, b) -> float:
