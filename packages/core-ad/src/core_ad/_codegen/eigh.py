@@ -17,23 +17,19 @@ matrix, which dominates at these sizes.
 
 from __future__ import annotations
 
-import ctypes
-import itertools
 import threading
 
 import numpy as np
 from llvmlite import ir
 
-from .llvm.jit import digest, host_signature, jit
-from .llvm.runtime import num_threads, thread_pool
+from .llvm.builder import Arg, KernelModule, loop, parallel_for
+from .llvm.runtime import num_threads
 from .llvm.vecmath import VecMath, intrinsic
 
 __all__ = ["MAX_N", "MAX_SWEEPS", "cuda_source", "eigh_cpu", "eigh_cuda"]
 
 MAX_N = 16
 MAX_SWEEPS = 40
-_KFN = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p, ctypes.c_void_p,
-                        ctypes.c_void_p)
 _KERNELS: dict = {}
 _LOCK = threading.Lock()
 
@@ -46,34 +42,23 @@ def _tolerance(dtype) -> float:
 
 
 def _loop(b, lo, hi, body):
-    """``for i in range(lo, hi): body(i)`` (i64 values)."""
-    i64 = ir.IntType(64)
-    pre = b.block
-    head = b.append_basic_block("head")
-    loop = b.append_basic_block("body")
-    end = b.append_basic_block("end")
-    b.branch(head)
-    b.position_at_end(head)
-    i = b.phi(i64)
-    i.add_incoming(lo, pre)
-    b.cbranch(b.icmp_signed("<", i, hi), loop, end)
-    b.position_at_end(loop)
-    body(i)
-    i.add_incoming(b.add(i, ir.Constant(i64, 1)), b.block)
-    b.branch(head)
-    b.position_at_end(end)
+    """``for i in range(lo, hi): body(i)`` (i64 values), on the kernel-building layer."""
+    with loop(b, lo, hi, name="k") as i:
+        body(i)
 
 
-def _build_ir(n: int, dtype: np.dtype, W: int, name: str) -> str:
+def _build(n: int, dtype: np.dtype, W: int):
+    """The compiled kernel ``int32 eigh(g0, g1, H, lam, E)`` over lane groups [g0, g1)."""
     f = ir.DoubleType() if dtype == np.float64 else ir.FloatType()
     v = ir.VectorType(f, W)
     i64 = ir.IntType(64)
-    mod = ir.Module(name=name)
-    fty = ir.FunctionType(ir.VoidType(), [i64, i64, f.as_pointer(), f.as_pointer(),
-                                          f.as_pointer()])
-    fn = ir.Function(mod, fty, name=name)
-    g0, g1, Hp, Lp, Ep = fn.args
-    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    km = KernelModule(f"core_ad_eigh_{n}_{dtype.name}_{MAX_SWEEPS}")
+    fn = km.function("eigh", [Arg("g0", np.int64), Arg("g1", np.int64),
+                              Arg("H", dtype, pointer=True), Arg("lam", dtype, pointer=True),
+                              Arg("E", dtype, pointer=True)])
+    g0, g1, Hp, Lp, Ep = (fn.arg(a) for a in ("g0", "g1", "H", "lam", "E"))
+    b = fn.builder
+    mod = km.module
     nn = n * n
     A = b.alloca(ir.ArrayType(v, nn), name="A")
     V = b.alloca(ir.ArrayType(v, nn), name="V")
@@ -219,19 +204,15 @@ def _build_ir(n: int, dtype: np.dtype, W: int, name: str) -> str:
         _loop(b, C(0), C(n), store_row)
 
     _loop(b, g0, g1, group)
-    b.ret_void()
-    return str(mod)
+    fn.ret()
+    return km.compile()["eigh"]
 
 
 class _CpuEigh:
     def __init__(self, n: int, dtype: np.dtype):
         self.n, self.dtype = n, dtype
         self.width = VecMath().width(dtype)
-        key = digest("eigh-jacobi-v2", n, dtype.str, self.width, MAX_SWEEPS, host_signature())
-        name = f"core_ad_eigh_{key[:24]}"
-        text = _build_ir(n, dtype, self.width, name)
-        addr, self.timings = jit().compile(text, name, name)
-        self.fn = _KFN(addr)
+        self.fn = _build(n, dtype, self.width)
 
     def __call__(self, H, threads=None):
         B, n = H.shape[0], self.n
@@ -245,15 +226,8 @@ class _CpuEigh:
         lam = np.empty((groups * W, n), self.dtype)
         E = np.empty((groups * W, n, n), self.dtype)
         ptrs = [a.ctypes.data for a in (Hp, lam, E)]
-        T = min(num_threads(threads), max(1, groups // 16))
-        if T == 1:
-            self.fn(0, groups, *ptrs)
-        else:
-            cuts = np.linspace(0, groups, T + 1).astype(np.int64)
-            futs = [thread_pool().submit(self.fn, int(a), int(c), *ptrs)
-                    for a, c in itertools.pairwise(cuts) if c > a]
-            for fu in futs:
-                fu.result()
+        # at least 16 groups per thread: below that, waking a thread costs more than the work
+        parallel_for(self.fn, groups, ptrs, threads=num_threads(threads), min_per_thread=16)
         return lam[:B], E[:B]
 
 

@@ -30,8 +30,9 @@ import numpy as np
 from llvmlite import ir
 
 from ..._sym.buffers import is_buffer, is_scatter
-from ..._sym.program import Program
 from ..._sym.expr import Apply
+from ..._sym.program import Program
+from .builder import vector_loop
 from .emitter import BufferArg, Emitter, Unsupported, llvm_type, lowering_for
 from .vecmath import VecMath
 
@@ -136,17 +137,7 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         if is_scatter(r) and id(r) not in seen_scatter:
             seen_scatter.add(id(r))
             targets[r] = BufferArg(p, length(n_in + k))
-    span = b.sub(end, start)
-    if width > 1:
-        vend = b.add(start, b.mul(b.sdiv(span, _I64(width)), _I64(width)))
-    else:
-        vend = start
     entry = b.block
-    staged = width > 1 and not targets
-    vhead = fn.append_basic_block("vec.head") if width > 1 and not staged else None
-    vbody = fn.append_basic_block("vec.body") if width > 1 and not staged else None
-    shead = None if staged else fn.append_basic_block("rem.head")
-    sbody = None if staged else fn.append_basic_block("rem.body")
     exit_ok = fn.append_basic_block("exit")
     exit_err = fn.append_basic_block("error")
     failures = []  # (block, ordinal, lane, index) of every bounds-check failure branch
@@ -181,9 +172,9 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         # instead of a scalar remainder loop, which halves the code to optimise and compile.
         _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, out_ptrs,
                      exit_ok)
-    else:
-        _vector_then_scalar(b, fn, body, entry, start, end, vend, width, vhead, vbody, shead,
-                            sbody, exit_ok)
+    else:  # a scatter: padded lanes must not add anything, so a scalar remainder loop
+        vector_loop(b, start, end, width, body)
+        b.branch(exit_ok)
 
     b.position_at_end(exit_ok)
     b.ret(_I32(0))
@@ -214,34 +205,6 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         # 'e' variants expect, even on CPUs that prefer 256-bit vectors
         text = _add_fn_attr(text, name, '"min-legal-vector-width"="512"')
     return KernelIR(text, name, width, checks)
-
-
-def _vector_then_scalar(b, fn, body, entry, start, end, vend, width, vhead, vbody, shead, sbody,
-                        exit_ok):
-    """Vector main loop over lanes [start, vend), W at a time, then a scalar remainder loop
-    (used when the program scatters: padded lanes must not add anything)."""
-    if width > 1:
-        b.branch(vhead)
-        b.position_at_end(vhead)
-        i = b.phi(_I64, name="i")
-        i.add_incoming(start, entry)
-        b.cbranch(b.icmp_signed("<", i, vend), vbody, shead)
-        b.position_at_end(vbody)
-        body(i, width)
-        i.add_incoming(b.add(i, _I64(width)), b.block)
-        b.branch(vhead)
-        pred = vhead
-    else:
-        b.branch(shead)
-        pred = entry
-    b.position_at_end(shead)
-    j = b.phi(_I64, name="j")
-    j.add_incoming(vend, pred)
-    b.cbranch(b.icmp_signed("<", j, end), sbody, exit_ok)
-    b.position_at_end(sbody)
-    body(j, None)
-    j.add_incoming(b.add(j, _I64(1)), b.block)
-    b.branch(shead)
 
 
 def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, out_ptrs,
