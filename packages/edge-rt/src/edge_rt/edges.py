@@ -1,0 +1,182 @@
+"""Primary-visibility edge sampling (spec 3.4, 4.1).
+
+Preprocess: the edge list (v0, v1, f0, f1) per mesh; per render, camera silhouettes (plus
+every non-coplanar edge of flat-shaded meshes, whose shading jumps there), near-plane
+clipping in camera space, projection, clipping to the screen, and a discrete distribution
+proportional to clipped screen length. Each sample picks an edge and a uniform point on
+its clipped segment; the renderer evaluates both sides and weights by
+``len_clip / (P(E) * ||grad_xy alpha||)`` with alpha built from the (near-clipped)
+projected endpoints, so the boundary term is the gradient of ``sum_j c_j alpha_j(Phi)``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+COPLANAR = 1.0 - 1e-6
+
+
+def edge_equation(a, b, xy):
+    """alpha (5.5) of the line through screen points a, b at xy (all (N, 2))."""
+    return ((a[:, 1] - b[:, 1]) * xy[:, 0] + (b[:, 0] - a[:, 0]) * xy[:, 1]
+            + (a[:, 0] * b[:, 1] - b[:, 0] * a[:, 1]))
+
+
+def edge_equation_derivatives(a, b, xy):
+    """The analytic partials (5.9): dict with keys ax, ay, bx, by, x, y."""
+    x, y = xy[:, 0], xy[:, 1]
+    return {"ax": b[:, 1] - y, "ay": x - b[:, 0], "bx": y - a[:, 1], "by": a[:, 0] - x,
+            "x": a[:, 1] - b[:, 1], "y": b[:, 0] - a[:, 0]}
+
+
+_EDGE_CACHE: dict = {}
+
+
+def edge_list(faces: np.ndarray, skip=()):
+    """Unique edges (E, 4): v0 < v1, f0, f1 (-1 on a boundary). Faces listed in ``skip``
+    (degenerate) are left out. Non-manifold edges keep their first two faces."""
+    key = (faces.tobytes(), tuple(np.asarray(skip).tolist()))
+    if key in _EDGE_CACHE:
+        return _EDGE_CACHE[key]
+    keep = np.setdiff1d(np.arange(len(faces)), skip)
+    f = faces[keep]
+    pairs = np.concatenate([f[:, [0, 1]], f[:, [1, 2]], f[:, [2, 0]]])
+    face_id = np.tile(keep, 3)
+    pairs = np.sort(pairs, axis=1)
+    order = np.lexsort((pairs[:, 1], pairs[:, 0]))
+    pairs, face_id = pairs[order], face_id[order]
+    start = np.ones(len(pairs), dtype=bool)
+    start[1:] = np.any(pairs[1:] != pairs[:-1], axis=1)
+    idx = np.nonzero(start)[0]
+    out = np.full((len(idx), 4), -1, dtype=np.int64)
+    out[:, :2] = pairs[idx]
+    out[:, 2] = face_id[idx]
+    second = idx + 1
+    has_two = (second < len(pairs)) & ~start[np.minimum(second, len(pairs) - 1)]
+    out[has_two, 3] = face_id[second[has_two]]
+    _EDGE_CACHE[key] = out
+    return out
+
+
+@dataclass
+class PrimaryEdges:
+    mesh: np.ndarray        # mesh index per candidate edge
+    v0: np.ndarray          # vertex indices within the mesh
+    v1: np.ndarray
+    seg0: np.ndarray        # screen-clipped segment endpoints (E, 2), pixels
+    seg1: np.ndarray
+    pmf: np.ndarray         # selection probability, proportional to clipped length
+
+    def __len__(self):
+        return len(self.mesh)
+
+
+def _liang_barsky(p0, p1, w, h):
+    d = p1 - p0
+    t0, t1 = np.zeros(len(p0)), np.ones(len(p0))
+    for p, q in ((-d[:, 0], p0[:, 0]), (d[:, 0], w - p0[:, 0]),
+                 (-d[:, 1], p0[:, 1]), (d[:, 1], h - p0[:, 1])):
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = q / p
+        para = p == 0
+        t0 = np.where(~para & (p < 0), np.maximum(t0, r), t0)
+        t1 = np.where(~para & (p > 0), np.minimum(t1, r), t1)
+        t1 = np.where(para & (q < 0), -1.0, t1)
+    ok = t1 > t0
+    return p0 + t0[:, None] * d, p0 + t1[:, None] * d, ok
+
+
+def primary_edges(scene) -> PrimaryEdges:
+    """Candidate edges with their clipped screen segments (detached, float64)."""
+    cam = scene.camera
+    if cam.kind != "pinhole":
+        raise NotImplementedError("primary edge sampling supports the pinhole camera only")
+    q = cam.cam_to_world.detach().double()[:3, 3].numpy()
+    cols = {k: [] for k in ("mesh", "v0", "v1", "s0", "s1", "len")}
+    for mi, m in enumerate(scene.meshes):
+        v = m.vertices.detach().double().numpy()
+        f = m.faces.numpy()
+        e = edge_list(f, m.degenerate_faces)
+        fn = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])
+        fn /= np.maximum(np.linalg.norm(fn, axis=1, keepdims=True), 1e-300)
+        boundary = e[:, 3] < 0
+        f1 = np.where(boundary, e[:, 2], e[:, 3])
+        facing0 = np.einsum("ij,ij->i", q - v[f[e[:, 2], 0]], fn[e[:, 2]]) > 0
+        facing1 = np.einsum("ij,ij->i", q - v[f[f1, 0]], fn[f1]) > 0
+        sil = boundary | (facing0 != facing1)
+        if m.normals is None:
+            sil |= np.einsum("ij,ij->i", fn[e[:, 2]], fn[f1]) < COPLANAR
+        e = e[sil]
+        pc0 = _camera_space(cam, v[e[:, 0]])
+        pc1 = _camera_space(cam, v[e[:, 1]])
+        pc0, pc1, front = _clip_near(pc0, pc1, cam.clip_near)
+        a, b = _project(cam, pc0), _project(cam, pc1)
+        s0, s1, inside = _liang_barsky(a, b, cam.width, cam.height)
+        length = np.linalg.norm(s1 - s0, axis=1)
+        ok = front & inside & (length > 0) & (np.linalg.norm(b - a, axis=1) > 1e-12)
+        cols["mesh"].append(np.full(ok.sum(), mi))
+        cols["v0"].append(e[ok, 0])
+        cols["v1"].append(e[ok, 1])
+        cols["s0"].append(s0[ok])
+        cols["s1"].append(s1[ok])
+        cols["len"].append(length[ok])
+    length = np.concatenate(cols["len"])
+    total = length.sum()
+    return PrimaryEdges(np.concatenate(cols["mesh"]), np.concatenate(cols["v0"]),
+                        np.concatenate(cols["v1"]), np.concatenate(cols["s0"]).reshape(-1, 2),
+                        np.concatenate(cols["s1"]).reshape(-1, 2),
+                        length / total if total > 0 else length)
+
+
+def _camera_space(cam, p):
+    m = cam.cam_to_world.detach().double().numpy()
+    return (p - m[:3, 3]) @ np.linalg.inv(m[:3, :3]).T
+
+
+def _project(cam, pc):
+    return cam.project(torch.as_tensor(pc)).detach().numpy()
+
+
+def _clip_near(p0, p1, near):
+    z0, z1 = p0[:, 2], p1[:, 2]
+    front = (z0 >= near) | (z1 >= near)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = (near - z0) / (z1 - z0)
+    c0 = np.where((z0 < near)[:, None], p0 + t[:, None] * (p1 - p0), p0)
+    c1 = np.where((z1 < near)[:, None], p0 + t[:, None] * (p1 - p0), p1)
+    return c0, c1, front
+
+
+def clipped_endpoints(scene, mesh, v0, v1, dtype):
+    """Differentiable projected endpoints a, b (N, 2) of the sampled edges, after the
+    near-plane clip (the clip point is differentiated through)."""
+    cam = scene.camera
+    verts = [m.vertices.to(dtype) for m in scene.meshes]
+    pa = torch.zeros((len(mesh), 3), dtype=dtype)
+    pb = torch.zeros((len(mesh), 3), dtype=dtype)
+    for mi, vs in enumerate(verts):
+        sel = torch.nonzero(torch.as_tensor(mesh == mi)).flatten()
+        if len(sel):
+            pa = pa.index_copy(0, sel, vs[torch.as_tensor(v0)[sel]])
+            pb = pb.index_copy(0, sel, vs[torch.as_tensor(v1)[sel]])
+    c0, c1 = cam.to_camera(pa, dtype), cam.to_camera(pb, dtype)
+    near = cam.clip_near
+    z0, z1 = c0[:, 2:], c1[:, 2:]
+    behind0, behind1 = (z0 < near).detach(), (z1 < near).detach()
+    denom = torch.where(behind0 | behind1, z1 - z0, torch.ones_like(z0))
+    clip = c0 + (near - z0) / denom * (c1 - c0)
+    c0 = torch.where(behind0, clip, c0)
+    c1 = torch.where(behind1, clip, c1)
+    return cam.project(c0), cam.project(c1)
+
+
+def sample(edges: PrimaryEdges, n, rng):
+    """n samples: (edge index, screen point (n, 2), weight len_clip / P(E))."""
+    k = rng.choice(len(edges), size=n, p=edges.pmf)
+    t = rng.random(n)
+    p = edges.seg0[k] + t[:, None] * (edges.seg1[k] - edges.seg0[k])
+    length = np.linalg.norm(edges.seg1[k] - edges.seg0[k], axis=1)
+    return k, p, length / edges.pmf[k]

@@ -1,0 +1,198 @@
+"""Flattened scene geometry for one render: Embree ray casting on detached float32 copies,
+differentiable surface interactions (ray-triangle intersection recomputed in torch for the
+hit triangle, so hit points move with vertices and rays), and area-light sampling."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from embreex import rtcore_scene
+from embreex.mesh_construction import TriangleMesh
+
+from .texture import direction_to_latlong
+
+
+@dataclass
+class Interaction:
+    """Surface points of a batch of hits; everything differentiable except the ids."""
+
+    tri: torch.Tensor       # global triangle id
+    mesh: torch.Tensor      # mesh index
+    p: torch.Tensor         # hit point
+    t: torch.Tensor         # ray distance
+    ng: torch.Tensor        # geometric normal, flipped toward the viewer
+    ns: torch.Tensor        # shading normal, flipped toward the viewer
+    uv: torch.Tensor
+    front: torch.Tensor     # bool: the ray hit the side the winding normal points to
+    area: torch.Tensor      # triangle area
+
+
+class Geometry:
+    def __init__(self, scene, dtype):
+        self.scene, self.dtype = scene, dtype
+        verts, tris, mesh_of, offsets = [], [], [], []
+        base = 0
+        for mi, m in enumerate(scene.meshes):
+            keep = np.setdiff1d(np.arange(m.faces.shape[0]), m.degenerate_faces)
+            verts.append(m.vertices.to(dtype))
+            tris.append(m.faces[keep] + base)
+            mesh_of.append(np.full(len(keep), mi))
+            offsets.append(base)
+            base += m.vertices.shape[0]
+        self.vertices = torch.cat(verts, 0)
+        self.faces = torch.cat(tris, 0)
+        self.mesh_of = torch.as_tensor(np.concatenate(mesh_of))
+        self.vertex_offset = offsets
+        self.tri_verts = self.vertices[self.faces]  # (T, 3, 3)
+        packed = self.tri_verts.detach().to(torch.float32).numpy()
+        self.embree = rtcore_scene.EmbreeScene()
+        TriangleMesh(self.embree, np.ascontiguousarray(packed))
+        bound = float(np.abs(packed).max())
+        self.eps = 1e-4 * max(bound, 1e-3)
+        self._init_lights()
+
+    def _init_lights(self):
+        sc = self.scene
+        emit = torch.zeros(self.faces.shape[0], dtype=torch.bool)
+        power = torch.zeros(self.faces.shape[0], dtype=torch.float64)
+        v = self.tri_verts.detach().double()
+        area = 0.5 * torch.linalg.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0]).norm(dim=1)
+        for mi, m in enumerate(sc.meshes):
+            if m.emission is not None:
+                sel = self.mesh_of == mi
+                emit |= sel
+                power[sel] = area[sel] * float(m.emission.detach().abs().mean())
+        self.light_tris = torch.nonzero(emit & (power > 0)).flatten()
+        self.light_pmf = torch.zeros(self.faces.shape[0], dtype=torch.float64)
+        if len(self.light_tris):
+            p = power[self.light_tris]
+            self.light_pmf[self.light_tris] = p / p.sum()
+            self.light_cdf = torch.cumsum(p / p.sum(), 0)
+
+    # -- ray casting (detached) -----------------------------------------------------------
+    def intersect(self, o, d, tmax=None):
+        """Global triangle ids of the closest hits, -1 for misses."""
+        if o.shape[0] == 0:
+            return torch.zeros(0, dtype=torch.long)
+        oo = np.ascontiguousarray(o.detach().to(torch.float32).numpy())
+        dd = np.ascontiguousarray(d.detach().to(torch.float32).numpy())
+        dists = None if tmax is None else np.ascontiguousarray(
+            tmax.detach().to(torch.float32).numpy())
+        res = self.embree.run(oo, dd, dists=dists, output=1)
+        return torch.as_tensor(res["primID"].astype(np.int64))
+
+    # -- differentiable interactions ------------------------------------------------------
+    def interact(self, tri, o, d):
+        v = self.tri_verts[tri]
+        v0, e1, e2 = v[:, 0], v[:, 1] - v[:, 0], v[:, 2] - v[:, 0]
+        pvec = torch.linalg.cross(d, e2)
+        det = (e1 * pvec).sum(1)
+        tvec = o - v0
+        b1 = (tvec * pvec).sum(1) / det
+        qvec = torch.linalg.cross(tvec, e1)
+        b2 = (d * qvec).sum(1) / det
+        t = (e2 * qvec).sum(1) / det
+        p = o + t[:, None] * d
+        cross = torch.linalg.cross(e1, e2)
+        area = 0.5 * cross.norm(dim=1)
+        ng = cross / (2.0 * area[:, None])
+        mesh = self.mesh_of[tri]
+        b0 = 1.0 - b1 - b2
+        ns, uv = ng, torch.stack([b1, b2], 1)
+        for mi, m in enumerate(self.scene.meshes):
+            if m.normals is None and m.uvs is None:
+                continue
+            sel = torch.nonzero(mesh == mi).flatten()
+            if len(sel) == 0:
+                continue
+            fi = self.faces[tri[sel]] - self.vertex_offset[mi]
+            w = torch.stack([b0[sel], b1[sel], b2[sel]], 1)[:, :, None]
+            if m.normals is not None:
+                n_interp = (m.normals.to(self.dtype)[fi] * w).sum(1)
+                n_interp = n_interp / n_interp.norm(dim=1, keepdim=True)
+                ns = ns.index_copy(0, sel, n_interp)
+            if m.uvs is not None:
+                uv = uv.index_copy(0, sel, (m.uvs.to(self.dtype)[fi] * w).sum(1))
+        front = ((ng * d).sum(1) < 0).detach()
+        sign = torch.where(front, 1.0, -1.0).to(self.dtype)[:, None]
+        return Interaction(tri, mesh, p, t, ng * sign, ns * sign, uv, front, area)
+
+    def spawn(self, si, direction):
+        """Ray origins offset off the surface on the side ``direction`` leaves to."""
+        side = torch.where((si.ng * direction).sum(1) >= 0, 1.0, -1.0).to(self.dtype)
+        return si.p + (self.eps * side)[:, None] * si.ng.detach()
+
+    def material(self, si, footprint=None):
+        """(kd, ks, roughness) at the interactions; ``footprint`` (N,) is the world-space
+        pixel footprint for the mip level."""
+        n = si.p.shape[0]
+        kd = torch.zeros((n, 3), dtype=self.dtype)
+        ks = torch.zeros((n, 3), dtype=self.dtype)
+        rough = torch.zeros((n,), dtype=self.dtype)
+        for mi, m in enumerate(self.scene.meshes):
+            sel = torch.nonzero(si.mesh == mi).flatten()
+            if len(sel) == 0:
+                continue
+            uv = si.uv[sel]
+            level = None
+            if footprint is not None and m.uvs is not None:
+                level = self._mip_level(m, si, sel, footprint[sel])
+            mat = m.material
+            kd = kd.index_copy(0, sel, _lookup(mat.diffuse, uv, level, self.dtype))
+            ks = ks.index_copy(0, sel, _lookup(mat.specular, uv, level, self.dtype))
+            rough = rough.index_copy(0, sel, _lookup(mat.roughness, uv, level, self.dtype)[:, 0])
+        return kd, ks, rough
+
+    def _mip_level(self, m, si, sel, footprint):
+        # Texels per footprint: world footprint scaled by the triangle's uv/world area ratio.
+        fi = (self.faces[si.tri[sel]] - self.vertex_offset[m_index(self.scene, m)]).detach()
+        uv = m.uvs.detach().to(self.dtype)[fi]
+        uv_area = 0.5 * (torch.abs((uv[:, 1, 0] - uv[:, 0, 0]) * (uv[:, 2, 1] - uv[:, 0, 1])
+                                   - (uv[:, 2, 0] - uv[:, 0, 0]) * (uv[:, 1, 1] - uv[:, 0, 1])))
+        world_area = si.area[sel].detach()
+        res = max(m.material.diffuse.values.shape[:2]) if not m.material.diffuse.is_constant \
+            else 1
+        texels = footprint.detach() * torch.sqrt(uv_area / torch.clamp(world_area, 1e-20)) * res
+        return torch.log2(torch.clamp(texels, min=1.0))
+
+    def emission(self, si):
+        le = torch.zeros((si.p.shape[0], 3), dtype=self.dtype)
+        for mi, m in enumerate(self.scene.meshes):
+            if m.emission is None:
+                continue
+            sel = torch.nonzero((si.mesh == mi) & si.front).flatten()
+            if len(sel):
+                le = le.index_copy(0, sel, m.emission.to(self.dtype).expand(len(sel), 3))
+        return le
+
+    def environment(self, d):
+        env = self.scene.envmap
+        if env is None:
+            return torch.zeros((d.shape[0], 3), dtype=self.dtype)
+        return _lookup(env.radiance, direction_to_latlong(d), None, self.dtype)
+
+    # -- light sampling -------------------------------------------------------------------
+    def sample_light(self, u):
+        """Points on emissive triangles from (N, 3) uniforms: (tri, y, normal, area, pmf)."""
+        k = torch.searchsorted(self.light_cdf, u[:, 0].double().contiguous())
+        tri = self.light_tris[torch.clamp(k, max=len(self.light_tris) - 1)]
+        v = self.tri_verts[tri]
+        su = torch.sqrt(u[:, 1])
+        b0, b1 = 1.0 - su, u[:, 2] * su
+        y = b0[:, None] * v[:, 0] + b1[:, None] * v[:, 1] + (1.0 - b0 - b1)[:, None] * v[:, 2]
+        cross = torch.linalg.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
+        area = 0.5 * cross.norm(dim=1)
+        return tri, y, cross / (2.0 * area[:, None]), area, self.light_pmf[tri].to(self.dtype)
+
+
+def m_index(scene, mesh):
+    for i, m in enumerate(scene.meshes):
+        if m is mesh:
+            return i
+    raise KeyError(mesh.name)
+
+
+def _lookup(tex, uv, level, dtype):
+    return tex.lookup(uv, level, dtype)

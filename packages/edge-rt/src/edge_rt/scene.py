@@ -1,0 +1,290 @@
+"""Scene model (spec section 2): cameras, triangle meshes, materials, area lights, envmaps.
+
+Every float field may be a ``torch.Tensor`` with ``requires_grad``; ``Scene.tensors()`` lists
+them and ``Scene.with_tensors`` rebuilds the scene around replacements (the renderer's
+autograd Function uses it). Validation happens in the constructors so that bad input fails
+with a message naming the problem, never inside a kernel.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import numpy as np
+import torch
+
+from .texture import Texture
+
+
+class SceneError(ValueError):
+    """Invalid scene input (the message names the object and the problem)."""
+
+
+def _tensor(x, name, dtype=torch.float64):
+    t = x if torch.is_tensor(x) else torch.as_tensor(np.asarray(x, dtype=np.float64))
+    if t.is_floating_point() and not torch.isfinite(t.detach()).all():
+        raise SceneError(f"{name}: contains NaN or infinity")
+    return t if t.is_floating_point() else t.to(dtype)
+
+
+def _texture(x, name):
+    if isinstance(x, Texture):
+        return x
+    try:
+        return Texture(_tensor(x, name))
+    except ValueError as e:
+        raise SceneError(f"{name}: {e}") from None
+
+
+def look_at(origin, target, up=(0.0, 1.0, 0.0)):
+    """cam_to_world 4x4 (columns right, up, forward, position), differentiable in torch."""
+    origin, target = _tensor(origin, "look_at origin"), _tensor(target, "look_at target")
+    up = _tensor(up, "look_at up").to(origin.dtype)
+    forward = target - origin
+    forward = forward / forward.norm()
+    right = torch.linalg.cross(forward, up)
+    if right.norm() < 1e-9:
+        raise SceneError("look_at: up is parallel to the viewing direction")
+    right = right / right.norm()
+    new_up = torch.linalg.cross(right, forward)
+    top = torch.stack([right, new_up, forward, origin], 1)
+    bottom = torch.tensor([[0.0, 0.0, 0.0, 1.0]], dtype=origin.dtype)
+    return torch.cat([top, bottom], 0)
+
+
+@dataclasses.dataclass
+class Camera:
+    """Camera looking along +z of its local frame (x right, y up).
+
+    ``cam_to_world``: 4x4 pose; ``fov``: horizontal field of view in degrees (pinhole);
+    ``resolution``: (width, height) in pixels; ``clip_near``: near plane distance (geometry
+    closer than it is not seen, and primary edges are clipped there). ``kind``: "pinhole" or
+    "fisheye" (equiangular, 180 degrees across the image's inscribed circle)."""
+
+    cam_to_world: torch.Tensor
+    fov: torch.Tensor | float = 45.0
+    resolution: tuple = (64, 64)
+    clip_near: float = 1e-2
+    kind: str = "pinhole"
+
+    def __post_init__(self):
+        self.cam_to_world = _tensor(self.cam_to_world, "Camera.cam_to_world")
+        if tuple(self.cam_to_world.shape) != (4, 4):
+            raise SceneError(f"Camera.cam_to_world: expected 4x4, got "
+                             f"{tuple(self.cam_to_world.shape)}")
+        self.fov = _tensor(self.fov, "Camera.fov")
+        if not 0.0 < float(self.fov) < 180.0:
+            raise SceneError(f"Camera.fov: must be in (0, 180) degrees, got {float(self.fov)}")
+        w, h = self.resolution
+        if int(w) <= 0 or int(h) <= 0:
+            raise SceneError(f"Camera.resolution: must be positive, got {self.resolution}")
+        self.resolution = (int(w), int(h))
+        if not self.clip_near > 0:
+            raise SceneError(f"Camera.clip_near: must be > 0, got {self.clip_near}")
+        if self.kind not in ("pinhole", "fisheye"):
+            raise SceneError(f"Camera.kind: 'pinhole' or 'fisheye', got {self.kind!r}")
+
+    @property
+    def width(self):
+        return self.resolution[0]
+
+    @property
+    def height(self):
+        return self.resolution[1]
+
+    def position(self, dtype):
+        return self.cam_to_world[:3, 3].to(dtype)
+
+    def rays(self, xy, dtype):
+        """World-space ray origins and unit directions for pixel coordinates ``xy`` (N, 2)
+        (x right in [0, W], y down in [0, H]); ``valid`` marks lanes with a ray."""
+        m = self.cam_to_world.to(dtype)
+        w, h = self.width, self.height
+        if self.kind == "pinhole":
+            s = torch.tan(self.fov.to(dtype) * (math.pi / 360.0))
+            local = torch.stack([s * (2.0 * xy[:, 0] / w - 1.0),
+                                 -s * (2.0 * xy[:, 1] / h - 1.0) * (h / w),
+                                 torch.ones_like(xy[:, 0])], 1)
+            valid = torch.ones(xy.shape[0], dtype=torch.bool)
+        else:
+            scale = float(min(w, h))
+            px = (2.0 * xy[:, 0] - w) / scale
+            py = -(2.0 * xy[:, 1] - h) / scale
+            r = torch.sqrt(px * px + py * py)
+            valid = (r < 1.0).detach()
+            theta = torch.clamp(r, max=1.0) * (math.pi / 2.0)
+            safe_r = torch.where(r > 1e-12, r, torch.ones_like(r))
+            sin_t = torch.sin(theta)
+            local = torch.stack([sin_t * px / safe_r, sin_t * py / safe_r, torch.cos(theta)], 1)
+        d = local @ m[:3, :3].T
+        d = d / d.norm(dim=1, keepdim=True)
+        return m[:3, 3].expand_as(d), d, valid
+
+    def to_camera(self, p, dtype):
+        """World points (N, 3) to camera space."""
+        m = self.cam_to_world.to(dtype)
+        return (p - m[:3, 3]) @ m[:3, :3].inverse().T
+
+    def project(self, pc):
+        """Camera-space points (z > 0) to pixel coordinates (pinhole), (N, 2)."""
+        s = torch.tan(self.fov.to(pc.dtype) * (math.pi / 360.0))
+        w, h = self.width, self.height
+        x = (pc[:, 0] / (pc[:, 2] * s) + 1.0) * (w / 2.0)
+        y = (1.0 - pc[:, 1] / (pc[:, 2] * s) * (w / h)) * (h / 2.0)
+        return torch.stack([x, y], 1)
+
+
+@dataclasses.dataclass
+class Material:
+    """Lambertian + Blinn-Phong (Schlick Fresnel). Each field is a constant or a Texture."""
+
+    diffuse: Texture | torch.Tensor = (0.5, 0.5, 0.5)
+    specular: Texture | torch.Tensor = (0.0, 0.0, 0.0)
+    roughness: Texture | torch.Tensor = (0.5,)
+
+    def __post_init__(self):
+        self.diffuse = _texture(self.diffuse, "Material.diffuse")
+        self.specular = _texture(self.specular, "Material.specular")
+        self.roughness = _texture(self.roughness, "Material.roughness")
+        for name, tex, c in (("diffuse", self.diffuse, 3), ("specular", self.specular, 3),
+                             ("roughness", self.roughness, 1)):
+            if tex.channels != c:
+                raise SceneError(f"Material.{name}: expected {c} channels, got {tex.channels}")
+
+
+@dataclasses.dataclass
+class Mesh:
+    """Triangle mesh. ``vertices`` (V, 3) float, ``faces`` (F, 3) int; optional ``uvs`` (V, 2)
+    and shading ``normals`` (V, 3) indexed by ``faces``; ``material``; ``emission`` (RGB
+    radiance, emitted on the side the winding's normal points to) makes it an area light."""
+
+    vertices: torch.Tensor
+    faces: torch.Tensor
+    material: Material = dataclasses.field(default_factory=Material)
+    uvs: torch.Tensor | None = None
+    normals: torch.Tensor | None = None
+    emission: torch.Tensor | None = None
+    name: str = "mesh"
+
+    def __post_init__(self):
+        n = f"Mesh {self.name!r}"
+        self.vertices = _tensor(self.vertices, f"{n}: vertices")
+        if self.vertices.dim() != 2 or self.vertices.shape[1] != 3:
+            raise SceneError(f"{n}: vertices must be (V, 3), got {tuple(self.vertices.shape)}")
+        faces = self.faces.detach().cpu().numpy() if torch.is_tensor(self.faces) else (
+            np.asarray(self.faces))
+        if faces.size == 0:
+            raise SceneError(f"{n}: mesh has no faces")
+        if faces.ndim != 2 or faces.shape[1] != 3 or faces.dtype.kind not in "iu":
+            raise SceneError(f"{n}: faces must be an (F, 3) integer array, got "
+                             f"{faces.shape} {faces.dtype}")
+        if faces.min() < 0 or faces.max() >= self.vertices.shape[0]:
+            raise SceneError(f"{n}: face index out of range [0, {self.vertices.shape[0]}) "
+                             f"(min {faces.min()}, max {faces.max()})")
+        self.faces = torch.as_tensor(faces.astype(np.int64))
+        if self.uvs is not None:
+            self.uvs = _tensor(self.uvs, f"{n}: uvs")
+            if tuple(self.uvs.shape) != (self.vertices.shape[0], 2):
+                raise SceneError(f"{n}: uvs must be (V, 2), got {tuple(self.uvs.shape)}")
+        if self.normals is not None:
+            self.normals = _tensor(self.normals, f"{n}: normals")
+            if tuple(self.normals.shape) != tuple(self.vertices.shape):
+                raise SceneError(f"{n}: normals must be (V, 3), got "
+                                 f"{tuple(self.normals.shape)}")
+        if self.emission is not None:
+            self.emission = _tensor(self.emission, f"{n}: emission")
+            if tuple(self.emission.shape) != (3,):
+                raise SceneError(f"{n}: emission must be RGB (3,)")
+        self.degenerate_faces = self._degenerate()
+
+    def _degenerate(self):
+        """Indices of zero-area faces. Documented behaviour: they are kept out of ray casting,
+        light sampling and the edge list (a warning-free no-op, as zero-area triangles have
+        no image contribution)."""
+        v = self.vertices.detach().double().numpy()
+        f = self.faces.numpy()
+        area2 = np.linalg.norm(np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]]), axis=1)
+        scale = max(float(np.abs(v).max()), 1e-30)
+        return np.nonzero(area2 <= 1e-12 * scale * scale)[0]
+
+
+@dataclasses.dataclass
+class EnvironmentMap:
+    """Equirectangular radiance (H, W, 3) (or constant (3,)) seen by rays leaving the scene."""
+
+    radiance: Texture | torch.Tensor
+
+    def __post_init__(self):
+        self.radiance = _texture(self.radiance, "EnvironmentMap.radiance")
+        if self.radiance.channels != 3:
+            raise SceneError("EnvironmentMap.radiance: expected 3 channels")
+
+
+@dataclasses.dataclass
+class Scene:
+    camera: Camera
+    meshes: list
+    envmap: EnvironmentMap | None = None
+
+    def __post_init__(self):
+        if not self.meshes:
+            raise SceneError("Scene: empty scene (no meshes)")
+        live = [m for m in self.meshes if len(m.degenerate_faces) < m.faces.shape[0]]
+        if not live:
+            raise SceneError("Scene: every face of every mesh is degenerate")
+
+    # -- parameters -------------------------------------------------------------------------
+    def tensors(self):
+        """Every float tensor of the scene (camera, meshes, materials, lights, envmap), in a
+        fixed order; ``with_tensors`` takes replacements in the same order."""
+        return [t for _, t in _walk(self)]
+
+    def named_tensors(self):
+        return list(_walk(self))
+
+    def with_tensors(self, replacements):
+        it = iter(replacements)
+        return _rebuild(self, it)
+
+    @property
+    def lights(self):
+        return [m for m in self.meshes if m.emission is not None]
+
+
+def _fields(obj):
+    if isinstance(obj, Texture):
+        return [("values", obj.values)]
+    return [(f.name, getattr(obj, f.name)) for f in dataclasses.fields(obj)]
+
+
+def _walk(obj, prefix=""):
+    items = enumerate(obj) if isinstance(obj, list) else _fields(obj)
+    for name, value in items:
+        path = f"{prefix}{name}" if prefix == "" else f"{prefix}.{name}"
+        if torch.is_tensor(value):
+            if value.is_floating_point():
+                yield path, value
+        elif isinstance(value, list | Texture) or dataclasses.is_dataclass(value):
+            yield from _walk(value, path)
+
+
+def _rebuild(obj, it):
+    if isinstance(obj, list):
+        return [_rebuild(o, it) for o in obj]
+    if isinstance(obj, Texture):
+        t = Texture.__new__(Texture)
+        t.values = next(it)
+        return t
+    new = {}
+    for name, value in _fields(obj):
+        if torch.is_tensor(value) and value.is_floating_point():
+            new[name] = next(it)
+        elif isinstance(value, list | Texture) or dataclasses.is_dataclass(value):
+            new[name] = _rebuild(value, it)
+        else:
+            new[name] = value
+    out = obj.__class__.__new__(obj.__class__)
+    out.__dict__.update(obj.__dict__)
+    out.__dict__.update(new)
+    return out

@@ -1,0 +1,221 @@
+"""Built-in generated scenes (no downloads) and scene loading from dicts and mesh files."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from .scene import Camera, EnvironmentMap, Material, Mesh, Scene, SceneError, look_at
+from .texture import Texture
+
+
+def quad(corner, u, v, material=None, emission=None, name="quad", flip=False):
+    c, u, v = (np.asarray(x, dtype=np.float64) for x in (corner, u, v))
+    verts = np.stack([c, c + u, c + u + v, c + v])
+    faces = np.array([[0, 1, 2], [0, 2, 3]])
+    if flip:
+        faces = faces[:, ::-1].copy()
+    uvs = np.array([[0.0, 0.0], [1.0, 0.0], [1.0, 1.0], [0.0, 1.0]])
+    return Mesh(torch.tensor(verts), faces, material or Material(), uvs=torch.tensor(uvs),
+                emission=None if emission is None else torch.tensor(emission, dtype=torch.float64),
+                name=name)
+
+
+def cube_mesh(center=(0.0, 0.0, 0.0), size=1.0, material=None, name="cube"):
+    """A closed cube with outward winding, flat shaded (8 shared vertices, 12 faces)."""
+    c = np.asarray(center, dtype=np.float64)
+    s = size / 2.0
+    verts = np.array([[x, y, z] for x in (-s, s) for y in (-s, s) for z in (-s, s)]) + c
+    faces = np.array([
+        [0, 1, 3], [0, 3, 2],  # -x
+        [4, 6, 7], [4, 7, 5],  # +x
+        [0, 4, 5], [0, 5, 1],  # -y
+        [2, 3, 7], [2, 7, 6],  # +y
+        [0, 2, 6], [0, 6, 4],  # -z
+        [1, 5, 7], [1, 7, 3],  # +z
+    ])
+    return Mesh(torch.tensor(verts), faces, material or Material(), name=name)
+
+
+def uv_sphere(center=(0.0, 0.0, 0.0), radius=1.0, rings=24, segments=48, material=None,
+              name="sphere"):
+    """A UV sphere with shading normals and UVs (seam vertices duplicated)."""
+    theta = np.linspace(0.0, math.pi, rings + 1)
+    phi = np.linspace(0.0, 2.0 * math.pi, segments + 1)
+    th, ph = np.meshgrid(theta, phi, indexing="ij")
+    n = np.stack([np.sin(th) * np.cos(ph), np.cos(th), -np.sin(th) * np.sin(ph)], -1)
+    verts = (np.asarray(center) + radius * n).reshape(-1, 3)
+    uvs = np.stack([ph / (2.0 * math.pi), 1.0 - th / math.pi], -1).reshape(-1, 2)
+    faces = []
+    for i in range(rings):
+        for j in range(segments):
+            a, b = i * (segments + 1) + j, (i + 1) * (segments + 1) + j
+            if i > 0:
+                faces.append([a, b, a + 1])
+            if i < rings - 1:
+                faces.append([a + 1, b, b + 1])
+    return Mesh(torch.tensor(verts), np.array(faces), material or Material(),
+                uvs=torch.tensor(uvs), normals=torch.tensor(n.reshape(-1, 3)), name=name)
+
+
+def checker(res=64, tiles=8, a=(0.8, 0.2, 0.1), b=(0.1, 0.3, 0.8)):
+    yy, xx = np.mgrid[0:res, 0:res]
+    mask = ((xx * tiles // res) + (yy * tiles // res)) % 2 == 0
+    img = np.where(mask[..., None], np.asarray(a), np.asarray(b))
+    return torch.tensor(img)
+
+
+def cornell_box(resolution=(64, 64), fov=40.0):
+    """The Cornell box: white floor/ceiling/back, red left, green right wall, a square
+    ceiling light, two boxes (one rotated); camera looking in through the open front."""
+    white, red, green = (Material(diffuse=c) for c in ((0.73, 0.73, 0.73), (0.65, 0.05, 0.05),
+                                                       (0.12, 0.45, 0.15)))
+    m = [
+        quad((-1, -1, -1), (2, 0, 0), (0, 0, 2), white, name="floor"),
+        quad((-1, 1, -1), (0, 0, 2), (2, 0, 0), white, name="ceiling"),
+        quad((-1, -1, -1), (0, 2, 0), (2, 0, 0), white, name="back"),
+        quad((-1, -1, -1), (0, 0, 2), (0, 2, 0), red, name="left"),
+        quad((1, -1, -1), (0, 2, 0), (0, 0, 2), green, name="right"),
+        quad((-0.25, 0.999, -0.25), (0.5, 0, 0), (0, 0, 0.5), emission=(17.0, 12.0, 4.0),
+             name="light"),
+    ]
+    m.append(_box((0.35, -0.7, 0.3), (0.55, 0.6, 0.55), -0.3, white, "short_box"))
+    m.append(_box((-0.35, -0.4, -0.3), (0.55, 1.2, 0.55), 0.3, white, "tall_box"))
+    cam = Camera(look_at((0.0, 0.0, 3.9), (0.0, 0.0, 0.0)), fov=fov, resolution=resolution)
+    scene = Scene(cam, m)
+    _orient_inward(scene)
+    return scene
+
+
+def _box(center, size, angle, material, name):
+    box = cube_mesh((0, 0, 0), 1.0, material, name)
+    v = box.vertices.numpy() * np.asarray(size)
+    c, s = math.cos(angle), math.sin(angle)
+    rot = np.array([[c, 0, s], [0, 1, 0], [-s, 0, c]])
+    box.vertices = torch.tensor(v @ rot.T + np.asarray(center))
+    return box
+
+
+def _orient_inward(scene):
+    # Quads are built with the normal toward the box interior (the light faces down).
+    for m in scene.meshes:
+        if m.name in ("floor", "ceiling", "back", "left", "right", "light"):
+            v = m.vertices.numpy()
+            f = m.faces.numpy()
+            n = np.cross(v[f[0, 1]] - v[f[0, 0]], v[f[0, 2]] - v[f[0, 0]])
+            if np.dot(n, -v[f[0]].mean(0)) < 0:
+                m.faces = m.faces.flip(1)
+
+
+def textured_sphere(resolution=(64, 64), texture_res=64):
+    """A checker-textured glossy sphere on a floor, lit by a quad light and an envmap."""
+    mat = Material(diffuse=Texture(checker(texture_res)), specular=(0.04, 0.04, 0.04),
+                   roughness=(0.2,))
+    sphere = uv_sphere((0.0, 0.0, 0.0), 1.0, material=mat)
+    floor = quad((-4, -1, -4), (0, 0, 8), (8, 0, 0), Material(diffuse=(0.5, 0.5, 0.5)),
+                 name="floor")
+    light = quad((-1, 3, -1), (2, 0, 0), (0, 0, 2), emission=(6.0, 6.0, 6.0), name="light")
+    env = EnvironmentMap(torch.tensor(np.full((8, 16, 3), 0.2)))
+    cam = Camera(look_at((0.0, 1.0, 4.0), (0.0, 0.0, 0.0)), fov=45.0, resolution=resolution)
+    return Scene(cam, [sphere, floor, light], env)
+
+
+def closed_cube(resolution=(32, 32), envmap=0.8):
+    """A diffuse closed cube under a constant environment, seen at an angle."""
+    cube = cube_mesh((0.0, 0.0, 0.0), 1.0, Material(diffuse=(0.7, 0.5, 0.3)))
+    cam = Camera(look_at((2.0, 1.5, 2.5), (0.0, 0.0, 0.0)), fov=40.0, resolution=resolution)
+    return Scene(cam, [cube], EnvironmentMap(torch.tensor([envmap] * 3)))
+
+
+def teapot_like(rings=16, segments=24):
+    """A teapot-like closed mesh: a squashed body of revolution with a torus-like handle
+    and a cone spout, merged into one smooth-shaded mesh."""
+    body = uv_sphere((0, 0, 0), 1.0, rings, segments)
+    v = body.vertices.numpy() * np.array([1.2, 0.8, 1.2])
+    n = body.normals.numpy() / np.array([1.2, 0.8, 1.2])
+    n /= np.linalg.norm(n, axis=1, keepdims=True)
+    parts_v, parts_f, parts_n = [v], [body.faces.numpy()], [n]
+    offset = len(v)
+    for center, scale in (((1.35, 0.1, 0.0), (0.35, 0.25, 0.25)),
+                          ((-1.35, 0.2, 0.0), (0.3, 0.4, 0.12))):
+        s = uv_sphere((0, 0, 0), 1.0, 8, 12)
+        sv = s.vertices.numpy() * np.asarray(scale) + np.asarray(center)
+        sn = s.normals.numpy() / np.asarray(scale)
+        sn /= np.linalg.norm(sn, axis=1, keepdims=True)
+        parts_v.append(sv)
+        parts_n.append(sn)
+        parts_f.append(s.faces.numpy() + offset)
+        offset += len(sv)
+    return Mesh(torch.tensor(np.concatenate(parts_v)), np.concatenate(parts_f),
+                Material(diffuse=(0.6, 0.5, 0.4), specular=(0.2, 0.2, 0.2), roughness=(0.1,)),
+                normals=torch.tensor(np.concatenate(parts_n)), name="teapot")
+
+
+def teapot_scene(resolution=(32, 32)):
+    cam = Camera(look_at((0.0, 1.5, 4.5), (0.0, 0.0, 0.0)), fov=45.0, resolution=resolution)
+    light = quad((-1, 3, -1), (2, 0, 0), (0, 0, 2), emission=(5.0, 5.0, 5.0), name="light")
+    _orient_down(light)
+    return Scene(cam, [teapot_like(), light], EnvironmentMap(torch.tensor([0.3, 0.3, 0.3])))
+
+
+def _orient_down(light):
+    v, f = light.vertices.numpy(), light.faces.numpy()
+    n = np.cross(v[f[0, 1]] - v[f[0, 0]], v[f[0, 2]] - v[f[0, 0]])
+    if n[1] > 0:
+        light.faces = light.faces.flip(1)
+
+
+def load_mesh(path, material=None, name=None):
+    """A Mesh from an OBJ / PLY (anything trimesh reads); UVs and vertex normals when the
+    file has them."""
+    import trimesh
+
+    try:
+        tm = trimesh.load(path, force="mesh", process=False)
+    except Exception as e:  # trimesh raises many types for unreadable files
+        raise SceneError(f"load_mesh: cannot read {path}: {e}") from e
+    if len(tm.faces) == 0:
+        raise SceneError(f"load_mesh: {path}: mesh has no faces")
+    uvs = getattr(tm.visual, "uv", None)
+    normals = None
+    if "vertex_normals" in tm._cache.cache or getattr(tm, "_vertex_normals", None) is not None:
+        normals = torch.tensor(np.asarray(tm.vertex_normals, dtype=np.float64))
+    return Mesh(torch.tensor(np.asarray(tm.vertices, dtype=np.float64)),
+                np.asarray(tm.faces, dtype=np.int64), material or Material(),
+                uvs=None if uvs is None else torch.tensor(np.asarray(uvs, dtype=np.float64)),
+                normals=normals, name=name or str(path))
+
+
+def from_dict(d):
+    """Build a Scene from a plain dict::
+
+        {"camera": {"position": ..., "target": ..., "up": ..., "fov": ..., "resolution": ...,
+                    "clip_near": ..., "kind": ...} or {"cam_to_world": 4x4, ...},
+         "meshes": [{"vertices": ..., "faces": ..., "uvs": ..., "normals": ...,
+                     "material": {"diffuse": ..., "specular": ..., "roughness": ...},
+                     "emission": ..., "file": "path.obj", "name": ...}, ...],
+         "envmap": radiance (H, W, 3) or (3,)}
+    """
+    if "camera" not in d:
+        raise SceneError("from_dict: missing 'camera'")
+    c = dict(d["camera"])
+    if "cam_to_world" not in c:
+        c["cam_to_world"] = look_at(c.pop("position"), c.pop("target"),
+                                    c.pop("up", (0.0, 1.0, 0.0)))
+    cam = Camera(**c)
+    meshes = []
+    for k, md in enumerate(d.get("meshes", [])):
+        md = dict(md)
+        mat = Material(**md.pop("material", {}))
+        if "file" in md:
+            mesh = load_mesh(md.pop("file"), mat, md.pop("name", None))
+            if "emission" in md:
+                mesh.emission = torch.as_tensor(md.pop("emission"), dtype=torch.float64)
+        else:
+            md.setdefault("name", f"mesh{k}")
+            mesh = Mesh(material=mat, **md)
+        meshes.append(mesh)
+    env = EnvironmentMap(d["envmap"]) if d.get("envmap") is not None else None
+    return Scene(cam, meshes, env)
