@@ -9,7 +9,7 @@ interactions, light sampling), :mod:`edge_rt.bsdf` (evaluate / sample / pdf),
 
 from . import bsdf, edges, geometry, integrator, scenes
 from .imageio import write_exr, write_png
-from .render import gradients, render, render_image
+from .renderer import gradients, render, render_image
 from .scene import Camera, EnvironmentMap, Material, Mesh, Scene, SceneError, look_at
 from .scenes import from_dict, load_mesh
 from .texture import Texture

@@ -143,10 +143,12 @@ def _project(cam, pc):
 def _clip_near(p0, p1, near):
     z0, z1 = p0[:, 2], p1[:, 2]
     front = (z0 >= near) | (z1 >= near)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        t = (near - z0) / (z1 - z0)
-    c0 = np.where((z0 < near)[:, None], p0 + t[:, None] * (p1 - p0), p0)
-    c1 = np.where((z1 < near)[:, None], p0 + t[:, None] * (p1 - p0), p1)
+    crossing = (z0 < near) != (z1 < near)
+    # Only edges that cross the plane are clipped; the others keep t = 0 (no 0/0).
+    t = np.where(crossing, near - z0, 0.0) / np.where(crossing, z1 - z0, 1.0)
+    clip = p0 + t[:, None] * (p1 - p0)
+    c0 = np.where((z0 < near)[:, None], clip, p0)
+    c1 = np.where((z1 < near)[:, None], clip, p1)
     return c0, c1, front
 
 

@@ -38,8 +38,8 @@ def _pixel_samples(cam, spp, seed, start, count):
     return torch.as_tensor(pix), xy
 
 
-def _chunks(total, progress, desc):
-    starts = range(0, total, _CHUNK)
+def _chunks(total, progress, desc, size=_CHUNK):
+    starts = range(0, total, size)
     if progress and len(starts) > 1:
         return tqdm(starts, desc=desc, leave=False)
     return starts
@@ -130,13 +130,14 @@ def _edge_objective(sc, adj, n_edge, seed, max_depth, output, dtype, progress):
     normal = np.stack([a[:, 1] - b[:, 1], b[:, 0] - a[:, 0]], 1)
     grad_norm = np.linalg.norm(normal, axis=1)
     normal /= grad_norm[:, None]
-    eps = 1e-4 if dtype == torch.float32 else 1e-7
+    # Rays are cast in float32 (Embree): the sides must differ by more than its rounding.
+    eps = 1e-4
     upper, lower = point + eps * normal, point - eps * normal
     w, h = cam.width, cam.height
     side_values = torch.zeros(n_edge, dtype=torch.float64)
     g = Geometry(sc, dtype)
     with torch.no_grad():
-        for start in _chunks(n_edge, progress, "edge_rt edges"):
+        for start in _chunks(n_edge, progress, "edge_rt edges", _CHUNK // 2):
             stop = min(start + _CHUNK // 2, n_edge)
             count = stop - start
             xy = np.concatenate([upper[start:stop], lower[start:stop]])
