@@ -46,10 +46,11 @@ def bsdf_expressions(dtype: str):
     ks = (v["ksr"], v["ksg"], v["ksb"])
     rough = sym.maximum(v["rough"], 1e-6)
     cos_i, cos_o = _dot(n, wi), _dot(n, wo)
+    # redner's cut-offs: the viewer side by the geometric normal only, the light side by both.
+    # Gating the viewer side by the shading normal too would add a jump that moves with the
+    # normals and that no edge sampler accounts for (a bias in normal gradients).
     valid = sym.logical_and(
-        sym.logical_and(_dot(ng, wi) > 0.0, _dot(ng, wo) > 1e-3),
-        sym.logical_and(cos_i > 1e-3, cos_o > 1e-3),
-    )
+        sym.logical_and(_dot(ng, wi) > 0.0, _dot(ng, wo) > 1e-3), cos_o > 1e-3)
     hx, hy, hz = wi[0] + wo[0], wi[1] + wo[1], wi[2] + wo[2]
     hinv = sym.rsqrt(sym.maximum(hx * hx + hy * hy + hz * hz, 1e-20))
     h = (hx * hinv, hy * hinv, hz * hinv)

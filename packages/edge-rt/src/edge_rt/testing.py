@@ -71,3 +71,18 @@ def fd_gradient(scene, getter, adjoint, h, components=None, **kw):
 
 def single_scene(meshes, cam=None, envmap=None):
     return Scene(cam or camera(), list(meshes), envmap)
+
+
+def fd_directional(scene, getter, adjoint, direction, h, **kw):
+    """Central difference of <adjoint, render> along ``direction`` in the parameter's space
+    (common random numbers): compare with ``(gradient * direction).sum()``."""
+    kw.setdefault("dtype", torch.float64)
+    kw.setdefault("progress", False)
+    base = getter(scene).detach().clone()
+    step = torch.as_tensor(direction, dtype=base.dtype).reshape(base.shape) * h
+    adj = torch.as_tensor(adjoint, dtype=kw["dtype"])
+    vals = []
+    for sign in (1.0, -1.0):
+        sc, _ = with_param(scene, getter, None, base + sign * step)
+        vals.append(float((edge_rt.render_image(sc, **kw) * adj).sum()))
+    return (vals[0] - vals[1]) / (2.0 * h)
