@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from edge_rt import Camera, EnvironmentMap, Material, Scene, Texture, look_at, scenes
-from edge_rt.testing import fd_directional, fd_gradient, loss_gradient, rel_l1
+from edge_rt.testing import fd_directional, fd_gradient, loss_gradient
 
 
 def diffuse_scene(specular=(0.0, 0.0, 0.0), roughness=0.3):

@@ -4,6 +4,7 @@ per-chunk path differentiation + primary edge sampling)."""
 
 from __future__ import annotations
 
+import math
 import warnings
 
 import numpy as np
@@ -28,12 +29,18 @@ def _check(scene, spp, output, max_depth):
 
 def _pixel_samples(cam, spp, seed, start, count):
     """Screen samples start..start+count of the (spp x H x W) sample sequence: pixel index
-    and a uniform jitter inside the pixel (box filter)."""
+    and a jitter inside the pixel (box filter). Stratified when ``spp`` is a square (k x k
+    jittered strata per pixel): lower variance, and finite differences with common random
+    numbers then count the samples an edge sweeps almost exactly."""
     w, h = cam.width, cam.height
     idx = np.arange(start, start + count)
     pix = idx % (w * h)
     rng = np.random.default_rng([*seed, 7, start])
     jitter = rng.random((count, 2))
+    k = math.isqrt(int(spp))
+    if k * k == int(spp) and k > 1:
+        stratum = idx // (w * h)
+        jitter = (np.stack([stratum % k, stratum // k], 1) + jitter) / k
     xy = np.stack([pix % w + jitter[:, 0], pix // w + jitter[:, 1]], 1)
     return torch.as_tensor(pix), xy
 
