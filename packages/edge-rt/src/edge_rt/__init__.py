@@ -8,7 +8,7 @@ interactions, light sampling), :mod:`edge_rt.bsdf` (evaluate / sample / pdf),
 """
 
 from . import bsdf, edges, geometry, integrator, scenes
-from .imageio import write_exr, write_png
+from .imageio import read_exr, write_exr, write_png
 from .renderer import gradients, render, render_image
 from .scene import Camera, EnvironmentMap, Material, Mesh, Scene, SceneError, look_at
 from .scenes import from_dict, load_mesh
@@ -17,5 +17,5 @@ from .texture import Texture
 __all__ = [
     "Camera", "EnvironmentMap", "Material", "Mesh", "Scene", "SceneError", "Texture",
     "bsdf", "edges", "from_dict", "geometry", "gradients", "integrator", "load_mesh",
-    "look_at", "render", "render_image", "scenes", "write_exr", "write_png",
+    "look_at", "read_exr", "render", "render_image", "scenes", "write_exr", "write_png",
 ]

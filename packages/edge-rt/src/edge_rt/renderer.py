@@ -14,6 +14,7 @@ from tqdm.auto import tqdm
 from . import edges as edges_mod
 from .geometry import Geometry
 from .integrator import CHANNELS, OUTPUTS, Sampler, trace
+from .scene import SceneError
 
 _CHUNK = 1 << 16  # paths per wavefront chunk (bounds autograd memory in the backward pass)
 
@@ -25,6 +26,10 @@ def _check(scene, spp, output, max_depth):
         raise ValueError(f"render: spp must be >= 1, got {spp}")
     if int(max_depth) < 0:
         raise ValueError(f"render: max_depth must be >= 0, got {max_depth}")
+    # Parameters change after construction (an optimiser step): check them at every render.
+    for name, t in scene.named_tensors():
+        if not torch.isfinite(t.detach()).all():
+            raise SceneError(f"render: scene parameter {name} contains NaN or infinity")
 
 
 def _pixel_samples(cam, spp, seed, start, count):
