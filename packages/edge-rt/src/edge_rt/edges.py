@@ -89,27 +89,36 @@ def _liang_barsky(p0, p1, w, h):
     return p0 + t0[:, None] * d, p0 + t1[:, None] * d, ok
 
 
+def silhouette_edges(scene, mi):
+    """Edges (E, 4) of mesh ``mi`` that can be discontinuities seen from the camera: camera
+    silhouettes and boundary edges, plus every non-coplanar edge of a flat-shaded mesh."""
+    m = scene.meshes[mi]
+    q = scene.camera.cam_to_world.detach().double()[:3, 3].numpy()
+    v = m.vertices.detach().double().numpy()
+    f = m.faces.numpy()
+    e = edge_list(f, m.degenerate_faces)
+    fn = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])
+    fn /= np.maximum(np.linalg.norm(fn, axis=1, keepdims=True), 1e-300)
+    boundary = e[:, 3] < 0
+    f1 = np.where(boundary, e[:, 2], e[:, 3])
+    facing0 = np.einsum("ij,ij->i", q - v[f[e[:, 2], 0]], fn[e[:, 2]]) > 0
+    facing1 = np.einsum("ij,ij->i", q - v[f[f1, 0]], fn[f1]) > 0
+    sil = boundary | (facing0 != facing1)
+    if m.normals is None:
+        sil |= np.einsum("ij,ij->i", fn[e[:, 2]], fn[f1]) < COPLANAR
+    return e[sil]
+
+
 def primary_edges(scene) -> PrimaryEdges:
-    """Candidate edges with their clipped screen segments (detached, float64)."""
+    """Candidate edges with their clipped screen segments (detached, float64), pinhole."""
     cam = scene.camera
     if cam.kind != "pinhole":
-        raise NotImplementedError("primary edge sampling supports the pinhole camera only")
-    q = cam.cam_to_world.detach().double()[:3, 3].numpy()
+        raise ValueError("primary_edges: the pinhole camera's screen-space edges; use "
+                         "curved_edges for the fisheye")
     cols = {k: [] for k in ("mesh", "v0", "v1", "s0", "s1", "len")}
     for mi, m in enumerate(scene.meshes):
         v = m.vertices.detach().double().numpy()
-        f = m.faces.numpy()
-        e = edge_list(f, m.degenerate_faces)
-        fn = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])
-        fn /= np.maximum(np.linalg.norm(fn, axis=1, keepdims=True), 1e-300)
-        boundary = e[:, 3] < 0
-        f1 = np.where(boundary, e[:, 2], e[:, 3])
-        facing0 = np.einsum("ij,ij->i", q - v[f[e[:, 2], 0]], fn[e[:, 2]]) > 0
-        facing1 = np.einsum("ij,ij->i", q - v[f[f1, 0]], fn[f1]) > 0
-        sil = boundary | (facing0 != facing1)
-        if m.normals is None:
-            sil |= np.einsum("ij,ij->i", fn[e[:, 2]], fn[f1]) < COPLANAR
-        e = e[sil]
+        e = silhouette_edges(scene, mi)
         pc0 = _camera_space(cam, v[e[:, 0]])
         pc1 = _camera_space(cam, v[e[:, 1]])
         pc0, pc1, front = _clip_near(pc0, pc1, cam.clip_near)
@@ -129,6 +138,64 @@ def primary_edges(scene) -> PrimaryEdges:
                         np.concatenate(cols["v1"]), np.concatenate(cols["s0"]).reshape(-1, 2),
                         np.concatenate(cols["s1"]).reshape(-1, 2),
                         length / total if total > 0 else length)
+
+
+@dataclass
+class CurvedEdges:
+    """Silhouette edges under a non-linear projection (spec 3.6): sampled by a uniform edge
+    parameter t on the 3D segment, selected proportionally to the screen length of their
+    visible part (a polyline estimate; any pmf that is positive on every visible edge is
+    unbiased, samples that land outside the image are rejected)."""
+
+    mesh: np.ndarray
+    v0: np.ndarray
+    v1: np.ndarray
+    pmf: np.ndarray
+
+    def __len__(self):
+        return len(self.mesh)
+
+
+POLYLINE_SEGMENTS = 16
+
+
+def curved_edges(scene) -> CurvedEdges:
+    cam = scene.camera
+    cols = {k: [] for k in ("mesh", "v0", "v1", "len")}
+    t = np.linspace(0.0, 1.0, POLYLINE_SEGMENTS + 1)
+    for mi, m in enumerate(scene.meshes):
+        v = m.vertices.detach().double().numpy()
+        e = silhouette_edges(scene, mi)
+        p = v[e[:, 0]][:, None] + t[None, :, None] * (v[e[:, 1]] - v[e[:, 0]])[:, None]
+        pc = torch.as_tensor(_camera_space(cam, p.reshape(-1, 3)))
+        xy = cam.project(pc)
+        seen = cam.sees(xy).numpy().reshape(len(e), -1)
+        xy = xy.numpy().reshape(len(e), -1, 2)
+        seg = np.linalg.norm(np.diff(xy, axis=1), axis=2)
+        length = (seg * (seen[:, 1:] | seen[:, :-1])).sum(1)
+        ok = length > 0
+        cols["mesh"].append(np.full(ok.sum(), mi))
+        cols["v0"].append(e[ok, 0])
+        cols["v1"].append(e[ok, 1])
+        cols["len"].append(length[ok])
+    length = np.concatenate(cols["len"])
+    total = length.sum()
+    return CurvedEdges(np.concatenate(cols["mesh"]), np.concatenate(cols["v0"]),
+                       np.concatenate(cols["v1"]), length / total if total > 0 else length)
+
+
+def sample_curved(edges: CurvedEdges, n, rng):
+    """n samples: (edge index, edge parameter t, weight 1 / P(E))."""
+    k = rng.choice(len(edges), size=n, p=edges.pmf)
+    return k, rng.random(n), 1.0 / edges.pmf[k]
+
+
+def edge_equation_3d(scene, xy, a, b):
+    """alpha(x, y) = d(x, y) . ((a - c) x (b - c)) (spec 3.6): the camera ray through pixel
+    point ``xy`` against the plane through the camera centre c and the edge (a, b); zero on
+    the projected edge under any projection, differentiable in the camera and vertices."""
+    origin, d, _ = scene.camera.rays(xy, a.dtype)
+    return (d * torch.linalg.cross(a - origin, b - origin)).sum(1)
 
 
 def _camera_space(cam, p):
@@ -152,18 +219,25 @@ def _clip_near(p0, p1, near):
     return c0, c1, front
 
 
+def endpoints(scene, mesh, v0, v1, dtype):
+    """World-space endpoints (N, 3) of edges given by mesh index and vertex indices,
+    differentiable in the meshes' vertex tensors."""
+    pa = torch.zeros((len(mesh), 3), dtype=dtype)
+    pb = torch.zeros((len(mesh), 3), dtype=dtype)
+    for mi, m in enumerate(scene.meshes):
+        sel = torch.nonzero(torch.as_tensor(mesh == mi)).flatten()
+        if len(sel):
+            vs = m.vertices.to(dtype)
+            pa = pa.index_copy(0, sel, vs[torch.as_tensor(v0)[sel]])
+            pb = pb.index_copy(0, sel, vs[torch.as_tensor(v1)[sel]])
+    return pa, pb
+
+
 def clipped_endpoints(scene, mesh, v0, v1, dtype):
     """Differentiable projected endpoints a, b (N, 2) of the sampled edges, after the
     near-plane clip (the clip point is differentiated through)."""
     cam = scene.camera
-    verts = [m.vertices.to(dtype) for m in scene.meshes]
-    pa = torch.zeros((len(mesh), 3), dtype=dtype)
-    pb = torch.zeros((len(mesh), 3), dtype=dtype)
-    for mi, vs in enumerate(verts):
-        sel = torch.nonzero(torch.as_tensor(mesh == mi)).flatten()
-        if len(sel):
-            pa = pa.index_copy(0, sel, vs[torch.as_tensor(v0)[sel]])
-            pb = pb.index_copy(0, sel, vs[torch.as_tensor(v1)[sel]])
+    pa, pb = endpoints(scene, mesh, v0, v1, dtype)
     c0, c1 = cam.to_camera(pa, dtype), cam.to_camera(pb, dtype)
     near = cam.clip_near
     z0, z1 = c0[:, 2:], c1[:, 2:]

@@ -5,7 +5,6 @@ per-chunk path differentiation + primary edge sampling)."""
 from __future__ import annotations
 
 import math
-import warnings
 
 import numpy as np
 import torch
@@ -116,19 +115,44 @@ def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
                 accumulate((adj[pix] * values).sum() / spp)
     if edges:
         n_edge = total if edge_samples is None else int(edge_samples)
-        if cam.kind != "pinhole":
-            warnings.warn("edge_rt: primary edge sampling is implemented for the pinhole "
-                          "camera only; fisheye gradients carry the interior term alone",
-                          stacklevel=2)
-        else:
-            accumulate(_edge_objective(sc, adj, n_edge, seed, max_depth, output, dtype,
-                                       progress))
+        objective = _pinhole_edge_objective if cam.kind == "pinhole" else \
+            _curved_edge_objective
+        with torch.enable_grad():
+            accumulate(objective(sc, adj, n_edge, seed, max_depth, output, dtype, progress))
     return [a.to(t.dtype) for a, t in zip(acc, scene.tensors())]
 
 
-def _edge_objective(sc, adj, n_edge, seed, max_depth, output, dtype, progress):
-    """sum_j c_j alpha_j(Phi): its gradient is the primary boundary term (spec 5.4)."""
+# Rays are cast in float32 (Embree): the two sides of an edge sample are this many pixels
+# apart, more than float32 rounding and far less than any feature.
+SIDE_OFFSET = 1e-4
+
+
+def _side_differences(sc, adj, point, normal, seed, max_depth, output, dtype, progress):
+    """adjoint . (L_upper - L_lower) per edge sample: both sides traced with shared random
+    numbers, ``normal`` (unit, pixels) pointing to the upper side."""
     cam = sc.camera
+    n_edge = len(point)
+    upper, lower = point + SIDE_OFFSET * normal, point - SIDE_OFFSET * normal
+    w, h = cam.width, cam.height
+    out = torch.zeros(n_edge, dtype=torch.float64)
+    g = Geometry(sc, dtype)
+    with torch.no_grad():
+        for start in _chunks(n_edge, progress, "edge_rt edges", _CHUNK // 2):
+            stop = min(start + _CHUNK // 2, n_edge)
+            count = stop - start
+            xy = np.concatenate([upper[start:stop], lower[start:stop]])
+            values = trace(sc, g, torch.as_tensor(xy, dtype=dtype),
+                           Sampler((*seed, 13, start), count, repeat=2), max_depth, output)
+            px = np.clip(np.floor(xy[:, 0]).astype(np.int64), 0, w - 1)
+            py = np.clip(np.floor(xy[:, 1]).astype(np.int64), 0, h - 1)
+            weighted = (adj[torch.as_tensor(py * w + px)] * values).sum(1).double()
+            out[start:stop] = weighted[:count] - weighted[count:]
+    return out
+
+
+def _pinhole_edge_objective(sc, adj, n_edge, seed, max_depth, output, dtype, progress):
+    """sum_j c_j alpha_j(Phi) with the screen-space line equation (5.5): its gradient is the
+    primary boundary term (spec 3.4, 5.4)."""
     prim = edges_mod.primary_edges(sc)
     if len(prim) == 0 or n_edge == 0:
         return torch.zeros((), dtype=dtype)
@@ -142,24 +166,8 @@ def _edge_objective(sc, adj, n_edge, seed, max_depth, output, dtype, progress):
     normal = np.stack([a[:, 1] - b[:, 1], b[:, 0] - a[:, 0]], 1)
     grad_norm = np.linalg.norm(normal, axis=1)
     normal /= grad_norm[:, None]
-    # Rays are cast in float32 (Embree): the sides must differ by more than its rounding.
-    eps = 1e-4
-    upper, lower = point + eps * normal, point - eps * normal
-    w, h = cam.width, cam.height
-    side_values = torch.zeros(n_edge, dtype=torch.float64)
-    g = Geometry(sc, dtype)
-    with torch.no_grad():
-        for start in _chunks(n_edge, progress, "edge_rt edges", _CHUNK // 2):
-            stop = min(start + _CHUNK // 2, n_edge)
-            count = stop - start
-            xy = np.concatenate([upper[start:stop], lower[start:stop]])
-            values = trace(sc, g, torch.as_tensor(xy, dtype=dtype),
-                           Sampler((*seed, 13, start), count, repeat=2), max_depth, output)
-            px = np.clip(np.floor(xy[:, 0]).astype(np.int64), 0, w - 1)
-            py = np.clip(np.floor(xy[:, 1]).astype(np.int64), 0, h - 1)
-            weighted = (adj[torch.as_tensor(py * w + px)] * values).sum(1).double()
-            side_values[start:stop] = weighted[:count] - weighted[count:]
-    coeff = side_values * torch.as_tensor(weight / grad_norm) / n_edge
+    sides = _side_differences(sc, adj, point, normal, seed, max_depth, output, dtype, progress)
+    coeff = sides * torch.as_tensor(weight / grad_norm) / n_edge
     keep = torch.nonzero(coeff != 0).flatten().numpy()
     if len(keep) == 0:
         return torch.zeros((), dtype=dtype)
@@ -167,6 +175,50 @@ def _edge_objective(sc, adj, n_edge, seed, max_depth, output, dtype, progress):
                                          prim.v1[k[keep]], dtype)
     alpha = edges_mod.edge_equation(pa, pb, torch.as_tensor(point[keep], dtype=dtype))
     return (coeff[keep].to(dtype) * alpha).sum()
+
+
+def _curved_edge_objective(sc, adj, n_edge, seed, max_depth, output, dtype, progress):
+    """The same for a non-linear projection (fisheye), with the 3D edge equation (spec 3.6):
+    c_j = adjoint . (L_u - L_l) |d(x, y)/dt| / (|grad_xy alpha| P(E) p(t))."""
+    cam = sc.camera
+    curved = edges_mod.curved_edges(sc)
+    if len(curved) == 0 or n_edge == 0:
+        return torch.zeros((), dtype=dtype)
+    rng = np.random.default_rng([*seed, 11])
+    k, t, weight = edges_mod.sample_curved(curved, n_edge, rng)
+    pa, pb = (x.detach() for x in edges_mod.endpoints(sc, curved.mesh[k], curved.v0[k],
+                                                      curved.v1[k], torch.float64))
+    # Screen point and curve speed |d(x, y)/dt| of each sample (exact, by autograd).
+    tt = torch.as_tensor(t).requires_grad_(True)
+    pc = cam.to_camera(pa + tt[:, None] * (pb - pa), torch.float64)
+    xy = cam.project(pc)
+    dx, = torch.autograd.grad(xy[:, 0].sum(), tt, retain_graph=True)
+    dy, = torch.autograd.grad(xy[:, 1].sum(), tt)
+    speed = torch.sqrt(dx * dx + dy * dy)
+    xy = xy.detach()
+    seen = cam.sees(xy)
+    # Unit normal of the projected curve, toward alpha > 0.
+    xy_var = xy.clone().requires_grad_(True)
+    with torch.no_grad():
+        cam_d = sc.with_tensors([x.detach().double() for x in sc.tensors()])
+    alpha = edges_mod.edge_equation_3d(cam_d, xy_var, pa, pb)
+    grad_xy, = torch.autograd.grad(alpha.sum(), xy_var)
+    grad_norm = grad_xy.norm(dim=1)
+    keep = torch.nonzero(seen & (grad_norm > 0) & (speed > 0)).flatten()
+    if len(keep) == 0:
+        return torch.zeros((), dtype=dtype)
+    normal = (grad_xy[keep] / grad_norm[keep, None]).numpy()
+    sides = _side_differences(sc, adj, xy[keep].numpy(), normal, seed, max_depth, output,
+                              dtype, progress)
+    coeff = sides * speed[keep] / grad_norm[keep] * torch.as_tensor(weight)[keep] / n_edge
+    live = torch.nonzero(coeff != 0).flatten()
+    if len(live) == 0:
+        return torch.zeros((), dtype=dtype)
+    sel = keep[live].numpy()
+    qa, qb = edges_mod.endpoints(sc, curved.mesh[k[sel]], curved.v0[k[sel]],
+                                 curved.v1[k[sel]], dtype)
+    alpha = edges_mod.edge_equation_3d(sc, xy[sel].to(dtype), qa, qb)
+    return (coeff[live].to(dtype) * alpha).sum()
 
 
 class _Render(torch.autograd.Function):

@@ -127,12 +127,33 @@ class Camera:
         return (p - m[:3, 3]) @ m[:3, :3].inverse().T
 
     def project(self, pc):
-        """Camera-space points (z > 0) to pixel coordinates (pinhole), (N, 2)."""
-        s = torch.tan(self.fov.to(pc.dtype) * (math.pi / 360.0))
+        """Camera-space points to pixel coordinates, (N, 2): the pinhole's perspective divide
+        (points with z > 0), or the equiangular fisheye's polar map (image radius
+        proportional to the angle from the optical axis; points beyond 90 degrees land
+        outside the image circle)."""
         w, h = self.width, self.height
+        if self.kind == "fisheye":
+            scale = float(min(w, h))
+            lateral = torch.sqrt(torch.clamp(pc[:, 0] ** 2 + pc[:, 1] ** 2, min=1e-300))
+            theta = torch.atan2(lateral, pc[:, 2])
+            r = theta / (math.pi / 2.0)
+            px, py = r * pc[:, 0] / lateral, r * pc[:, 1] / lateral
+            return torch.stack([(px * scale + w) / 2.0, (h - py * scale) / 2.0], 1)
+        s = torch.tan(self.fov.to(pc.dtype) * (math.pi / 360.0))
         x = (pc[:, 0] / (pc[:, 2] * s) + 1.0) * (w / 2.0)
         y = (1.0 - pc[:, 1] / (pc[:, 2] * s) * (w / h)) * (h / 2.0)
         return torch.stack([x, y], 1)
+
+    def sees(self, xy):
+        """Which pixel coordinates (N, 2) lie in the image (and, for the fisheye, inside its
+        image circle)."""
+        w, h = self.width, self.height
+        inside = (xy[:, 0] >= 0) & (xy[:, 0] < w) & (xy[:, 1] >= 0) & (xy[:, 1] < h)
+        if self.kind == "fisheye":
+            scale = float(min(w, h))
+            r2 = ((2.0 * xy[:, 0] - w) / scale) ** 2 + ((2.0 * xy[:, 1] - h) / scale) ** 2
+            inside &= r2 < 1.0
+        return inside
 
 
 @dataclasses.dataclass
