@@ -30,7 +30,7 @@ def machine_info(executor: str, tier: str, total_s: float) -> dict:
     except OSError:
         pass
     versions = {}
-    for dist in ("difvis-apps", "core-ad", "halide-ad", "lsq-opt", "h2mc", "numpy", "scipy",
+    for dist in ("difvis-apps", "core-ad", "halide-ad", "lsq-opt", "h2mc", "edge-rt", "numpy", "scipy",
                  "llvmlite", "halide", "ray"):
         try:
             versions[dist] = md.version(dist)
