@@ -61,7 +61,11 @@ def bsdf_expressions(dtype: str):
     g_term = _smith_g1(sym.maximum(cos_i, 1e-6), alpha_sqrt) * _smith_g1(
         sym.maximum(cos_o, 1e-6), alpha_sqrt)
     schlick = (1.0 - sym.abs(_dot(h, wo))) ** 5
-    spec_common = d_term * g_term / (4.0 * sym.maximum(cos_i, 1e-6))
+    # No specular lobe at all when Ks = 0 (as redner): Schlick's (1 - Ks)(1 - h.wo)^5 would
+    # otherwise add a white grazing-angle highlight to purely diffuse materials.
+    has_specular = (ks[0] + ks[1] + ks[2]) > 0.0
+    spec_common = sym.where(has_specular,
+                            d_term * g_term / (4.0 * sym.maximum(cos_i, 1e-6)), 0.0)
     out = []
     for c in range(3):
         fresnel = ks[c] + (1.0 - ks[c]) * schlick
