@@ -14,6 +14,8 @@ from .scene import Camera, EnvironmentMap, Material, Mesh, Scene, SceneError, lo
 from .scenes import from_dict, load_mesh
 from .texture import Texture
 
+__version__ = "0.1.0"
+
 __all__ = [
     "Camera", "EnvironmentMap", "Material", "Mesh", "Scene", "SceneError", "Texture",
     "bsdf", "edges", "from_dict", "geometry", "gradients", "integrator", "load_mesh",

@@ -35,17 +35,31 @@ def edge_equation_derivatives(a, b, xy):
 _EDGE_CACHE: dict = {}
 
 
-def edge_list(faces: np.ndarray, skip=()):
+def canonical_vertices(positions: np.ndarray) -> np.ndarray:
+    """Index of the first vertex at the same position (to 1e-9 of the mesh's extent), per
+    vertex: UV seams and poles duplicate vertices, and their edges are not boundaries."""
+    scale = max(float(np.abs(positions).max()), 1e-30)
+    key = np.round(positions / scale * 1e9)
+    _, first, inverse = np.unique(key, axis=0, return_index=True, return_inverse=True)
+    return first[inverse.reshape(-1)]
+
+
+def edge_list(faces: np.ndarray, skip=(), positions=None):
     """Unique edges (E, 4): v0 < v1, f0, f1 (-1 on a boundary). Faces listed in ``skip``
-    (degenerate) are left out. Non-manifold edges keep their first two faces."""
-    key = (faces.tobytes(), tuple(np.asarray(skip).tolist()))
+    (degenerate) are left out; with ``positions``, vertices at the same position are merged
+    first (redner's seam re-association) and zero-length edges dropped. Non-manifold edges
+    keep their first two faces."""
+    canon = None if positions is None else canonical_vertices(positions)
+    key = (faces.tobytes(), tuple(np.asarray(skip).tolist()),
+           None if canon is None else canon.tobytes())
     if key in _EDGE_CACHE:
         return _EDGE_CACHE[key]
     keep = np.setdiff1d(np.arange(len(faces)), skip)
-    f = faces[keep]
+    f = faces[keep] if canon is None else canon[faces[keep]]
     pairs = np.concatenate([f[:, [0, 1]], f[:, [1, 2]], f[:, [2, 0]]])
     face_id = np.tile(keep, 3)
-    pairs = np.sort(pairs, axis=1)
+    live = pairs[:, 0] != pairs[:, 1]
+    pairs, face_id = np.sort(pairs[live], axis=1), face_id[live]
     order = np.lexsort((pairs[:, 1], pairs[:, 0]))
     pairs, face_id = pairs[order], face_id[order]
     start = np.ones(len(pairs), dtype=bool)
@@ -57,6 +71,8 @@ def edge_list(faces: np.ndarray, skip=()):
     second = idx + 1
     has_two = (second < len(pairs)) & ~start[np.minimum(second, len(pairs) - 1)]
     out[has_two, 3] = face_id[second[has_two]]
+    if len(_EDGE_CACHE) > 64:  # a bounded memo: one entry per mesh topology in use
+        _EDGE_CACHE.clear()
     _EDGE_CACHE[key] = out
     return out
 
@@ -96,7 +112,7 @@ def silhouette_edges(scene, mi):
     q = scene.camera.cam_to_world.detach().double()[:3, 3].numpy()
     v = m.vertices.detach().double().numpy()
     f = m.faces.numpy()
-    e = edge_list(f, m.degenerate_faces)
+    e = edge_list(f, m.degenerate_faces, v)
     fn = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])
     fn /= np.maximum(np.linalg.norm(fn, axis=1, keepdims=True), 1e-300)
     boundary = e[:, 3] < 0
