@@ -57,7 +57,7 @@ def test_interior_gradient_is_exact_per_sample(name):
                                    rtol=1e-6)
 
 
-def agree_statistically(scene, get, direction, h, seeds=8):
+def agree_statistically(scene, get, direction, h, seeds=12):
     """Mean directional derivative (interior AD) against the mean central difference over
     independent seeds: within 3 standard errors, and the errors small enough (10% of the
     value) for the check to have teeth."""

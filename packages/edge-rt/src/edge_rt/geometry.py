@@ -30,7 +30,9 @@ class Interaction:
 
 
 class Geometry:
-    def __init__(self, scene, dtype):
+    def __init__(self, scene, dtype, ray_caster=None):
+        """``ray_caster``: a Geometry of the same scene whose Embree scene is reused (the
+        backward pass rebuilds the differentiable part per chunk, not the BVH)."""
         self.scene, self.dtype = scene, dtype
         verts, tris, mesh_of, offsets = [], [], [], []
         base = 0
@@ -46,6 +48,11 @@ class Geometry:
         self.mesh_of = torch.as_tensor(np.concatenate(mesh_of))
         self.vertex_offset = offsets
         self.tri_verts = self.vertices[self.faces]  # (T, 3, 3)
+        if ray_caster is not None:
+            self.embree, self.eps = ray_caster.embree, ray_caster.eps
+            self.light_tris, self.light_pmf = ray_caster.light_tris, ray_caster.light_pmf
+            self.light_cdf = getattr(ray_caster, "light_cdf", None)
+            return
         packed = self.tri_verts.detach().to(torch.float32).numpy()
         self.embree = rtcore_scene.EmbreeScene()
         TriangleMesh(self.embree, np.ascontiguousarray(packed))

@@ -21,16 +21,34 @@ OUTPUTS = ("radiance", "depth", "position", "normal", "albedo")
 CHANNELS = {"radiance": 3, "depth": 1, "position": 3, "normal": 3, "albedo": 3}
 
 
-class Sampler:
-    """Deterministic uniforms per (seed, stream, bounce, purpose); ``repeat`` tiles each draw
-    so that lanes k, k + n, ... share random numbers (the two sides of an edge sample)."""
+# Random numbers are drawn per block of this many paths, so the streams do not depend on how
+# a render is cut into chunks (forward and backward replay chunk differently).
+STREAM_BLOCK = 4096
 
-    def __init__(self, seed, n, repeat=1):
-        self.seed, self.n, self.repeat = tuple(np.atleast_1d(seed).tolist()), n, repeat
+
+def uniforms(seed, start, n, k, *stream):
+    """(n, k) uniforms for paths start..start+n of a render's stream ``(seed, *stream)``."""
+    blocks = []
+    first = start // STREAM_BLOCK * STREAM_BLOCK
+    for b in range(first, start + n, STREAM_BLOCK):
+        u = np.random.default_rng([*seed, b, *stream]).random((STREAM_BLOCK, k))
+        lo, hi = max(start - b, 0), min(start + n - b, STREAM_BLOCK)
+        blocks.append(u[lo:hi])
+    return np.concatenate(blocks) if blocks else np.zeros((0, k))
+
+
+class Sampler:
+    """Deterministic uniforms per (seed, path index, purpose, bounce) for the paths
+    start..start+n; ``repeat`` tiles each draw so that lanes k, k + n, ... share random
+    numbers (the two sides of an edge sample)."""
+
+    def __init__(self, seed, start, n, repeat=1):
+        self.seed = tuple(np.atleast_1d(seed).tolist())
+        self.start, self.n, self.repeat = start, n, repeat
 
     def uniform(self, purpose, bounce, k, dtype):
-        rng = np.random.default_rng([*self.seed, purpose, bounce])
-        u = torch.as_tensor(rng.random((self.n, k))).to(dtype)
+        u = torch.as_tensor(uniforms(self.seed, self.start, self.n, k, purpose, bounce))
+        u = u.to(dtype)
         return u.repeat(self.repeat, 1) if self.repeat > 1 else u
 
 
