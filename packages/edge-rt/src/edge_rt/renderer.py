@@ -15,9 +15,9 @@ from .geometry import Geometry
 from .integrator import CHANNELS, OUTPUTS, Sampler, trace, uniforms
 from .scene import SceneError
 
-# Paths per wavefront chunk (any size: random streams do not depend on it). Measured on the
-# Cornell box at 256^2 x 4 spp, 2 cores: 65536 for the forward passes; 16384 for the autograd
-# replay, whose recorded graph per chunk it also bounds (fwd+bwd 2.9-3.1 s vs 3.4-3.5 s).
+# Paths per wavefront chunk (any size: random streams do not depend on it). The autograd
+# replay uses smaller chunks to bound the graph it records (Cornell box 256^2 x 4 spp: peak
+# 486 MB vs 555 MB at 65536, time the same within the machine's noise).
 _CHUNK = 1 << 16
 _GRAD_CHUNK = 1 << 14
 
