@@ -78,15 +78,19 @@ _KERNELS: dict = {}
 
 
 def _kernels(dtype: str):
-    """(forward, vjp) compiled kernels for ``dtype`` ("float32" / "float64"), built once."""
+    """(forward, vjp, jvp) compiled kernels for ``dtype`` ("float32" / "float64"), built
+    once each: the value, the reverse-mode product with output cotangents, and the
+    forward-mode product with input tangents (for derivative images)."""
     if dtype not in _KERNELS:
         v, out = bsdf_expressions(dtype)
-        cts = [sym.var(f"ct{c}", dtype) for c in range(3)]
         inputs = [v[n] for n in _INPUTS]
         diff_vars = [v[n] for n in _DIFF_INPUTS]
+        cts = [sym.var(f"ct{c}", dtype) for c in range(3)]
+        tangents = [sym.var(f"dt_{n}", dtype) for n in _DIFF_INPUTS]
         fwd = sym.compile(out, inputs)
         bwd = sym.compile(sym.vjp(out, diff_vars, cts), inputs + cts)
-        _KERNELS[dtype] = (fwd, bwd)
+        tan = sym.compile(sym.jvp(out, diff_vars, tangents), inputs + tangents)
+        _KERNELS[dtype] = (fwd, bwd, tan)
     return _KERNELS[dtype]
 
 
@@ -102,9 +106,10 @@ class _BsdfEval(torch.autograd.Function):
     @staticmethod
     def forward(ctx, n, ng, wi, wo, kd, ks, rough):
         dtype = str(n.dtype).removeprefix("torch.")
-        fwd, _ = _kernels(dtype)
+        fwd = _kernels(dtype)[0]
         cols = _columns([n, ng, wi, wo, kd, ks, rough[:, None]])
         ctx.save_for_backward(n, ng, wi, wo, kd, ks, rough)
+        ctx.save_for_forward(n, ng, wi, wo, kd, ks, rough)
         if len(cols[0]) == 0:
             return n.new_zeros((0, 3))
         return torch.from_numpy(np.stack(fwd(*cols), axis=1))
@@ -115,12 +120,30 @@ class _BsdfEval(torch.autograd.Function):
         if n.shape[0] == 0:
             return (None,) * 7
         dtype = str(n.dtype).removeprefix("torch.")
-        _, bwd = _kernels(dtype)
+        bwd = _kernels(dtype)[1]
         cols = _columns([n, ng, wi, wo, kd, ks, rough[:, None], grad_out.contiguous()])
         g = [torch.from_numpy(np.asarray(x)) for x in bwd(*cols)]
         g = [x.expand(n.shape[0]) if x.dim() == 0 else x for x in g]
         grads = [torch.stack(g[k:k + 3], dim=1) for k in (0, 3, 6, 9, 12)]
         return grads[0], None, grads[1], grads[2], grads[3], grads[4], g[15]
+
+
+    @staticmethod
+    def jvp(ctx, dn, dng, dwi, dwo, dkd, dks, drough):
+        n, ng, wi, wo, kd, ks, rough = ctx.saved_tensors
+        if n.shape[0] == 0:
+            return n.new_zeros((0, 3))
+        tan = _kernels(str(n.dtype).removeprefix("torch."))[2]
+
+        def tangent(t, shape):
+            return torch.zeros(shape, dtype=n.dtype) if t is None else t
+
+        m = n.shape[0]
+        ts = [tangent(dn, (m, 3)), tangent(dwi, (m, 3)), tangent(dwo, (m, 3)),
+              tangent(dkd, (m, 3)), tangent(dks, (m, 3)), tangent(drough, (m,))[:, None]]
+        cols = _columns([n, ng, wi, wo, kd, ks, rough[:, None], *ts])
+        out = [np.broadcast_to(np.asarray(x), (m,)) for x in tan(*cols)]
+        return torch.from_numpy(np.stack(out, axis=1).copy())
 
 
 def evaluate(n, ng, wi, wo, kd, ks, rough):

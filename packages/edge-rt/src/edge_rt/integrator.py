@@ -111,9 +111,9 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
                 0, lanes, b * _next_event(g, si, wi, kd, ks, rough,
                                          sampler.uniform(_LIGHT, depth, 3, dt)[lanes]))
         u = sampler.uniform(_BSDF, depth, 3, dt)[lanes]
-        with torch.no_grad():
-            wo = bsdf.sample(si.ns, wi, kd, ks, rough, u)
-            pdf = bsdf.pdf(si.ns, wi, wo, kd, ks, rough)
+        # Held constant (spec 5.3); detach(), not no_grad(), so forward mode holds them too.
+        wo = bsdf.sample(si.ns, wi, kd, ks, rough, u).detach()
+        pdf = bsdf.pdf(si.ns, wi, wo, kd, ks, rough).detach()
         f = bsdf.evaluate(si.ns, si.ng, wi, wo, kd, ks, rough)
         ok = (pdf > 0) & ((si.ng.detach() * wo).sum(1) > 0)
         new_beta = b * f / torch.where(ok, pdf, torch.ones_like(pdf))[:, None]
@@ -140,7 +140,7 @@ def _next_event(g, si, wi, kd, ks, rough, u):
         ok = (~blocked) & (cos_l > 0) & (pmf > 0) & ((si.ng * wo).sum(1) > 0)
         p_light = pmf / area * dist2 / torch.clamp(cos_l, min=1e-12)
         p_bsdf = bsdf.pdf(si.ns, wi, wo, kd, ks, rough)
-        weight = torch.where(ok, _mis(p_light, p_bsdf), torch.zeros_like(p_light))
+        weight = torch.where(ok, _mis(p_light, p_bsdf), torch.zeros_like(p_light)).detach()
     le = torch.zeros((si.p.shape[0], 3), dtype=dt)
     for mi, m in enumerate(g.scene.meshes):
         if m.emission is None:

@@ -5,6 +5,7 @@ per-chunk path differentiation + primary edge sampling)."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -120,11 +121,67 @@ def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
                 accumulate((adj[pix] * values).sum() / spp)
     if edges:
         n_edge = total if edge_samples is None else int(edge_samples)
-        objective = _pinhole_edge_objective if cam.kind == "pinhole" else \
-            _curved_edge_objective
+        primal = scene.with_tensors([t.detach().to(dtype) for t in scene.tensors()])
         with torch.enable_grad():
-            accumulate(objective(sc, adj, n_edge, seed, max_depth, output, dtype, progress))
+            terms = _edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress)
+            if terms is not None:
+                sides = ((adj[terms.pix_upper] * terms.upper).sum(1)
+                         - (adj[terms.pix_lower] * terms.lower).sum(1))
+                accumulate((terms.weight * sides.to(dtype) * terms.alpha).sum())
     return [a.to(t.dtype) for a, t in zip(acc, scene.tensors())]
+
+
+def derivative_image(scene, tensor, direction, spp=4, seed=1, max_depth=2, output="radiance",
+                     edge_samples=None, dtype=torch.float32, interior=True, edges=True,
+                     progress=True):
+    """The per-pixel derivative of the image along ``direction`` in the space of ``tensor``
+    (one of ``scene.tensors()``): an (H, W, C) image, the thesis' Fig 5-9 gradient images.
+
+    Forward mode: the interior term pushes the tangent through the replayed paths (torch
+    forward AD; the BSDF's tangent is a core_ad compiled JVP kernel); each edge sample adds
+    its weight times the tangent of its edge equation to the pixels of its two sides."""
+    import torch.autograd.forward_ad as fwad
+
+    _check(scene, spp, output, max_depth)
+    tensors = scene.tensors()
+    index = next((k for k, t in enumerate(tensors) if t is tensor), None)
+    if index is None:
+        raise ValueError("derivative_image: tensor is not one of scene.tensors()")
+    direction = torch.as_tensor(direction)
+    if tuple(direction.shape) != tuple(tensor.shape):
+        raise ValueError(f"derivative_image: direction has shape {tuple(direction.shape)}, "
+                         f"the tensor {tuple(tensor.shape)}")
+    seed = tuple(np.atleast_1d(seed).tolist())
+    cam = scene.camera
+    npix, c = cam.width * cam.height, CHANNELS[output]
+    image = torch.zeros((npix, c), dtype=torch.float64)
+    primal = scene.with_tensors([t.detach().to(dtype) for t in tensors])
+    with fwad.dual_level():
+        params = [t.detach().to(dtype) for t in tensors]
+        params[index] = fwad.make_dual(params[index], direction.to(dtype))
+        sc = scene.with_tensors(params)
+        total = npix * int(spp)
+        if interior:
+            caster = Geometry(primal, dtype)
+            for start in _chunks(total, progress, "edge_rt derivative", _GRAD_CHUNK):
+                count = min(_GRAD_CHUNK, total - start)
+                g = Geometry(sc, dtype, ray_caster=caster)
+                pix, xy = _pixel_samples(cam, spp, seed, start, count)
+                values = trace(sc, g, torch.as_tensor(xy, dtype=dtype),
+                               Sampler(seed, start, count), max_depth, output)
+                tangent = fwad.unpack_dual(values).tangent
+                if tangent is not None:
+                    image.index_add_(0, pix, tangent.double() / spp)
+        if edges:
+            n_edge = total if edge_samples is None else int(edge_samples)
+            terms = _edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress)
+            if terms is not None:
+                rate = fwad.unpack_dual(terms.alpha).tangent
+                if rate is not None:
+                    w = (terms.weight * rate).double()[:, None]
+                    image.index_add_(0, terms.pix_upper, w * terms.upper)
+                    image.index_add_(0, terms.pix_lower, -w * terms.lower)
+    return image.to(dtype).reshape(cam.height, cam.width, c)
 
 
 # Rays are cast in float32 (Embree): the two sides of an edge sample are this many pixels
@@ -132,98 +189,126 @@ def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
 SIDE_OFFSET = 1e-4
 
 
-def _side_differences(sc, adj, point, normal, seed, max_depth, output, dtype, progress):
-    """adjoint . (L_upper - L_lower) per edge sample: both sides traced with shared random
-    numbers, ``normal`` (unit, pixels) pointing to the upper side."""
-    cam = sc.camera
+@dataclass
+class EdgeTerms:
+    """Edge samples whose two sides differ: the boundary term of pixel p is
+    sum_j weight_j * (L_upper_j [p = pix_upper_j] - L_lower_j [p = pix_lower_j]) * dalpha_j,
+    with alpha_j the edge equation at the (fixed) sample point, differentiable in the scene."""
+
+    weight: torch.Tensor       # (K,) |E| / (P(E) p(t) |grad_xy alpha|) / N, detached
+    alpha: torch.Tensor        # (K,) edge equation, carrying the scene's derivatives
+    upper: torch.Tensor        # (K, C) value on the alpha > 0 side, float64
+    lower: torch.Tensor        # (K, C)
+    pix_upper: torch.Tensor    # (K,) pixel index of each side
+    pix_lower: torch.Tensor
+
+
+def _edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress):
+    make = _pinhole_edge_terms if sc.camera.kind == "pinhole" else _curved_edge_terms
+    return make(sc, primal, n_edge, seed, max_depth, output, dtype, progress)
+
+
+def _side_values(primal, point, normal, seed, max_depth, output, dtype, progress):
+    """Both sides of each edge sample traced with shared random numbers on the detached
+    scene: values (N, C) x 2 and pixel indices x 2; ``normal`` (unit, pixels) points to the
+    upper side."""
+    cam = primal.camera
     n_edge = len(point)
     upper, lower = point + SIDE_OFFSET * normal, point - SIDE_OFFSET * normal
     w, h = cam.width, cam.height
-    out = torch.zeros(n_edge, dtype=torch.float64)
-    g = Geometry(sc, dtype)
+    values = torch.zeros((2, n_edge, CHANNELS[output]), dtype=torch.float64)
+    g = Geometry(primal, dtype)
     with torch.no_grad():
         for start in _chunks(n_edge, progress, "edge_rt edges", _CHUNK // 2):
             stop = min(start + _CHUNK // 2, n_edge)
             count = stop - start
             xy = np.concatenate([upper[start:stop], lower[start:stop]])
-            values = trace(sc, g, torch.as_tensor(xy, dtype=dtype),
-                           Sampler((*seed, 13), start, count, repeat=2), max_depth, output)
-            px = np.clip(np.floor(xy[:, 0]).astype(np.int64), 0, w - 1)
-            py = np.clip(np.floor(xy[:, 1]).astype(np.int64), 0, h - 1)
-            weighted = (adj[torch.as_tensor(py * w + px)] * values).sum(1).double()
-            out[start:stop] = weighted[:count] - weighted[count:]
-    return out
+            v = trace(primal, g, torch.as_tensor(xy, dtype=dtype),
+                      Sampler((*seed, 13), start, count, repeat=2), max_depth, output)
+            values[0, start:stop], values[1, start:stop] = v[:count].double(), v[count:].double()
+    pixels = []
+    for side in (upper, lower):
+        px = np.clip(np.floor(side[:, 0]).astype(np.int64), 0, w - 1)
+        py = np.clip(np.floor(side[:, 1]).astype(np.int64), 0, h - 1)
+        pixels.append(torch.as_tensor(py * w + px))
+    return values[0], values[1], pixels[0], pixels[1]
 
 
-def _pinhole_edge_objective(sc, adj, n_edge, seed, max_depth, output, dtype, progress):
-    """sum_j c_j alpha_j(Phi) with the screen-space line equation (5.5): its gradient is the
-    primary boundary term (spec 3.4, 5.4)."""
-    prim = edges_mod.primary_edges(sc)
+def _live_terms(weight, alpha_of, upper, lower, pix_upper, pix_lower):
+    live = torch.nonzero((upper != lower).any(1)).flatten()
+    if len(live) == 0:
+        return None
+    return EdgeTerms(weight[live], alpha_of(live.numpy()), upper[live], lower[live],
+                     pix_upper[live], pix_lower[live])
+
+
+def _pinhole_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress):
+    """Samples of the screen-space line equation (5.5) (spec 3.4, 5.4)."""
+    prim = edges_mod.primary_edges(primal)
     if len(prim) == 0 or n_edge == 0:
-        return torch.zeros((), dtype=dtype)
+        return None
     rng = np.random.default_rng([*seed, 11])
     k, point, weight = edges_mod.sample(prim, n_edge, rng)
     # The side offset follows the normal of the near-clipped projected line.
     with torch.no_grad():
-        a, b = edges_mod.clipped_endpoints(sc, prim.mesh[k], prim.v0[k], prim.v1[k],
+        a, b = edges_mod.clipped_endpoints(primal, prim.mesh[k], prim.v0[k], prim.v1[k],
                                            torch.float64)
     a, b = a.numpy(), b.numpy()
     normal = np.stack([a[:, 1] - b[:, 1], b[:, 0] - a[:, 0]], 1)
     grad_norm = np.linalg.norm(normal, axis=1)
     normal /= grad_norm[:, None]
-    sides = _side_differences(sc, adj, point, normal, seed, max_depth, output, dtype, progress)
-    coeff = sides * torch.as_tensor(weight / grad_norm) / n_edge
-    keep = torch.nonzero(coeff != 0).flatten().numpy()
-    if len(keep) == 0:
-        return torch.zeros((), dtype=dtype)
-    pa, pb = edges_mod.clipped_endpoints(sc, prim.mesh[k[keep]], prim.v0[k[keep]],
-                                         prim.v1[k[keep]], dtype)
-    alpha = edges_mod.edge_equation(pa, pb, torch.as_tensor(point[keep], dtype=dtype))
-    return (coeff[keep].to(dtype) * alpha).sum()
+    sides = _side_values(primal, point, normal, seed, max_depth, output, dtype, progress)
+    coeff = torch.as_tensor(weight / grad_norm / n_edge, dtype=dtype)
+
+    def alpha_of(sel):
+        pa, pb = edges_mod.clipped_endpoints(sc, prim.mesh[k[sel]], prim.v0[k[sel]],
+                                             prim.v1[k[sel]], dtype)
+        return edges_mod.edge_equation(pa, pb, torch.as_tensor(point[sel], dtype=dtype))
+
+    return _live_terms(coeff, alpha_of, *sides)
 
 
-def _curved_edge_objective(sc, adj, n_edge, seed, max_depth, output, dtype, progress):
+def _curved_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress):
     """The same for a non-linear projection (fisheye), with the 3D edge equation (spec 3.6):
-    c_j = adjoint . (L_u - L_l) |d(x, y)/dt| / (|grad_xy alpha| P(E) p(t))."""
-    cam = sc.camera
-    curved = edges_mod.curved_edges(sc)
+    weight = |d(x, y)/dt| / (|grad_xy alpha| P(E) p(t)) / N."""
+    cam = primal.camera
+    curved = edges_mod.curved_edges(primal)
     if len(curved) == 0 or n_edge == 0:
-        return torch.zeros((), dtype=dtype)
+        return None
     rng = np.random.default_rng([*seed, 11])
-    k, t, weight = edges_mod.sample_curved(curved, n_edge, rng)
-    pa, pb = (x.detach() for x in edges_mod.endpoints(sc, curved.mesh[k], curved.v0[k],
-                                                      curved.v1[k], torch.float64))
-    # Screen point and curve speed |d(x, y)/dt| of each sample (exact, by autograd).
-    tt = torch.as_tensor(t).requires_grad_(True)
-    pc = cam.to_camera(pa + tt[:, None] * (pb - pa), torch.float64)
-    xy = cam.project(pc)
-    dx, = torch.autograd.grad(xy[:, 0].sum(), tt, retain_graph=True)
-    dy, = torch.autograd.grad(xy[:, 1].sum(), tt)
-    speed = torch.sqrt(dx * dx + dy * dy)
-    xy = xy.detach()
-    seen = cam.sees(xy)
-    # Unit normal of the projected curve, toward alpha > 0.
-    xy_var = xy.clone().requires_grad_(True)
-    with torch.no_grad():
-        cam_d = sc.with_tensors([x.detach().double() for x in sc.tensors()])
-    alpha = edges_mod.edge_equation_3d(cam_d, xy_var, pa, pb)
-    grad_xy, = torch.autograd.grad(alpha.sum(), xy_var)
+    k, t, inv_p = edges_mod.sample_curved(curved, n_edge, rng)
+    with torch.enable_grad():
+        pa, pb = (x.detach() for x in edges_mod.endpoints(primal, curved.mesh[k], curved.v0[k],
+                                                          curved.v1[k], torch.float64))
+        # Screen point and curve speed |d(x, y)/dt| of each sample (exact, by autograd).
+        tt = torch.as_tensor(t).requires_grad_(True)
+        xy = cam.project(cam.to_camera(pa + tt[:, None] * (pb - pa), torch.float64))
+        dx, = torch.autograd.grad(xy[:, 0].sum(), tt, retain_graph=True)
+        dy, = torch.autograd.grad(xy[:, 1].sum(), tt)
+        speed = torch.sqrt(dx * dx + dy * dy)
+        xy = xy.detach()
+        # Unit normal of the projected curve, toward alpha > 0.
+        xy_var = xy.clone().requires_grad_(True)
+        primal64 = primal.with_tensors([x.double() for x in primal.tensors()])
+        alpha = edges_mod.edge_equation_3d(primal64, xy_var, pa, pb)
+        grad_xy, = torch.autograd.grad(alpha.sum(), xy_var)
     grad_norm = grad_xy.norm(dim=1)
-    keep = torch.nonzero(seen & (grad_norm > 0) & (speed > 0)).flatten()
+    keep = torch.nonzero(cam.sees(xy) & (grad_norm > 0) & (speed > 0)).flatten()
     if len(keep) == 0:
-        return torch.zeros((), dtype=dtype)
+        return None
     normal = (grad_xy[keep] / grad_norm[keep, None]).numpy()
-    sides = _side_differences(sc, adj, xy[keep].numpy(), normal, seed, max_depth, output,
-                              dtype, progress)
-    coeff = sides * speed[keep] / grad_norm[keep] * torch.as_tensor(weight)[keep] / n_edge
-    live = torch.nonzero(coeff != 0).flatten()
-    if len(live) == 0:
-        return torch.zeros((), dtype=dtype)
-    sel = keep[live].numpy()
-    qa, qb = edges_mod.endpoints(sc, curved.mesh[k[sel]], curved.v0[k[sel]],
-                                 curved.v1[k[sel]], dtype)
-    alpha = edges_mod.edge_equation_3d(sc, xy[sel].to(dtype), qa, qb)
-    return (coeff[live].to(dtype) * alpha).sum()
+    sides = _side_values(primal, xy[keep].numpy(), normal, seed, max_depth, output, dtype,
+                         progress)
+    coeff = (speed[keep] / grad_norm[keep] * torch.as_tensor(inv_p)[keep] / n_edge).to(dtype)
+    sel_k = keep.numpy()
+
+    def alpha_of(sel):
+        rows = sel_k[sel]
+        qa, qb = edges_mod.endpoints(sc, curved.mesh[k[rows]], curved.v0[k[rows]],
+                                     curved.v1[k[rows]], dtype)
+        return edges_mod.edge_equation_3d(sc, xy[rows].to(dtype), qa, qb)
+
+    return _live_terms(coeff, alpha_of, *sides)
 
 
 class _Render(torch.autograd.Function):
