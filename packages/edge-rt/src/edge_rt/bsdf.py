@@ -4,8 +4,9 @@ compiled kernels and exposed to torch as an autograd Function.
 Conventions: ``wi`` points from the surface to the viewer (the reversed incoming ray), ``wo``
 from the surface to the light; both unit vectors in world space. ``evaluate`` returns
 BRDF * cos(n, wo) per RGB channel. ``sample`` / ``pdf`` are the sampling routines of the path
-tracer (cosine-weighted diffuse lobe, Blinn-Phong half-vector lobe), in torch on detached
-values: the renderer treats sampled directions and pdfs as constants (unbiased, spec 5.3).
+tracer (cosine-weighted diffuse lobe, Blinn-Phong half-vector lobe), compiled core_ad kernels
+without derivatives: the renderer treats sampled directions and pdfs as constants (unbiased,
+spec 5.3).
 """
 
 from __future__ import annotations
@@ -154,59 +155,84 @@ def evaluate(n, ng, wi, wo, kd, ks, rough):
     return _BsdfEval.apply(n, ng, wi, wo, kd, ks, rough)
 
 
-def _frame(n):
-    # An orthonormal basis around n (Duff et al. 2017, branchless).
-    sign = torch.where(n[:, 2] >= 0, 1.0, -1.0).to(n.dtype)
-    a = -1.0 / (sign + n[:, 2])
-    b = n[:, 0] * n[:, 1] * a
-    t = torch.stack([1.0 + sign * n[:, 0] ** 2 * a, sign * b, -sign * n[:, 0]], 1)
-    s = torch.stack([b, sign + n[:, 1] ** 2 * a, -n[:, 1]], 1)
-    return t, s
-
-
-def specular_probability(kd, ks):
-    """Probability of sampling the specular lobe: by mean reflectance."""
-    md, ms = kd.mean(1), ks.mean(1)
+def _sampling_expressions(dtype: str):
+    """Sampling (wo and its pdf) and the pdf of a given wo, as core_ad expressions: a
+    cosine-weighted diffuse lobe and the Blinn-Phong half-vector lobe, picked by mean
+    reflectance (Duff et al.'s branchless frame around n)."""
+    names = ("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz", "kdr", "kdg", "kdb",
+             "ksr", "ksg", "ksb", "rough", "u0", "u1", "u2")
+    v = {name: sym.var(name, dtype) for name in names}
+    n = (v["nx"], v["ny"], v["nz"])
+    wi = (v["ix"], v["iy"], v["iz"])
+    md = (v["kdr"] + v["kdg"] + v["kdb"]) / 3.0
+    ms = (v["ksr"] + v["ksg"] + v["ksb"]) / 3.0
     total = md + ms
-    return torch.where(total > 0, ms / torch.clamp(total, min=1e-12), torch.zeros_like(ms))
+    p_spec = sym.where(total > 0.0, ms / sym.maximum(total, 1e-12), 0.0)
+    e = sym.maximum(2.0 / sym.maximum(v["rough"], 1e-6) - 2.0, 0.0)
+
+    def pdf_of(wo):
+        cos_o = _dot(n, wo)
+        hx, hy, hz = wi[0] + wo[0], wi[1] + wo[1], wi[2] + wo[2]
+        inv = sym.rsqrt(sym.maximum(hx * hx + hy * hy + hz * hz, 1e-24))
+        h = (hx * inv, hy * inv, hz * inv)
+        cos_h = sym.maximum(_dot(h, n), 1e-30)
+        pdf_h = (e + 2.0) / (2.0 * math.pi) * sym.exp((e + 1.0) * sym.log(cos_h))
+        spec = pdf_h / (4.0 * sym.maximum(sym.abs(_dot(h, wo)), 1e-12))
+        mixed = (1.0 - p_spec) * sym.maximum(cos_o, 0.0) / math.pi + p_spec * spec
+        return sym.where(cos_o > 0.0, mixed, 0.0)
+
+    sign = sym.where(n[2] >= 0.0, sym.const(1.0, dtype), sym.const(-1.0, dtype))
+    a = -1.0 / (sign + n[2])
+    b = n[0] * n[1] * a
+    t = (1.0 + sign * n[0] * n[0] * a, sign * b, -sign * n[0])
+    bt = (b, sign + n[1] * n[1] * a, -n[1])
+    phi = 2.0 * math.pi * v["u2"]
+    cphi, sphi = sym.cos(phi), sym.sin(phi)
+    r = sym.sqrt(v["u1"])
+    local_d = (r * cphi, r * sphi, sym.sqrt(sym.maximum(1.0 - v["u1"], 0.0)))
+    cos_h = sym.exp(sym.log(sym.maximum(v["u1"], 1e-30)) / (e + 2.0))
+    sin_h = sym.sqrt(sym.maximum(1.0 - cos_h * cos_h, 0.0))
+    local_h = (sin_h * cphi, sin_h * sphi, cos_h)
+    use_spec = v["u0"] < p_spec
+    local = [sym.where(use_spec, local_h[k], local_d[k]) for k in range(3)]
+    world = [local[0] * t[k] + local[1] * bt[k] + local[2] * n[k] for k in range(3)]
+    twice = 2.0 * _dot(world, wi)
+    raw = [sym.where(use_spec, twice * world[k] - wi[k], world[k]) for k in range(3)]
+    inv = sym.rsqrt(sym.maximum(_dot(raw, raw), 1e-24))
+    wo = [raw[k] * inv for k in range(3)]
+    given = (v["ox"], v["oy"], v["oz"])
+    sample_inputs = [v[k] for k in names if k[0] != "o"]
+    pdf_inputs = [v[k] for k in names if k[0] != "u"]
+    return (wo + [pdf_of(wo)], sample_inputs), ([pdf_of(given)], pdf_inputs)
 
 
-def _exponent(rough):
-    return torch.clamp(2.0 / torch.clamp(rough, min=1e-6) - 2.0, min=0.0)
+_SAMPLING: dict = {}
 
 
-def pdf(n, wi, wo, kd, ks, rough):
-    """Solid-angle pdf of ``sample`` producing ``wo`` (N,)."""
-    p_spec = specular_probability(kd, ks)
-    cos_o = (n * wo).sum(1)
-    diffuse = torch.clamp(cos_o, min=0.0) / math.pi
-    h = wi + wo
-    h = h / torch.clamp(h.norm(dim=1, keepdim=True), min=1e-12)
-    cos_h = torch.clamp((h * n).sum(1), min=0.0)
-    e = _exponent(rough)
-    pdf_h = (e + 2.0) / (2.0 * math.pi) * cos_h ** (e + 1.0)
-    spec = pdf_h / (4.0 * torch.clamp((h * wo).sum(1).abs(), min=1e-12))
-    return torch.where(cos_o > 0, (1.0 - p_spec) * diffuse + p_spec * spec,
-                       torch.zeros_like(cos_o))
+def _sampling_kernels(dtype: str):
+    if dtype not in _SAMPLING:
+        (s_out, s_in), (p_out, p_in) = _sampling_expressions(dtype)
+        _SAMPLING[dtype] = (sym.compile(s_out, s_in), sym.compile(p_out, p_in))
+    return _SAMPLING[dtype]
+
+
+def _run(kernel, tensors, like):
+    if like.shape[0] == 0:
+        return [like.new_zeros(0) for _ in range(4)]
+    out = kernel(*_columns(tensors))
+    return [torch.from_numpy(np.broadcast_to(np.asarray(x), (like.shape[0],)).copy())
+            for x in out]
 
 
 def sample(n, wi, kd, ks, rough, u):
-    """Sample a light direction ``wo`` from (N, 3) uniforms ``u`` (u[:,0] picks the lobe)."""
-    p_spec = specular_probability(kd, ks)
-    t, s = _frame(n)
-    phi = 2.0 * math.pi * u[:, 2]
-    # Diffuse: cosine-weighted hemisphere.
-    r = torch.sqrt(u[:, 1])
-    local_d = torch.stack([r * torch.cos(phi), r * torch.sin(phi),
-                           torch.sqrt(torch.clamp(1.0 - u[:, 1], min=0.0))], 1)
-    # Specular: Blinn-Phong half vector, cos(theta_h) = u^(1/(e+2)), reflected about h.
-    e = _exponent(rough)
-    cos_h = u[:, 1] ** (1.0 / (e + 2.0))
-    sin_h = torch.sqrt(torch.clamp(1.0 - cos_h ** 2, min=0.0))
-    local_h = torch.stack([sin_h * torch.cos(phi), sin_h * torch.sin(phi), cos_h], 1)
-    use_spec = (u[:, 0] < p_spec)[:, None]
-    local = torch.where(use_spec, local_h, local_d)
-    world = local[:, :1] * t + local[:, 1:2] * s + local[:, 2:] * n
-    reflected = 2.0 * (world * wi).sum(1, keepdim=True) * world - wi
-    wo = torch.where(use_spec, reflected, world)
-    return wo / torch.clamp(wo.norm(dim=1, keepdim=True), min=1e-12)
+    """Sample a light direction from (N, 3) uniforms ``u`` (u[:, 0] picks the lobe):
+    ``(wo (N, 3), pdf (N,))``, one compiled kernel, no derivatives (held constant)."""
+    kernel = _sampling_kernels(str(n.dtype).removeprefix("torch."))[0]
+    out = _run(kernel, [n, wi, kd, ks, rough[:, None], u], n)
+    return torch.stack(out[:3], 1), out[3]
+
+
+def pdf(n, wi, wo, kd, ks, rough):
+    """Solid-angle pdf (N,) of ``sample`` producing ``wo``, compiled, no derivatives."""
+    kernel = _sampling_kernels(str(n.dtype).removeprefix("torch."))[1]
+    return _run(kernel, [n, wi, wo, kd, ks, rough[:, None]], n)[0]

@@ -111,9 +111,9 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
                 0, lanes, b * _next_event(g, si, wi, kd, ks, rough,
                                          sampler.uniform(_LIGHT, depth, 3, dt)[lanes]))
         u = sampler.uniform(_BSDF, depth, 3, dt)[lanes]
-        # Held constant (spec 5.3); detach(), not no_grad(), so forward mode holds them too.
-        wo = bsdf.sample(si.ns, wi, kd, ks, rough, u).detach()
-        pdf = bsdf.pdf(si.ns, wi, wo, kd, ks, rough).detach()
+        # Held constant (spec 5.3): the compiled sampler returns plain tensors, and the MIS
+        # weights below are detached (not no_grad(), which forward mode would ignore).
+        wo, pdf = bsdf.sample(si.ns, wi, kd, ks, rough, u)
         f = bsdf.evaluate(si.ns, si.ng, wi, wo, kd, ks, rough)
         ok = (pdf > 0) & ((si.ng.detach() * wo).sum(1) > 0)
         new_beta = b * f / torch.where(ok, pdf, torch.ones_like(pdf))[:, None]
