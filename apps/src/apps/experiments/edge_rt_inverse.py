@@ -56,7 +56,7 @@ def run(ctx, resolution, iterations, target_spp, tolerance=0.05, seed=0):
                                  seed=20_000 + seed, progress=False)
     opt = torch.optim.Adam([cube, cam], lr=0.03)
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, iterations, eta_min=0.002)
-    initial = [float((cube - true_cube).norm()), float((cam - true_cam).norm())]
+    initial = [float((cube.detach() - true_cube).norm()), float((cam.detach() - true_cam).norm())]
     losses, errors = [], []
     for it in ctx.progress(range(iterations), total=iterations, desc="Adam"):
         opt.zero_grad()
@@ -67,7 +67,8 @@ def run(ctx, resolution, iterations, target_spp, tolerance=0.05, seed=0):
         opt.step()
         sched.step()
         losses.append(float(loss.detach()))
-        errors.append([float((cube - true_cube).norm()), float((cam - true_cam).norm())])
+        errors.append([float((cube.detach() - true_cube).norm()),
+                       float((cam.detach() - true_cam).norm())])
     final = edge_rt.render_image(build_scene(cube.detach(), cam.detach(), resolution),
                                  spp=target_spp, seed=30_000 + seed, progress=False)
     rel = [errors[-1][k] / initial[k] for k in range(2)]
