@@ -133,8 +133,8 @@ def reference_lm(fun, jac, x0, opts: SolverOptions):
     dict(initial_trust_region_radius=1.0, min_lm_diagonal=0.5, max_lm_diagonal=0.6),  # clamp active
 ])
 def test_lm_run_matches_transcription_of_spec(extra):
-    opts = SolverOptions(max_iterations=25, pcg_max_iterations=50, pcg_tolerance=1e-15,
-                         q_tolerance=None, function_tolerance=1e-10, **extra)
+    opts = SolverOptions.paper(max_iterations=25, pcg_max_iterations=50, pcg_tolerance=1e-15,
+                               q_tolerance=None, function_tolerance=1e-10, **extra)
     p = rosenbrock()
     x_ref, ref, ref_reason = reference_lm(p.fun, p.jac, [-1.2, 1.0], opts)
     res = solve(p, np.array([-1.2, 1.0]), "lm", options=opts)
@@ -194,7 +194,8 @@ def test_termination_gradient_tolerance():
 
 def test_termination_min_trust_region_radius_and_nan_step_rejected():
     # mu0 = 1e4 -> nearly a GN step into x < 0 (NaN cost) -> rejected; 5e3, 1.25e3, 156 <= 1e3 -> stop
-    res = solve(sqrt_problem(), np.array([4.0]), "lm", min_trust_region_radius=1e3, max_iterations=50)
+    res = solve(sqrt_problem(), np.array([4.0]), "lm",
+                options=SolverOptions.paper(min_trust_region_radius=1e3, max_iterations=50))
     assert res.termination_reason == "min trust region radius"
     assert [e.accepted for e in res.log] == [False, False, False]
     assert [e.mu for e in res.log] == [1e4, 5e3, 1.25e3]
@@ -253,8 +254,10 @@ def test_misra1a_certified_values_and_scipy():
                         xtol=1e-15, ftol=1e-15, gtol=1e-15)
     assert np.all(_sig_digits(ref.x, MISRA1A_CERT) >= 6)
     np.testing.assert_allclose(res.x, ref.x, rtol=1e-6)
-    # the spec default function tolerance (1e-6) also gives >= 6 digits (measured ~7.8)
-    res_def = solve(p, np.array([500.0, 1e-4]), "lm", max_iterations=10000, pcg_max_iterations=5)
+    # the spec default function tolerance (1e-6) with the paper's settings also gives >= 6
+    # digits (measured ~7.8)
+    res_def = solve(p, np.array([500.0, 1e-4]), "lm",
+                    options=SolverOptions.paper(max_iterations=10000, pcg_max_iterations=5))
     assert res_def.termination_reason == "function tolerance"
     assert np.all(_sig_digits(res_def.x, MISRA1A_CERT) >= 6), res_def.x
 
@@ -303,8 +306,8 @@ def test_lm_inner_loop_uses_q_exit_and_reset_gn_does_not():
     orig = p.jtjp
     p.jtjp = lambda x, v: (n_jtjp.append(1), orig(x, v))[1]
     x0 = np.zeros(n)
-    opts = dict(max_iterations=1, pcg_max_iterations=200, pcg_tolerance=0.0)
-    res = solve(p, x0, "lm", **opts)
+    opts = SolverOptions.paper(max_iterations=1, pcg_max_iterations=200, pcg_tolerance=0.0)
+    res = solve(p, x0, "lm", options=opts)
     g = J.T @ (J @ x0 - y)
     diag = np.asarray(J.multiply(J).sum(0)).ravel()
     s = (1 + np.sqrt(diag)) ** 2
@@ -319,5 +322,5 @@ def test_lm_inner_loop_uses_q_exit_and_reset_gn_does_not():
     assert ref.iterations >= 10
     assert len(n_jtjp) == ref.iterations + ref.iterations // 10 + 1 == ref.n_apply + 1
     assert res.log[0].step_norm == pytest.approx(np.linalg.norm(ref.x), rel=1e-10)
-    gn = solve(p, x0, "gn", **opts)
+    gn = solve(p, x0, "gn", options=opts)
     assert gn.log[0].pcg_reason != "q tolerance" and gn.log[0].pcg_iterations > ref.iterations

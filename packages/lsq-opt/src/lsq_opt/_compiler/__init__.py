@@ -222,7 +222,7 @@ def _collect_decls(terms, excludes):
 
 # --------------------------------------------------------------------------- compile
 def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, graphs=None,
-                    dtype=np.float64, backend="llvm", kernels=None) -> Plan:
+                    dtype=np.float64, backend="llvm", kernels=None, ignore_unused=False) -> Plan:
     """Compile ``energy`` and bind it by name.
 
     ``sizes``: ``{dim_name: int}`` (optional where a bound array fixes the dim); ``arrays``:
@@ -235,6 +235,10 @@ def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, gra
     (default with the llvm backend: one generated LLVM pass per product, see
     :mod:`lsq_opt._compiler.fused`) or ``"lanes"`` (the composition of per-term lane kernels;
     the test oracle with the numpy backend; the only choice with the cuda backend).
+
+    Names are strict: an entry of ``arrays`` / ``params`` / ``graphs`` that the energy does not
+    read raises :class:`LsqCompileError` naming it and the expected names, unless
+    ``ignore_unused=True`` (one shared data dict for several energies).
     """
     if not isinstance(energy, Energy):
         raise TypeError(f"compile_problem: expected an Energy, got {type(energy).__name__}")
@@ -258,7 +262,7 @@ def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, gra
         require_device()  # before the (slow) term compilation
     terms = [_Term(i, chans, dtype, backend) for i, chans in enumerate(energy.terms)]
     plan = Plan(energy, terms, dict(sizes or {}), dict(arrays or {}), dict(params or {}),
-                dict(graphs or {}), dtype, backend)
+                dict(graphs or {}), dtype, backend, ignore_unused=ignore_unused)
     plan.kernels = kernels
     if backend == "cuda":
         from .cuda import DeviceMemory
@@ -272,7 +276,8 @@ class Plan:
     the free unknown scalars (unknowns in declaration-discovery order, each raveled C-order over
     ``dims + (channels,)``, excluded entries removed)."""
 
-    def __init__(self, energy, terms, sizes, arrays, params, graphs, dtype, backend):
+    def __init__(self, energy, terms, sizes, arrays, params, graphs, dtype, backend,
+                 ignore_unused=False):
         self.energy, self.terms, self.dtype, self.backend = energy, terms, dtype, backend
         self.kernels = "lanes"
         self._fused = None
@@ -285,7 +290,7 @@ class Plan:
                 raise ValueError(f"size of dim {k!r} must be a positive integer, got {v!r}")
             self.sizes[k] = int(v)
         self._size_src = {k: "sizes" for k in self.sizes}
-        # arrays the energy does not read are ignored (one data dict for several energies)
+        self._check_names(arrays, params, graphs, terms, ignore_unused)
         arrays = {k: v for k, v in arrays.items() if k in self.decls}
         # resolve sizes from bound arrays
         for name, (role, dims, ch) in self.decls.items():
@@ -377,6 +382,50 @@ class Plan:
         self._refresh_views(self._fixed)
 
     # ------------------------------------------------------------------ binding helpers
+    def _check_names(self, arrays, params, graphs, terms, ignore_unused):
+        """Every name bound must be one the energy reads: a misspelled initial value would
+        otherwise silently start from zeros."""
+        if ignore_unused:
+            return
+        readable = sorted(n for n, (role, _, _) in self.decls.items() if role in ("array", "unknown"))
+        unknown_names = [k for k in arrays if k not in self.decls]
+        if unknown_names:
+            raise LsqCompileError(
+                f"arrays {unknown_names} are not read by the energy; expected names: Arrays and "
+                f"Unknowns {readable} (pass ignore_unused=True to bind a shared data dict)")
+        needed = sorted({d.name for t in terms for d in t.decoded.values() if isinstance(d, ParamRef)})
+        extra = [k for k in params if k not in needed]
+        if extra:
+            raise LsqCompileError(f"params {extra} are not used by the energy; expected names: {needed} "
+                                  "(pass ignore_unused=True to bind a shared parameter dict)")
+        read_graphs = sorted({t.graph for t in terms if t.is_graph})
+        extra = [k for k in graphs if k not in read_graphs]
+        if extra:
+            raise LsqCompileError(f"graphs {extra} are not read by the energy; expected names: {read_graphs}")
+
+    def describe_nonfinite(self, x) -> str:
+        """Where ``F(x)`` is first non-finite: the residual term, its channel, and the pixel
+        (stencil terms) or edge (graph terms), with the data the term reads there; used in the
+        solvers' error for a non-finite initial cost."""
+        F = self.residuals(x)
+        bad = np.flatnonzero(~np.isfinite(F))
+        if not len(bad):
+            return "every residual is finite"
+        row = int(bad[0])
+        t = next(t for t in reversed(self.terms) if t.row0 <= row)
+        channel, lane = divmod(row - t.row0, t.L)
+        names = sorted({d.name for _, d in t.reads})
+        if t.is_graph:
+            where = f"edge {lane} of graph {t.graph!r}"
+            slots = {s: int(np.asarray(idx)[lane]) if np.ndim(idx) == 1 else np.asarray(idx)[lane].tolist()
+                     for s, idx in self.graphs[t.graph].items()}
+            where += f" (slots {slots})"
+        else:
+            pos = tuple(int(i) for i in np.unravel_index(lane, t.shape))
+            where = f"pixel {pos} of dims {tuple(t.dims)}"
+        return (f"residual term {t.index} channel {channel} is {F[row]} at {where} "
+                f"({len(bad)} non-finite residuals in all; the term reads {names})")
+
     def _infer_sizes(self, name, dims, ch, a):
         exp_nd = len(dims) + (1 if ch > 1 else 0)
         if a.ndim != exp_nd:
@@ -734,6 +783,14 @@ class Plan:
                 pass
         J = self.jacobian(x)
         return (J.T @ J).tocsr()
+
+    @property
+    def is_grid_energy(self) -> bool:
+        """True when every term is a stencil term and every unknown lies on a grid of at least
+        two dims (what geometric multigrid aggregation needs; the solvers' "auto"
+        preconditioner picks multigrid for such energies)."""
+        return (not any(t.is_graph for t in self.terms)
+                and all(len(self.decls[u][1]) >= 2 for u in self.unknowns))
 
     def unknown_coords(self) -> np.ndarray:
         """(n, 1 + max ndim) int: per free unknown, a plane id (unknown, channel) and its grid

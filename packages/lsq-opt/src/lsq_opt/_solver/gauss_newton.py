@@ -2,7 +2,8 @@
 
 Per iteration: ``linearize(x)``; ``g = J^T F``; PCG on ``J^T J delta = -g`` from 0 with
 ``M^-1 = inv(diag(J^T J))`` (spec §4.4: no Q early exit, no residual reset); ``x += delta``.
-Stops: ``max_iterations``; ``max|g| <= gradient_tolerance`` (default 0: exactly zero gradient);
+PCG's relative tolerance follows the Eisenstat-Walker forcing sequence by default (see
+:mod:`.options`). Stops: ``max_iterations``; ``max|g| <= gradient_tolerance * max|g(x0)|``;
 ``||delta|| <= ptol (||x|| + ptol)``; ``|cost(x) - cost(x+delta)| <= function_tolerance * cost(x)``
 (Ceres-style; set ``function_tolerance=0`` for the [R] behaviour of always running max_iterations);
 a non-finite trial cost or step stops with "diverged: ..." and returns the last finite iterate.
@@ -15,10 +16,10 @@ from typing import Any
 
 import numpy as np
 
-from .levenberg_marquardt import _emit, gradient_stop, start
+from .levenberg_marquardt import ForcingSequence, _emit, callback_stops, gradient_stop, start, stop_detail
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
-from .problem import call_linearize, jtjp_operator, multigrid_preconditioner
+from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, resolve_preconditioner
 from .report import IterationLog, SolveResult
 
 __all__ = ["gauss_newton"]
@@ -29,7 +30,10 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
     dt, x, cost = start(problem, x0)
     initial_cost = cost
     log: list[IterationLog] = []
-    _emit(opts, f"GN ({dt.name}): initial cost {cost:.10e}")
+    preconditioner = resolve_preconditioner(problem, opts)
+    forcing = ForcingSequence(opts, dt)
+    numbers: dict = {}
+    _emit(opts, f"GN ({dt.name}, preconditioner {preconditioner}): initial cost {cost:.10e}")
     _emit(opts, IterationLog.header())
     reason = None
     it = 0
@@ -42,20 +46,26 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
             cost = float(problem.cost(x))  # IRLS weights / constant views moved with x
         g = np.asarray(problem.jtf(x), dtype=dt).reshape(-1)
         diag = np.asarray(problem.jtj_diag(x), dtype=dt).reshape(-1)
-        reason, gmax = gradient_stop(g, diag, opts)
+        if "g0max" not in numbers:
+            numbers["g0max"] = float(np.max(np.abs(g))) if g.size and np.all(np.isfinite(g)) else 0.0
+        reason, gmax = gradient_stop(g, diag, opts, numbers["g0max"])
+        numbers["gmax"] = gmax
+        forcing.new_gradient(float(np.linalg.norm(g)))
         if reason is not None:
             break
         it += 1
         t0 = time.perf_counter()
-        if opts.preconditioner == "multigrid":
+        if preconditioner == "multigrid":
             m_inv = multigrid_preconditioner(problem, x)
         else:
-            m_inv = inverse_diagonal(diag, opts.preconditioner)
+            m_inv = inverse_diagonal(diag, preconditioner)
         jtjp = jtjp_operator(problem, x)
-        res = pcg(jtjp, -g, m_inv, max_iterations=opts.pcg_max_iterations,
-                  tolerance=opts.pcg_tolerance, q_tolerance=None, residual_reset_period=0)
+        res = pcg(jtjp, -g, m_inv, max_iterations=opts.pcg_cap(),
+                  tolerance=forcing.tolerance(), q_tolerance=None, residual_reset_period=0)
+        forcing.step_taken(float(np.linalg.norm(g)), res.residual_norm)
         delta = res.x
         step_norm = float(np.linalg.norm(delta))
+        numbers["step_norm"] = step_norm
         dm = dc = rho = trial_cost = float("nan")
         accepted = False
         if not math.isfinite(step_norm):
@@ -75,6 +85,7 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
                 accepted = True
                 cost_before = cost
                 x, cost = x_trial, trial_cost
+                numbers["rel_change"] = abs(dc) / cost_before if cost_before > 0 else 0.0
                 if abs(dc) <= opts.function_tolerance * cost_before:
                     reason = "function tolerance"
         entry = IterationLog(
@@ -84,10 +95,12 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
             wall_time=time.perf_counter() - t0)
         log.append(entry)
         _emit(opts, entry.line())
-        if opts.callback is not None and opts.callback(entry, x) is True and reason is None:
+        if callback_stops(opts, entry, x) and reason is None:
             reason = "user callback"
+    detail = stop_detail(reason, opts, **numbers)
     result = SolveResult(x=x, cost=cost, initial_cost=initial_cost, iterations=it,
                          termination_reason=reason, method="gn", log=log,
-                         wall_time=time.perf_counter() - t_start, dtype=dt.name)
-    _emit(opts, f"GN done: {reason}; cost {initial_cost:.6e} -> {cost:.6e} in {it} iterations")
+                         wall_time=time.perf_counter() - t_start, dtype=dt.name,
+                         termination_detail=detail, preconditioner=preconditioner)
+    _emit(opts, f"GN done: {detail}; cost {initial_cost:.6e} -> {cost:.6e} in {it} iterations")
     return result

@@ -14,15 +14,19 @@ Rules (spec §4.3 steps 1-9; numbers refer to that list):
 7. Accept iff ``dc >= 0 and rho > min_relative_decrease`` (:func:`lm_step_accepted`); on accept stop
    if ``dc <= function_tolerance * cost(x)``, else ``mu = min(mu / max(1/3, 1 - (2 rho - 1)**3),
    max_trust_region_radius)``, ``nu = 2`` (:func:`lm_update_radius`).
-8. Reject: keep x, ``mu = mu / nu``, ``nu = 2 nu``; stop if ``mu <= min_trust_region_radius``.
+8. Reject: keep x, ``mu = mu / nu``, ``nu = 2 nu``; stop if ``mu <= min_trust_region_radius``,
+   or (Ceres) if ``|dc| <= function_tolerance * cost(x)`` (the trial differs by round-off only).
 9. Stop after ``max_iterations`` iterations (rejected trial steps count as iterations).
+
+Inner effort (not in the paper, see :mod:`.options`): with the default ``pcg_tolerance=None``
+each PCG stops at the relative residual of an Eisenstat-Walker forcing sequence
+(:func:`.options.forcing_term`), starting at 0.1.
 
 Additions (documented, Ceres-like): a step with non-finite trial cost, non-finite delta, or
 ``dm <= 0`` is rejected (rule 8) and ``rho`` is logged as nan; the gradient test
 ``max|J^T F| <= gradient_tolerance`` is checked at the start and after every accepted step (with
-the default 0 it only fires for an exactly zero gradient, which would make PCG meaningless);
-the parameter test ``||delta|| <= ptol (||x|| + ptol)`` is checked on every finite step (default 0:
-only an exactly zero step).  A non-finite gradient/diagonal at the current (finite-cost) iterate
+``gradient_tolerance`` relative to ``max|J^T F(x0)|``); the parameter test
+``||delta|| <= ptol (||x|| + ptol)`` is checked on every finite step.  A non-finite gradient/diagonal at the current (finite-cost) iterate
 stops with "diverged: ...".  The returned x is always the last accepted (finite-cost) iterate.
 """
 from __future__ import annotations
@@ -34,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from .options import SolverOptions
+from .options import FORCING_INITIAL, SolverOptions, forcing_term
 from .pcg import inverse_diagonal, pcg
-from .problem import call_linearize, jtjp_operator, multigrid_preconditioner
+from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, resolve_preconditioner
 from .report import IterationLog, SolveResult
 
 __all__ = ["levenberg_marquardt", "lm_damping", "lm_step_accepted", "lm_update_radius"]
@@ -75,26 +79,83 @@ def _emit(opts: SolverOptions, line: str) -> None:
         opts.progress(line)
 
 
-def gradient_stop(g: np.ndarray, diag: np.ndarray, opts: SolverOptions):
+def gradient_stop(g: np.ndarray, diag: np.ndarray, opts: SolverOptions, g0max: float | None = None):
     """Shared by both methods at a linearisation: ``(reason to stop or None, max |g|)``; the
-    reasons are a non-finite gradient or diagonal, and the gradient tolerance."""
+    reasons are a non-finite gradient or diagonal, and the gradient tolerance (relative to
+    ``g0max``, the gradient's max-norm at the start point)."""
     if not (np.all(np.isfinite(g)) and np.all(np.isfinite(diag))):
         return "diverged: non-finite gradient or J^T J diagonal at the current iterate", math.inf
     gmax = float(np.max(np.abs(g))) if g.size else 0.0
-    return ("gradient tolerance" if gmax <= opts.gradient_tolerance else None), gmax
+    scale = gmax if g0max is None else g0max
+    return ("gradient tolerance" if gmax <= opts.gradient_tolerance * scale or gmax == 0.0 else None), gmax
 
 
 def start(problem: Any, x0: np.ndarray) -> tuple[np.dtype, np.ndarray, float]:
     """Shared by both methods: ``(dtype, x, cost)`` at the start point, or a ValueError for a
-    wrong-length ``x0`` or a non-finite initial cost."""
+    wrong-length ``x0`` or a non-finite initial cost (naming the first non-finite residual where
+    the problem can say which, ``problem.describe_nonfinite(x)``)."""
     dt = np.dtype(problem.dtype)
     x = np.array(x0, dtype=dt).reshape(-1)
     if x.shape[0] != problem.n:
         raise ValueError(f"x0 has length {x.shape[0]}, expected problem.n = {problem.n}")
     cost = float(problem.cost(x))
     if not math.isfinite(cost):
-        raise ValueError(f"initial cost is not finite: {cost}")
+        where = ""
+        describe = getattr(problem, "describe_nonfinite", None)
+        if describe is not None:
+            where = f": {describe(x)}"
+        raise ValueError(f"initial cost is not finite ({cost}){where}")
     return dt, x, cost
+
+
+def stop_detail(reason: str, opts: SolverOptions, **numbers: float) -> str:
+    """A sentence saying why the solve stopped, with the numbers of the test that fired."""
+    if reason == "function tolerance":
+        return (f"converged: relative cost change {numbers['rel_change']:.3e} <= "
+                f"function_tolerance {opts.function_tolerance:g}")
+    if reason == "gradient tolerance":
+        return (f"converged: max|J^T F| {numbers['gmax']:.3e} <= gradient_tolerance "
+                f"{opts.gradient_tolerance:g} x initial {numbers['g0max']:.3e}")
+    if reason == "parameter tolerance":
+        return (f"converged: step norm {numbers['step_norm']:.3e} <= parameter_tolerance "
+                f"{opts.parameter_tolerance:g} x (|x| + ptol)")
+    if reason == "max iterations":
+        return (f"NOT converged: reached max_iterations = {opts.max_iterations}; the last accepted "
+                f"step still changed the cost by {numbers.get('rel_change', float('nan')):.3e} (relative); "
+                "raise max_iterations to go on")
+    if reason == "min trust region radius":
+        return (f"stopped: trust region radius fell below min_trust_region_radius "
+                f"{opts.min_trust_region_radius:g} (no step decreases the cost)")
+    if reason == "user callback":
+        return "stopped: the callback returned a true value"
+    return f"stopped: {reason}"
+
+
+class ForcingSequence:
+    """The relative PCG tolerance per non-linear iteration: fixed (``opts.pcg_tolerance``) or
+    the automatic Eisenstat-Walker sequence (:func:`.options.forcing_term`)."""
+
+    def __init__(self, opts: SolverOptions, dt: np.dtype):
+        self.auto = opts.auto_forcing
+        self.fixed = opts.pcg_tolerance
+        self.minimum = opts.min_forcing(dt)
+        self.eta = FORCING_INITIAL
+        self.prev = None  # (||g||, ||r||) of the last step taken
+
+    def tolerance(self) -> float:
+        return self.eta if self.auto else self.fixed
+
+    def step_taken(self, g_norm: float, linear_residual: float) -> None:
+        self.prev = (g_norm, linear_residual)
+
+    def new_gradient(self, g_norm: float) -> None:
+        if self.auto and self.prev is not None:
+            self.eta = forcing_term(self.eta, g_norm, self.prev[0], self.prev[1], self.minimum)
+
+
+def callback_stops(opts: SolverOptions, entry: IterationLog, x: np.ndarray) -> bool:
+    """The callback's result taken by truth value (``np.True_``, 1, ... stop; None continues)."""
+    return opts.callback is not None and bool(opts.callback(entry, x))
 
 
 def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResult:
@@ -104,6 +165,10 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
     log: list[IterationLog] = []
     mu = float(opts.initial_trust_region_radius)
     nu = float(opts.radius_decrease_factor)
+    preconditioner = resolve_preconditioner(problem, opts)
+    forcing = ForcingSequence(opts, dt)
+    q_tolerance = opts.lm_q_tolerance()
+    pcg_cap = opts.pcg_cap()
 
     reweights = bool(getattr(problem, "linearize_changes_cost", False))
 
@@ -117,17 +182,20 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
         return g, d
 
     g, diag = linearize()
+    g0max = float(np.max(np.abs(g))) if g.size and np.all(np.isfinite(g)) else 0.0
     if opts.jacobi_scaling:
         s = (dt.type(1) + np.sqrt(np.maximum(diag, 0))) ** 2  # rule 2, first iteration only
     else:
         s = np.ones_like(diag)
-    _emit(opts, f"LM ({dt.name}): initial cost {cost:.10e}")
+    _emit(opts, f"LM ({dt.name}, preconditioner {preconditioner}): initial cost {cost:.10e}")
     _emit(opts, IterationLog.header())
 
     reason = None
+    numbers: dict = {"g0max": g0max}
     it = 0
     while reason is None:
-        reason, gmax = gradient_stop(g, diag, opts)
+        reason, gmax = gradient_stop(g, diag, opts, g0max)
+        numbers["gmax"] = gmax
         if reason is not None:
             break
         if it >= opts.max_iterations:
@@ -137,10 +205,10 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
         t0 = time.perf_counter()
         mu_used = mu
         D = lm_damping(diag, s, mu, opts.min_lm_diagonal, opts.max_lm_diagonal)
-        if opts.preconditioner == "multigrid":
+        if preconditioner == "multigrid":
             m_inv = multigrid_preconditioner(problem, x, D)
         else:
-            m_inv = inverse_diagonal(diag + D, opts.preconditioner)
+            m_inv = inverse_diagonal(diag + D, preconditioner)
 
         jtjp = jtjp_operator(problem, x)
 
@@ -149,11 +217,12 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             out += D * p
             return out
 
-        res = pcg(apply_A, -g, m_inv, max_iterations=opts.pcg_max_iterations,
-                  tolerance=opts.pcg_tolerance, q_tolerance=opts.q_tolerance,
+        res = pcg(apply_A, -g, m_inv, max_iterations=pcg_cap,
+                  tolerance=forcing.tolerance(), q_tolerance=q_tolerance,
                   residual_reset_period=opts.residual_reset_period)
         delta = res.x
         step_norm = float(np.linalg.norm(delta))
+        numbers["step_norm"] = step_norm
         dm = dc = rho = float("nan")
         trial_cost = float("nan")
         stop_param = False
@@ -175,12 +244,19 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
         elif accepted:
             x = x_trial
             cost = trial_cost
+            numbers["rel_change"] = dc / cost_before if cost_before > 0 else 0.0
             if dc <= opts.function_tolerance * cost_before:
                 reason = "function tolerance"
             mu, nu = lm_update_radius(mu, nu, rho, True, opts.max_trust_region_radius)
+            forcing.step_taken(float(np.linalg.norm(g)), res.residual_norm)
         else:
             mu, nu = lm_update_radius(mu, nu, rho, False, opts.max_trust_region_radius)
-            if mu <= opts.min_trust_region_radius:
+            if math.isfinite(dc) and abs(dc) <= opts.function_tolerance * cost_before:
+                # Ceres' test on every evaluated step: a rejected step whose cost differs from
+                # the current one by round-off only means there is nothing left to gain
+                numbers["rel_change"] = abs(dc) / cost_before if cost_before > 0 else 0.0
+                reason = "function tolerance"
+            elif mu <= opts.min_trust_region_radius:
                 reason = "min trust region radius"
         entry = IterationLog(
             iteration=it, cost=cost, trial_cost=trial_cost, cost_change=dc, model_cost_change=dm,
@@ -189,13 +265,16 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             wall_time=time.perf_counter() - t0)
         log.append(entry)
         _emit(opts, entry.line())
-        if opts.callback is not None and opts.callback(entry, x) is True and reason is None:
+        if callback_stops(opts, entry, x) and reason is None:
             reason = "user callback"
         if accepted and reason is None:
             g, diag = linearize()
+            forcing.new_gradient(float(np.linalg.norm(g)))
 
+    detail = stop_detail(reason, opts, **numbers)
     result = SolveResult(x=x, cost=cost, initial_cost=initial_cost, iterations=it,
                          termination_reason=reason, method="lm", log=log,
-                         wall_time=time.perf_counter() - t_start, dtype=dt.name)
-    _emit(opts, f"LM done: {reason}; cost {initial_cost:.6e} -> {cost:.6e} in {it} iterations")
+                         wall_time=time.perf_counter() - t_start, dtype=dt.name,
+                         termination_detail=detail, preconditioner=preconditioner)
+    _emit(opts, f"LM done: {detail}; cost {initial_cost:.6e} -> {cost:.6e} in {it} iterations")
     return result

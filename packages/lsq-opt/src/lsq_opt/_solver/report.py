@@ -58,6 +58,8 @@ class SolveResult:
     log: list[IterationLog] = field(default_factory=list)
     wall_time: float = 0.0
     dtype: str = "float64"
+    termination_detail: str = ""  # a sentence: why the solve stopped, with the numbers
+    preconditioner: str = ""  # the preconditioner used ("auto" resolved)
 
     @property
     def converged(self) -> bool:
@@ -83,7 +85,9 @@ class SolveResult:
             f"final cost        : {self.cost:.10e}",
             f"iterations        : {self.iterations} ({sum(e.accepted for e in self.log)} accepted), "
             f"PCG iterations {self.pcg_iterations}",
-            f"termination       : {self.termination_reason}",
+            f"preconditioner    : {self.preconditioner}",
+            f"termination       : {self.termination_reason}"
+            + (f" ({self.termination_detail})" if self.termination_detail else ""),
             f"wall time         : {self.wall_time:.3f} s",
         ]
         return "\n".join(lines)

@@ -50,7 +50,8 @@ RSS_RTOL = 1e-8           # ... or the certified RSS to rel 1e-8
 CERES_NIST = dict(initial_trust_region_radius=1e4, max_trust_region_radius=1e16,
                   min_trust_region_radius=1e-32, min_relative_decrease=1e-3, min_lm_diagonal=1e-6,
                   max_lm_diagonal=1e32, jacobi_scaling=True, function_tolerance=1e-20,
-                  gradient_tolerance=1e-30)
+                  gradient_tolerance=1e-30, parameter_tolerance=0.0, pcg_tolerance=1e-10,
+                  q_tolerance=1e-4, preconditioner="jacobi")
 MAX_ITERATIONS = 10000
 
 NUMPY_MATH = SimpleNamespace(exp=np.exp, cos=np.cos, sin=np.sin, arctan=np.arctan)

@@ -1,0 +1,104 @@
+"""Default solver settings: they converge without tuning and say why they stopped."""
+import contextlib
+import io
+import pathlib
+import re
+
+import numpy as np
+import pytest
+from lsq_opt import Array, Dim, Energy, Graph, SolverOptions, Unknown, compile_problem, solve
+from lsq_opt._solver.options import FORCING_INITIAL, FORCING_MAX, forcing_term
+from lsq_opt._solver.problem import resolve_preconditioner
+
+README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
+W, H, N = Dim("W"), Dim("H"), Dim("N")
+
+
+def readme_snippet() -> str:
+    text = README.read_text()
+    return re.search(r"```python\n(.*?)```", text, re.S).group(1)
+
+
+def test_readme_snippet_converges_and_says_why():
+    out = io.StringIO()
+    scope: dict = {}
+    with contextlib.redirect_stdout(out):
+        exec(compile(readme_snippet(), str(README), "exec"), scope)
+    res = scope["res"]
+    assert res.converged, res.termination_detail
+    # the paper's fixed 10 x 10 settings (the old default) stop early on the same problem
+    paper = solve(scope["plan"], scope["plan"].x0, options=SolverOptions.paper())
+    assert paper.termination_reason == "max iterations" and paper.cost > res.cost * (1 + 1e-6)
+    printed = out.getvalue()
+    assert "converged:" in printed.splitlines()[-1]
+    assert "done: converged" in printed  # the verbose report's last solver line
+    # the solution is the minimiser: the gradient J^T F vanishes relative to its start
+    plan = scope["plan"]
+    assert np.max(np.abs(plan.jtf(res.x))) < 1e-6 * np.max(np.abs(plan.jtf(plan.x0)))
+
+
+def smoothing_plan(w, h, weight=0.9):
+    X, A = Unknown("X", (W, H)), Array("A", (W, H))
+    E = Energy(0.1 * (X(0, 0) - A(0, 0)), weight * (X(0, 0) - X(1, 0)), weight * (X(0, 0) - X(0, 1)))
+    image = np.random.default_rng(1).random((w, h))
+    return compile_problem(E, arrays={"A": image})
+
+
+def test_defaults_are_ceres_like_and_paper_preset_is_fixed():
+    o = SolverOptions()
+    assert (o.function_tolerance, o.gradient_tolerance, o.parameter_tolerance) == (1e-6, 1e-10, 1e-8)
+    assert o.pcg_tolerance is None and o.pcg_max_iterations is None and o.preconditioner == "auto"
+    p = SolverOptions.paper()
+    assert (p.max_iterations, p.pcg_max_iterations, p.preconditioner) == (10, 10, "jacobi")
+    with pytest.raises(TypeError, match="unknown solver option 'pcg_iters'.*pcg_max_iterations"):
+        SolverOptions.from_kwargs(pcg_iters=3)
+
+
+def test_auto_preconditioner_multigrid_on_large_grids_jacobi_elsewhere():
+    opts = SolverOptions()
+    assert resolve_preconditioner(smoothing_plan(80, 64), opts) == "multigrid"
+    assert resolve_preconditioner(smoothing_plan(40, 30), opts) == "jacobi"  # below 4096 unknowns
+    X, A = Unknown("X", (N,)), Array("A", (N,))
+    G = Graph("G", v0=N, v1=N)
+    n = 5000
+    plan = compile_problem(Energy(X(0) - A(0), X(G.v0) - X(G.v1)), arrays={"A": np.ones(n)},
+                           graphs={"G": {"v0": np.arange(n - 1), "v1": np.arange(1, n)}})
+    assert not plan.is_grid_energy
+    assert resolve_preconditioner(plan, opts) == "jacobi"
+    assert resolve_preconditioner(plan, SolverOptions(preconditioner="none")) == "none"
+
+
+def test_forcing_term_tightens_on_an_exact_model_and_is_safeguarded():
+    # linear problem: the new gradient equals the last PCG residual -> the minimum
+    assert forcing_term(0.1, 1e-3, 1.0, 1e-3, 1e-8) == 1e-8
+    # poor model: large |g_k| - |r| -> capped at FORCING_MAX
+    assert forcing_term(0.1, 5.0, 1.0, 0.01, 1e-8) == FORCING_MAX
+    # safeguard: after eta = 0.4, the next is at least 0.4 ** 1.618
+    assert forcing_term(0.4, 1e-3, 1.0, 1e-3, 1e-8) == pytest.approx(0.4 ** 1.618)
+    assert forcing_term(0.1, 1.0, 0.0, 0.0, 1e-8) == FORCING_INITIAL
+
+
+def test_linear_grid_problem_two_steps_and_pcg_effort_adapts():
+    plan = smoothing_plan(80, 64)
+    res = solve(plan, plan.x0, method="gn")
+    assert res.converged
+    pcg = [e.pcg_iterations for e in res.log]
+    # the first step stops at the 0.1 forcing term, the second solves (nearly) exactly
+    assert pcg[1] > pcg[0]
+    assert res.log[1].pcg_reason == "tolerance"
+
+
+def test_max_iterations_report_says_not_converged():
+    plan = smoothing_plan(40, 30)
+    res = solve(plan, plan.x0, max_iterations=2)
+    assert res.termination_reason == "max iterations"
+    assert res.termination_detail.startswith("NOT converged: reached max_iterations = 2")
+    assert "termination       : max iterations (NOT converged" in res.report()
+
+
+def test_verbose_names_preconditioner_and_stop(capsys):
+    plan = smoothing_plan(40, 30)
+    solve(plan, plan.x0, verbose=True)
+    lines = capsys.readouterr().out.splitlines()
+    assert "preconditioner jacobi" in lines[0]
+    assert lines[-1].startswith("LM done: converged:")
