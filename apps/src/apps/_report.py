@@ -30,8 +30,8 @@ def machine_info(executor: str, tier: str, total_s: float) -> dict:
     except OSError:
         pass
     versions = {}
-    for dist in ("difvis-apps", "core-ad", "halide-ad", "lsq-opt", "h2mc", "edge-rt", "numpy", "scipy",
-                 "llvmlite", "halide", "ray"):
+    for dist in ("difvis-apps", "difvis-core-ad", "difvis-halide-ad", "difvis-lsq-opt", "difvis-h2mc",
+                 "difvis-edge-rt", "numpy", "scipy", "llvmlite", "halide", "ray"):
         try:
             versions[dist] = md.version(dist)
         except md.PackageNotFoundError:

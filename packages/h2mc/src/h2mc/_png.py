@@ -1,17 +1,18 @@
-"""A tiny PNG writer (zlib + struct only) and a heat-map colour ramp for histograms."""
+"""PNG output (through Pillow) and a heat-map colour ramp for histograms."""
 
 from __future__ import annotations
 
-import struct
-import zlib
 from pathlib import Path
 
 import numpy as np
 
 
-def _chunk(tag: bytes, data: bytes) -> bytes:
-    return (struct.pack(">I", len(data)) + tag + data
-            + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF))
+def _pillow_image():
+    try:
+        import PIL.Image
+    except ImportError as e:  # Pillow is the `examples` extra: the sampler does not need it
+        raise ImportError("h2mc writes PNGs with Pillow: pip install 'difvis-h2mc[examples]'") from e
+    return PIL.Image
 
 
 def write_png(path, image) -> Path:
@@ -19,29 +20,20 @@ def write_png(path, image) -> Path:
     a = np.asarray(image)
     if a.dtype != np.uint8:
         a = (np.clip(np.nan_to_num(a.astype(np.float64)), 0.0, 1.0) * 255 + 0.5).astype(np.uint8)
-    if a.ndim == 2:
-        color = 0
-    elif a.ndim == 3 and a.shape[2] == 3:
-        color = 2
-    else:
+    if not (a.ndim == 2 or (a.ndim == 3 and a.shape[2] == 3)):
         raise ValueError(f"write_png: need (H, W) or (H, W, 3), got {a.shape}")
-    h, w = a.shape[:2]
-    raw = b"".join(b"\x00" + a[r].tobytes() for r in range(h))
-    png = (b"\x89PNG\r\n\x1a\n"
-           + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, color, 0, 0, 0))
-           + _chunk(b"IDAT", zlib.compress(raw, 9)) + _chunk(b"IEND", b""))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_bytes(png)
+    _pillow_image().fromarray(np.ascontiguousarray(a), "L" if a.ndim == 2 else "RGB").save(path, "PNG")
     return path
 
 
 def read_png_size(path) -> tuple[int, int]:
-    """``(width, height)`` from a PNG header (for tests)."""
-    data = Path(path).read_bytes()
-    if data[:8] != b"\x89PNG\r\n\x1a\n":
-        raise ValueError(f"{path}: not a PNG")
-    return struct.unpack(">II", data[16:24])
+    """``(width, height)`` of a PNG (for tests)."""
+    with _pillow_image().open(path) as im:
+        if im.format != "PNG":
+            raise ValueError(f"{path}: not a PNG")
+        return im.size
 
 
 def heatmap(values, vmax=None) -> np.ndarray:

@@ -293,7 +293,7 @@ def _run_gpu(c, g, arrays, ints, values, regions):
     if not codegen.cuda_available():
         raise RuntimeError(
             "this pipeline has a GPU schedule (gpu_tile / gpu_blocks), which needs CuPy and a"
-            " CUDA device (pip install 'halide-ad[cuda]'); none is available here"
+            " CUDA device (pip install 'difvis-halide-ad[cuda]'); none is available here"
         )
     import cupy as cp
 

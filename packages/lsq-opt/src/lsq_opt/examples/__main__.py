@@ -6,7 +6,6 @@ import sys
 import time
 
 from . import EXAMPLES
-from ._image import png_backend
 from .nist import nist_table
 
 SIZES = {"laplacian": (64, 48), "poisson": (128, 128), "arap": (48, 32),
@@ -49,7 +48,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="*", choices=sorted(EXAMPLES), help="run only these examples")
     a = ap.parse_args(argv)
     sizes = FULL_SIZES if a.full else SIZES
-    print(f"lsq_opt examples -> {a.out} (PNG writer: {png_backend()})")
+    print(f"lsq_opt examples -> {a.out}")
     rows, ok_all, t0 = [], True, time.perf_counter()
     for name, mod in EXAMPLES.items():
         if a.only and name not in a.only:

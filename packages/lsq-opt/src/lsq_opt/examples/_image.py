@@ -1,26 +1,14 @@
-"""Small raster helpers for the examples: float images -> RGB8 panels -> PNG.
+"""Small raster helpers for the examples: float images -> RGB8 panels -> PNG (Pillow).
 
-PNG writing uses Pillow when it is importable and otherwise a minimal built-in encoder
-(zlib + struct from the standard library), so the examples never need matplotlib.
 Images in the examples are indexed ``[x, y]`` (the ``(W, H)`` layout of :mod:`lsq_opt`); the
 helpers here take display-ordered ``(rows, cols[, channels])`` arrays."""
 from __future__ import annotations
 
 import os
-import struct
-import zlib
 
 import numpy as np
 
-__all__ = ["to_rgb8", "side_by_side", "write_png", "png_backend", "gray_to_rgb"]
-
-
-def png_backend() -> str:
-    try:
-        import PIL.Image  # noqa: F401
-        return "pillow"
-    except Exception:
-        return "builtin"
+__all__ = ["to_rgb8", "side_by_side", "write_png", "read_png_size", "gray_to_rgb"]
 
 
 def gray_to_rgb(img: np.ndarray) -> np.ndarray:
@@ -60,8 +48,13 @@ def side_by_side(panels: list[np.ndarray], gap: int = 4, upscale: int = 1) -> np
     return out
 
 
-def _chunk(tag: bytes, data: bytes) -> bytes:
-    return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+def _pillow_image():
+    try:
+        import PIL.Image
+    except ImportError as e:  # Pillow is the `examples` extra, not a core dependency
+        raise ImportError("lsq_opt's examples write PNGs with Pillow: "
+                          "pip install 'difvis-lsq-opt[examples]'") from e
+    return PIL.Image
 
 
 def write_png(path: str, rgb8: np.ndarray) -> str:
@@ -70,25 +63,13 @@ def write_png(path: str, rgb8: np.ndarray) -> str:
     if rgb8.ndim != 3 or rgb8.shape[2] != 3:
         raise ValueError(f"write_png: expected (rows, cols, 3) uint8, got {rgb8.shape}")
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
-    if png_backend() == "pillow":
-        import PIL.Image
-        PIL.Image.fromarray(rgb8, "RGB").save(path)
-        return path
-    h, w, _ = rgb8.shape
-    raw = b"".join(b"\x00" + rgb8[r].tobytes() for r in range(h))  # filter type 0 per row
-    data = (b"\x89PNG\r\n\x1a\n"
-            + _chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + _chunk(b"IDAT", zlib.compress(raw, 6))
-            + _chunk(b"IEND", b""))
-    with open(path, "wb") as f:
-        f.write(data)
+    _pillow_image().fromarray(rgb8, "RGB").save(path)
     return path
 
 
 def read_png_size(path: str) -> tuple[int, int]:
-    """(width, height) from a PNG's IHDR (for tests)."""
-    with open(path, "rb") as f:
-        head = f.read(24)
-    if head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
-        raise ValueError(f"{path} is not a PNG")
-    return struct.unpack(">II", head[16:24])
+    """(width, height) of a PNG (for tests)."""
+    with _pillow_image().open(path) as im:
+        if im.format != "PNG":
+            raise ValueError(f"{path} is not a PNG")
+        return im.size

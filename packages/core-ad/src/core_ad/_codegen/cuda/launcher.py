@@ -46,7 +46,7 @@ def _import_cupy():
         import cupy
     except ImportError as e:
         raise ImportError(
-            "the cuda backend needs CuPy and a CUDA device (pip install 'core-ad[cuda]');"
+            "the cuda backend needs CuPy and a CUDA device (pip install 'difvis-core-ad[cuda]');"
             f" importing cupy failed: {e}"
         ) from None
     return cupy
