@@ -112,6 +112,15 @@ def test_one_hessian_evaluation_per_h2mc_step():
     assert s.evaluations() == 100 + 20 * 100
 
 
+def test_progress_bar_counts_steps(capsys):
+    t = toy.ring(derivatives="compiled")
+    rng = np.random.default_rng(0)
+    s = Sampler(t, H2MCStep(sigma2=7e-3))
+    s.run(s.init(toy.stationary_starts(t, 8, rng)), 12, rng, record=False, progress="ring")
+    err = capsys.readouterr().err
+    assert "ring" in err and "12/12" in err
+
+
 def test_states_outside_the_cube_are_wrapped():
     t = toy.ring()
     s = Sampler(t, RandomWalk(sigma=0.01))

@@ -263,8 +263,8 @@ class Sampler:
 
         ``record`` keeps every ``thin``-th state as ``samples (steps // thin, B, n)`` and its
         log f; ``callback(step, state)`` is called after each step (e.g. to accumulate
-        histograms without storing samples); ``progress`` prints a progress line to stderr
-        (a string is used as its label).
+        histograms without storing samples); ``progress`` shows a tqdm bar on stderr (a string
+        is used as its label).
         """
         rng = np.random.default_rng(rng)
         thin = max(1, int(thin))
@@ -272,9 +272,9 @@ class Sampler:
         samples = np.empty((m, state.B, state.n)) if record else None
         logfs = np.empty((m, state.B)) if record else None
         label = progress if isinstance(progress, str) else "h2mc"
+        bar = _progress_bar(n_steps, label) if progress else None
         t0 = time.perf_counter()
         e0 = self.evaluations()
-        every = max(1, n_steps // 10)
         for t in range(n_steps):
             self.step(state, rng)
             if record and (t + 1) % thin == 0 and (t + 1) // thin <= m:
@@ -282,11 +282,10 @@ class Sampler:
                 logfs[(t + 1) // thin - 1] = state.logf
             if callback is not None:
                 callback(t, state)
-            if progress and ((t + 1) % every == 0 or t + 1 == n_steps):
-                el = time.perf_counter() - t0
-                print(f"\r[{label}] step {t + 1}/{n_steps} ({el:.1f} s, "
-                      f"{(t + 1) * state.B / max(el, 1e-9):.3g} chain-steps/s)",
-                      end="\n" if t + 1 == n_steps else "", file=sys.stderr, flush=True)
+            if bar is not None:
+                bar.update(1)
+        if bar is not None:
+            bar.close()
         return RunResult(samples, logfs, state, self.stats, self.evaluations() - e0,
                          time.perf_counter() - t0, n_steps)
 
@@ -304,3 +303,10 @@ class Sampler:
         lines.append(f"target evaluations: {self.evaluations()} (derivative refreshes at"
                      f" current states: {self.refresh_evals}); raw counts {self.target.counts}")
         return "\n".join(lines)
+
+
+def _progress_bar(n_steps: int, label: str):
+    """A tqdm bar over the steps (each step advances every chain)."""
+    from tqdm.auto import tqdm
+
+    return tqdm(total=n_steps, desc=label, unit="step", file=sys.stderr, dynamic_ncols=True)
