@@ -9,7 +9,7 @@ import torch
 import trimesh
 
 import edge_rt
-from edge_rt import Camera, Material, Mesh, Scene, SceneError, look_at, scenes
+from edge_rt import Camera, Material, Mesh, Scene, SceneError, Texture, look_at, scenes
 
 
 @pytest.mark.parametrize("build", [scenes.cornell_box, scenes.textured_sphere,
@@ -141,7 +141,7 @@ def test_camera_inside_geometry_sees_the_inside():
     shading); there is no error and no NaN, and edge gradients stay finite."""
     cube = scenes.cube_mesh((0.0, 0.0, 0.0), 4.0, Material(diffuse=(0.5, 0.5, 0.5)))
     light = scenes.quad((-0.5, 1.9, -0.5), (1, 0, 0), (0, 0, 1), emission=(5.0, 5.0, 5.0))
-    scenes._orient_down(light)
+    scenes.orient_down(light)
     scene = Scene(Camera(look_at((0.0, 0.0, 0.0), (0.0, 0.0, 1.0)), resolution=(8, 8)),
                   [cube, light])
     cube.vertices.requires_grad_(True)
@@ -149,3 +149,21 @@ def test_camera_inside_geometry_sees_the_inside():
     assert torch.isfinite(image).all() and image.mean() > 0
     image.sum().backward()
     assert torch.isfinite(cube.vertices.grad).all()
+
+
+def test_mip_pyramid_is_reused_until_the_texels_change():
+    texels = torch.rand(8, 8, 3, requires_grad=True)
+    tex = Texture(texels)
+    uv = torch.rand(5, 2)
+    with torch.no_grad():
+        first = tex.pyramid()
+        assert tex.pyramid() is first  # forward renders build it once
+        texels.mul_(0.5)  # an optimiser's in-place step
+        second = tex.pyramid()
+    assert second is not first and torch.allclose(second[1], 0.5 * first[1])
+    # under autograd the levels are rebuilt per call and carry gradients to the texels
+    tracked = tex.lookup(uv, level=torch.full((5,), 1.5))
+    tracked.sum().backward()
+    assert texels.grad is not None and texels.grad.abs().sum() > 0
+    again = tex.lookup(uv, level=torch.full((5,), 1.5))
+    again.sum().backward()  # a second backward works: no freed graph was cached

@@ -31,7 +31,7 @@ def build_scene(cube_offset, camera_position, resolution):
                         edge_rt.Material(diffuse=edge_rt.Texture(checker)), name="floor")
     light = scenes.quad((-1, 3, -1), (2, 0, 0), (0, 0, 2), emission=(8.0, 8.0, 8.0),
                         name="light")
-    scenes._orient_down(light)
+    scenes.orient_down(light)
     origin = torch.zeros(3, dtype=torch.float64)
     cam = edge_rt.Camera(edge_rt.look_at(camera_position, origin), fov=45.0,
                          resolution=(resolution, resolution))

@@ -294,9 +294,7 @@ def _rebuild(obj, it):
     if isinstance(obj, list):
         return [_rebuild(o, it) for o in obj]
     if isinstance(obj, Texture):
-        t = Texture.__new__(Texture)
-        t.values = next(it)
-        return t
+        return Texture._unchecked(next(it))
     new = {}
     for name, value in _fields(obj):
         if torch.is_tensor(value) and value.is_floating_point():

@@ -177,12 +177,14 @@ def teapot_like(segments=32):
 def teapot_scene(resolution=(32, 32)):
     cam = Camera(look_at((0.0, 1.5, 4.5), (0.0, 0.0, 0.0)), fov=45.0, resolution=resolution)
     light = quad((-1, 3, -1), (2, 0, 0), (0, 0, 2), emission=(5.0, 5.0, 5.0), name="light")
-    _orient_down(light)
+    orient_down(light)
     return Scene(cam, [teapot_like(), light], EnvironmentMap(torch.tensor([0.3, 0.3, 0.3])))
 
 
-def _orient_down(light):
-    v, f = light.vertices.numpy(), light.faces.numpy()
+def orient_down(light):
+    """Flip ``light``'s faces (in place) so that it emits downwards (-y): area lights emit
+    on the side their winding's normal points to."""
+    v, f = light.vertices.detach().numpy(), light.faces.numpy()
     n = np.cross(v[f[0, 1]] - v[f[0, 0]], v[f[0, 2]] - v[f[0, 0]])
     if n[1] > 0:
         light.faces = light.faces.flip(1)

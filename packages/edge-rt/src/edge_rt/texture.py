@@ -21,7 +21,18 @@ class Texture:
                              f"{tuple(values.shape)}")
         if not torch.isfinite(values.detach()).all():
             raise ValueError("Texture: values contain NaN or infinity")
+        self._set(values)
+
+    @classmethod
+    def _unchecked(cls, values):
+        """A Texture of values already validated (a scene rebuilt with substituted tensors)."""
+        t = cls.__new__(cls)
+        t._set(values)
+        return t
+
+    def _set(self, values):
         self.values = values
+        self._pyramid_cache = None  # ((data pointer, version), levels) of an untracked build
 
     @property
     def is_constant(self) -> bool:
@@ -32,7 +43,18 @@ class Texture:
         return self.values.shape[-1]
 
     def pyramid(self):
-        """Mip levels, finest first, each (H, W, C)."""
+        """Mip levels, finest first, each (H, W, C). Outside autograd (forward renders) the
+        pyramid is built once and reused until the texels change (an optimiser's in-place
+        step bumps their version); a build autograd tracks is never cached, since its graph
+        is freed by the first backward pass through it."""
+        if torch.is_grad_enabled() and self.values.requires_grad:
+            return self._build_pyramid()
+        key = (self.values.data_ptr(), self.values._version)
+        if self._pyramid_cache is None or self._pyramid_cache[0] != key:
+            self._pyramid_cache = (key, self._build_pyramid())
+        return self._pyramid_cache[1]
+
+    def _build_pyramid(self):
         levels = [self.values]
         while min(levels[-1].shape[:2]) > 1:
             t = levels[-1]

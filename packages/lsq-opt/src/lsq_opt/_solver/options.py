@@ -6,7 +6,7 @@ The defaults are chosen to converge without tuning (as Ceres' do); the paper's f
 =========================  ===============  ================================================
 option                     default          meaning
 =========================  ===============  ================================================
-max_iterations             50               non-linear iterations (LM: rejected steps count);
+max_iterations             500              non-linear iterations (LM: rejected steps count);
                                             Ceres' max_num_iterations
 function_tolerance         1e-6             stop when an accepted step changes the cost by
                                             <= ftol * cost (Ceres)
