@@ -25,6 +25,8 @@ _SPECS = "specs" + "/"
 FORBIDDEN = [
     re.compile(r"(?<![\w-])" + re.escape(_SHARED) + r"(?:specs|seeds|hooks|[\w-]+\.md)"),
     re.compile(r"(?<![\w-])" + re.escape(_SPECS) + r"[\w.-]*\.md"),
+    # the planning notes that lived beside them, cited by bare name
+    re.compile(r"(?<![\w/-])(?:" + "PRACTICES" + r"|peers|peers-on-this-machine)\.md"),
 ]
 
 # [text](target) and reference definitions "[label]: target".
@@ -104,7 +106,8 @@ def test_link_extraction(text, expected):
 
 
 def test_forbidden_patterns_match_what_they_should():
-    bad = [_SHARED + "ARCHITECTURE.md", "../" + _SHARED + _SPECS + "x.md", _SPECS + "core-ad.md"]
+    bad = [_SHARED + "ARCHITECTURE.md", "../" + _SHARED + _SPECS + "x.md", _SPECS + "core-ad.md",
+           "see " + "PRACTICES" + ".md"]
     ok = ["docs/design/core-ad.md", "the shared/ memory", "e.reference"]
     assert all(any(p.search(s) for p in FORBIDDEN) for s in bad)
     assert not any(any(p.search(s) for p in FORBIDDEN) for s in ok)
