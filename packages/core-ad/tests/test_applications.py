@@ -1,4 +1,4 @@
-"""Application-flavoured integration tests (spec section 6.9, CA-APP-3 and CA-APP-4)."""
+"""Application-flavoured integration tests (docs/design/core-ad.md §5: CA-APP-3 and CA-APP-4)."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""Checkpointing: recompute instead of store (spec section 6.7)."""
+"""Checkpointing: recompute instead of store (docs/design/core-ad.md §2.6; CA-CKP-*)."""
 
 import numpy as np
 import pytest

@@ -1,6 +1,6 @@
 """Derivatives at non-differentiable points, the 0*inf = NaN trap, and the edge equation.
 
-Spec core-ad §1.13 and §6.5 (CA-NUM-1 .. CA-NUM-5). The conventions are documented in the
+docs/design/core-ad.md §3 and §5 (CA-NUM-1 .. CA-NUM-5). The conventions are documented in the
 docstring of ``core_ad._rules``; ``test_docstring_lists_the_conventions`` keeps the text and
 the behaviour tested here from drifting apart.
 

@@ -1,4 +1,4 @@
-"""Functional transforms and Hessians (spec sections 6.1 and 6.6).
+"""Functional transforms and Hessians (docs/design/core-ad.md §2.3 and §5).
 
 Closed forms at 1e-10 relative (a few float64 operations); derivatives against finite
 differences go through ``check_grads`` (central differences, tolerance documented there).

@@ -1,8 +1,8 @@
 """Gather / scatter duality, scatter_add, overwrite scatter, broadcast reductions, index errors.
 
-Spec core-ad §1.12 and §6.4 (CA-ARR-1..6, 11, 12). Small examples use integer-valued or
+docs/design/core-ad.md, "Acceptance tests" (CA-ARR-1..6, 11, 12). Small examples use integer-valued or
 exactly representable inputs, so results are compared exactly; the large ones state their
-tolerance. No timing assertions (PRACTICES.md).
+tolerance. No timing assertions (docs/ARCHITECTURE.md, "Testing and benchmarking").
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Every primitive of the rule table against central finite differences.
 
-Spec core-ad §5.3 F1 and PRACTICES.md. The table ``DIFF_CASES`` maps each differentiable
+docs/design/core-ad.md §2.1 and docs/ARCHITECTURE.md ("Testing and benchmarking"). The table ``DIFF_CASES`` maps each differentiable
 primitive name to calls of its public op function on seeded random, in-domain, non-square,
 non-symmetric inputs kept away from kinks (ties, clamp bounds, the origin of atan2 ...).
 ``NONDIFF_CASES`` does the same for the zero-derivative primitives. A primitive registered

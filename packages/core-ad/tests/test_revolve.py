@@ -1,6 +1,6 @@
 """Tests for core_ad._revolve: binomial checkpointing counts and schedules.
 
-Spec core-ad §1.9 and CA-CKP-2 / CA-CKP-3.  Expected values are hard-coded
+docs/design/core-ad.md §2.6 and CA-CKP-2 / CA-CKP-3.  Expected values are hard-coded
 from the spec; the closed form t(l, s) is checked against the plain dynamic
 programme (which uses neither the closed form nor convexity), and every
 generated schedule is run through the reference interpreter ``simulate``.

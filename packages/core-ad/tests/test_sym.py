@@ -1,7 +1,8 @@
 """core_ad.sym: hash-consing, simplification, symbolic derivatives, Hessians, compilation.
 
-Spec tests CA-SYM-1, -2, -4, -5, -6 (specs/core-ad.md 6.2) and CA-HES-1..4 (6.6), plus a
-finite-difference check of every lane-wise differentiable primitive of the rule table.
+Spec tests CA-SYM-1, -2, -4, -5, -6 and CA-HES-1..4 (docs/design/core-ad.md, "Acceptance
+tests"), plus a finite-difference check of every lane-wise differentiable primitive of the
+rule table.
 
 Tolerances (float64):
 * analytic values: rtol 1e-12 (a few roundings of well-conditioned arithmetic);

@@ -1,4 +1,4 @@
-"""Tracing arrays: reverse and forward mode on the tape (spec section 6.1, 6.3, 6.8, 6.9).
+"""Tracing arrays: reverse and forward mode on the tape (docs/design/core-ad.md §2.2 and §5).
 
 Closed-form values are compared at 1e-12 relative unless stated (float64 round-off only).
 """

@@ -1,6 +1,6 @@
 """Forward and forward+backward render times on the Cornell box, edge_rt side by side with
 Mitsuba 3 (LLVM backend) in one run; prints the ratios and edge_rt's gradient-to-render cost
-ratio (the thesis reports 10-20x for redner, spec A-PERF-1).
+ratio (the thesis reports 10-20x for redner, thesis §5.4; docs/design/edge-rt.md, A-PERF-1).
 
 Cases (256 x 256, 4 spp, direct light plus one indirect bounce: edge_rt max_depth=2 is
 Mitsuba's max_depth=3):
@@ -15,7 +15,8 @@ Mitsuba's max_depth=3):
   translation, with Mitsuba's projective boundary sampling (what edge_rt's edges do).
 
 Mitsuba needs ``pip install mitsuba`` and, on this Debian image, ``apt-get install libllvm19``
-(``../shared/specs/peers-on-this-machine.md`` section 4); without it the Mitsuba rows are
+(Dr.Jit rejects LLVM 14 and aborts on LLVM 15's first path-traced kernel; 19 works, found
+without ``DRJIT_LIBLLVM_PATH``); without it the Mitsuba rows are
 skipped with a note. redner 0.4.28 has wheels for Python <= 3.8 only and is not run here.
 Run from the repository root:
 

@@ -8,7 +8,7 @@ from h2mc import NonSymmetricHessianError, Target, TargetShapeError, toy
 
 
 def _fd_grad(t, x, h=1e-6):
-    # h = 1e-6 * max(1, |x|) with x in [0, 1]: the PRACTICES default for smooth code
+    # h = 1e-6 * max(1, |x|) with x in [0, 1]: the default for smooth code (docs/ARCHITECTURE.md)
     g = np.zeros_like(x)
     for j in range(x.shape[1]):
         e = np.zeros(x.shape[1])

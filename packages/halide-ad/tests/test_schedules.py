@@ -1,5 +1,5 @@
 """Schedule invariance: one algorithm under many random legal schedules gives the same
-numbers (the Halide guarantee the AD relies on, spec section 9.6). Integer pipelines must be
+numbers (the Halide guarantee the AD relies on, docs/design/halide-ad.md §1). Integer pipelines must be
 bit-identical; the float pipeline uses only exact operations (adds of small integers in
 float32), so it must be bit-identical too."""
 

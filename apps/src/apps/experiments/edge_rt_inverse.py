@@ -114,4 +114,5 @@ EXPERIMENT = Experiment(
     run=run,
 )
 # The tiny tier (integration test) renders 32 x 32: half a pixel is 20% of the start error
-# there, so it checks the pipeline with a 25% bound; quick and full use the spec's 5%.
+# there, so it checks the pipeline with a 25% bound; quick and full use A-O-1's 5%
+# (docs/design/edge-rt.md).

@@ -1,4 +1,4 @@
-"""Checkpointing schedules for reversing a chain of steps (spec core-ad §1.9, F8).
+"""Checkpointing schedules for reversing a chain of steps (docs/design/core-ad.md §2.6).
 
 A *chain* is ``x_0 -> x_1 -> ... -> x_n`` with ``x_{i+1} = F_i(x_i)``.  Reverse
 mode needs the adjoints of the steps in the order ``n-1, n-2, ..., 0`` while the
@@ -6,7 +6,7 @@ states are produced in the order ``0, 1, ..., n``.  A *schedule* says which
 states to store, which to recompute, and when to reverse each step, under a
 bound on the number of stored states.
 
-Counting convention (spec §1.9, Griewank 1992; Griewank & Walther 2000):
+Counting convention (Griewank 1992; Griewank & Walther 2000; Li 2019, §2.3.1):
 
 - ``s`` (``n_snapshots``) is the number of checkpoint slots *including* the
   one that holds the initial state ``x_0``;

@@ -1,7 +1,7 @@
 """The benchmark harness every package's ``benchmarks/`` scripts use: timing, alternating
 runs, machine and load notes, and one summary-table shape with ratios.
 
-Conventions (see PRACTICES.md, "Benchmarks"):
+Conventions (see docs/ARCHITECTURE.md, "Testing and benchmarking"):
 
 * every case is timed in the same process, on the same inputs, dtype and thread count;
 * cases are interleaved per repeat (``compare``), with the order rotated each repeat so that

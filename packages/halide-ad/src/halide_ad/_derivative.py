@@ -1,5 +1,5 @@
 """Reverse-mode automatic differentiation of pipelines: ``propagate_adjoints`` (Halide-AD,
-spec section 3).
+docs/design/halide-ad.md §2).
 
 The adjoint of every Func, Buffer and Param is an ordinary Func built with the language
 itself, so it can be scheduled, realised and differentiated again. Scalar partial derivatives

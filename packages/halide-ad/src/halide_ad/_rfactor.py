@@ -7,7 +7,7 @@ associative and commutative), ``f.update(0).rfactor([(r.y, v)])`` returns a new 
     intm[x, v] = intm[x, v] op g(x, r.x, v)        # over r.x only: v is now a pure Var
     f[x]       = f[x] op intm[x, r'.y]            # over r' = the range of r.y
 
-so ``intm`` can be vectorised and parallelised over ``v`` (Suriana et al. 2017; spec 2.4).
+so ``intm`` can be vectorised and parallelised over ``v`` (Suriana et al. 2017; Li et al. 2018, §4.4).
 The value must have the form ``f[args] op e`` with ``f`` not in ``e``; anything else raises
 a ScheduleError naming the update.
 """
