@@ -76,6 +76,7 @@ from ._func import Func, FuncError, FuncRef, Stage, Tuple
 from ._lower import BoundsError
 from ._pipeline import Pipeline, Realization
 from ._schedule import ScheduleError
+from ._tangents import Tangents, propagate_tangents
 from ._types import Bool, Float, Int, Type, UInt
 
 __all__ = [
@@ -99,6 +100,7 @@ __all__ = [
     "Realization",
     "ScheduleError",
     "Stage",
+    "Tangents",
     "Tuple",
     "Type",
     "UInt",
@@ -136,6 +138,7 @@ __all__ = [
     "min",
     "pow",
     "propagate_adjoints",
+    "propagate_tangents",
     "round",
     "select",
     "sin",

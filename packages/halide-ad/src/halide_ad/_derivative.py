@@ -138,6 +138,20 @@ def _retarget(node, old_fid, new_fid):
     return sym.substitute(node, mapping) if mapping else node
 
 
+def stage_copy(f, j, name):
+    """A new Func ``name`` equal to ``f`` after its definition ``j`` (0: the pure one)."""
+    copy = Func(name)
+    xs = [E.Var(n) for n in f._pure_arg_names]
+    for d in f.definitions()[:j + 1]:
+        vals = [E.Expr(_node=_retarget(v, f.fid, copy.fid)) for v in d.values]
+        val = vals[0] if len(vals) == 1 else vals
+        if d.stage_index == 0:
+            copy[tuple(xs)] = val
+        else:
+            copy[tuple(E.Expr(_node=a) for a in d.args)] = val
+    return copy
+
+
 class Derivative:
     """The adjoints: ``d[f]`` (pure stage), ``d[f, i]`` (after update ``i``), ``d[buffer]``,
     ``d[param]`` (a 0-D Func), all ordinary Funcs."""
@@ -280,18 +294,10 @@ class _Adjoints:
 
     # ---- updates -----------------------------------------------------------------------
     def _stage_copy(self, f, j):
-        """A Func equal to ``f`` after its definition ``j`` (0: the pure one)."""
         key = (f.fid, j)
         copy = self._copies.get(key)
         if copy is None:
-            copy = self._copies[key] = Func(f"{f.name()}_s{j}")
-            xs = [E.Var(n) for n in f._pure_arg_names]
-            for d in f.definitions()[:j + 1]:
-                val = E.Expr(_node=_retarget(d.values[0], f.fid, copy.fid))
-                if d.stage_index == 0:
-                    copy[tuple(xs)] = val
-                else:
-                    copy[tuple(E.Expr(_node=a) for a in d.args)] = val
+            copy = self._copies[key] = stage_copy(f, j, f"{f.name()}_s{j}")
         return copy
 
     def _previous_stage(self, f, d, k, cur, t, value, before):
