@@ -19,6 +19,7 @@ The names and call shapes are those of Halide's Python bindings::
 from . import _boundary as BoundaryConditions
 from ._bounds import const_value
 from ._buffer import Buffer
+from ._custom import custom_derivative
 from ._derivative import Derivative, propagate_adjoints
 from ._expr import (
     Expr,
@@ -119,6 +120,7 @@ __all__ = [
     "const_value",
     "cos",
     "cosh",
+    "custom_derivative",
     "erf",
     "exp",
     "f32",

@@ -48,7 +48,9 @@ class Tangents:
     has a zero tangent."""
 
     def __init__(self, funcs, given, output):
-        self._funcs = funcs  # fid -> (tangent Func, or None for zero; Tuple (value, tangent)?)
+        # fid -> None (zero) or (tangent Func, None / the (value, tangent) Tuple Func /
+        # "custom")
+        self._funcs = funcs
         self._given = given  # fid / param leaf -> tangent Func
         self._output = output
         self._prefixes: dict = {}
@@ -95,6 +97,11 @@ class Tangents:
         tan, pair = entry
         if j == n:
             return tan
+        if isinstance(pair, str):
+            raise FuncError(
+                f"Func {f.name()} has a custom tangent: only t[{f.name()}] (the tangent of its"
+                " value) exists"
+            )
         key = (f.fid, j)
         if key not in self._prefixes:
             src = pair if pair is not None else tan
@@ -203,7 +210,11 @@ class _Forward:
                     f"propagate_tangents: Func {f.name()} is a Tuple; differentiate Funcs with"
                     " one value (split the Tuple into several Funcs)"
                 )
-            self.funcs[fid] = self._func(f)
+            custom = f._custom_derivative
+            if custom is not None and custom.tangent is not None:
+                self.funcs[fid] = self._custom(f, custom)
+            else:
+                self.funcs[fid] = self._func(f)
         return Tangents(self.funcs, self.given, self.output)
 
     def _inputs(self, node, self_fid=None):
@@ -272,6 +283,26 @@ class _Forward:
         tan = Func(f"{f.name()}_t")
         tan[tuple(xs)] = pair[tuple(xs)][1]
         return tan, pair
+
+
+    def _custom(self, f, custom):
+        """The user's tangent rule, given the tangent Funcs of the Funcs, Buffers and Params
+        ``f`` reads (zero Funcs for the ones without)."""
+        ins = {}
+        for obj in custom.inputs():
+            if isinstance(obj, E.Param):
+                tan = self.given.get(obj.node) or Func(E.cast(obj.type(), 0),
+                                                       name=f"{obj.name()}_t")
+            elif obj.fid in self.given:
+                tan = self.given[obj.fid]
+            elif self.funcs.get(obj.fid) is not None:
+                tan = self.funcs[obj.fid][0]
+            else:
+                tan = _zero_func(f"{obj.name()}_t", obj.dimensions(), obj.type())
+            ins[obj] = tan
+        tan = custom.tangent(ins)
+        custom.check_func("tangent", tan, f.dimensions(), f"Func {f.name()}")
+        return tan, "custom"
 
 
 def propagate_tangents(output, tangents):
