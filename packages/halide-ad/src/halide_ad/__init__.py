@@ -78,6 +78,7 @@ from ._lower import BoundsError
 from ._pipeline import Pipeline, Realization
 from ._schedule import ScheduleError
 from ._tangents import Tangents, propagate_tangents
+from ._torch import TorchOp, torch_op
 from ._types import Bool, Float, Int, Type, UInt
 
 __all__ = [
@@ -102,6 +103,7 @@ __all__ = [
     "ScheduleError",
     "Stage",
     "Tangents",
+    "TorchOp",
     "Tuple",
     "Type",
     "UInt",
@@ -148,6 +150,7 @@ __all__ = [
     "sqrt",
     "tan",
     "tanh",
+    "torch_op",
     "trunc",
     "u8",
     "u16",
