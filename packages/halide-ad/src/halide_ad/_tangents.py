@@ -119,7 +119,7 @@ class _Forward:
     def __init__(self, output, tangents):
         self.output = output
         self.graph = _AllRootGraph([output])
-        self.given: dict = {}  # fid / param leaf -> tangent Func (Buffers) / node (Params)
+        self.given: dict = {}  # Buffer fid / Param leaf -> tangent Func (0-D for a Param)
         self.funcs: dict = {}  # fid -> (tangent Func, Tuple Func or None) or None (zero)
         self._read_given(tangents)
 
@@ -166,8 +166,10 @@ class _Forward:
                 )
             src = v
         else:
-            if not isinstance(v, Buffer):
+            if not isinstance(v, Buffer):  # an array covers the input's domain, mins included
                 v = Buffer(np.asarray(v, dtype=t.dtype), name=f"{buf.name()}_tin")
+                if v.dimensions() == buf.dimensions():
+                    v.set_min([buf.dim(d).min() for d in range(buf.dimensions())])
             if v.shape != buf.shape or any(v.dim(d).min() != buf.dim(d).min()
                                            for d in range(buf.dimensions())):
                 raise FuncError(
@@ -250,9 +252,7 @@ class _Forward:
     def _func(self, f):
         defs = f.definitions()
         t = f.type()
-        depends = any(self._inputs(d.values[0])[0] or self._inputs(d.values[0])[1]
-                      for d in defs)
-        if not depends:
+        if not any(any(self._inputs(d.values[0])) for d in defs):
             return None
         nonlinear = False
         for d in defs[1:]:
