@@ -47,10 +47,11 @@ class Tangents:
     ordinary Funcs. A Func, Buffer or Param whose value does not depend on the given tangents
     has a zero tangent."""
 
-    def __init__(self, funcs, given, output):
+    def __init__(self, funcs, given, output, pipeline):
         # fid -> None (zero) or (tangent Func, None / the (value, tangent) Tuple Func /
-        # "custom")
+        # "custom"); float Funcs only
         self._funcs = funcs
+        self._pipeline = pipeline  # fid -> Func: every Func of the pipeline
         self._given = given  # fid / param leaf -> tangent Func
         self._output = output
         self._prefixes: dict = {}
@@ -80,12 +81,12 @@ class Tangents:
         raise FuncError(f"no tangent for {type(key).__name__}: use a Func, Buffer or Param")
 
     def _func(self, f, index):
-        if f.fid not in self._funcs:
+        if f.fid not in self._pipeline:
             raise FuncError(
                 f"Func {f.name()} is not in the pipeline of {self._output.name()}: it has no"
                 " tangent"
             )
-        if not all(t.is_float() for t in f.types()):
+        if f.fid not in self._funcs:
             raise FuncError(f"Func {f.name()} is {f.type()}-valued: integer Funcs have no tangent")
         n = f.num_update_definitions()
         j = n if index is None else index + 1
@@ -217,7 +218,7 @@ class _Forward:
                 self.funcs[fid] = self._custom(f, custom)
             else:
                 self.funcs[fid] = self._func(f)
-        return Tangents(self.funcs, self.given, self.output)
+        return Tangents(self.funcs, self.given, self.output, g.funcs)
 
     def _inputs(self, node, self_fid=None):
         """The float calls (of Funcs / Buffers with a tangent, and of ``self_fid``) and the

@@ -103,13 +103,13 @@ class _Signature:
     def adjoint(self, needs):
         entry = self.backward.get(needs)
         if entry is None:
-            t = self.out.type()
-            seed = Buffer(np.zeros(self.shape, t.dtype), name=f"{self.out.name()}_dout")
-            d = propagate_adjoints(self.out, seed)
             which = [i for i, (obj, n) in enumerate(zip(self.inputs, needs))
                      if n and obj.type().is_float()]
             if not which:
                 return None
+            t = self.out.type()
+            seed = Buffer(np.zeros(self.shape, t.dtype), name=f"{self.out.name()}_dout")
+            d = propagate_adjoints(self.out, seed)
             entry = self.backward[needs] = (Pipeline([d[self.inputs[i]] for i in which]), seed,
                                             which)
         return entry

@@ -64,3 +64,18 @@ def test_update_index_out_of_range():
     t = hl.propagate_tangents(f, {a: np.ones(6)})
     with pytest.raises(hl.FuncError, match="Func f has 0 update"):
         t[f, 0]
+
+
+def test_integer_func_and_func_outside_the_pipeline_have_no_tangent():
+    a = hl.Buffer(np.linspace(0.0, 1.0, 6), "a")
+    idx = hl.Func("index")
+    idx[x] = hl.i32(a[x] * 4.0)
+    f = hl.Func("f")
+    f[x] = a[hl.clamp(idx[x], 0, 5)] * a[x]
+    elsewhere = hl.Func("elsewhere")
+    elsewhere[x] = a[x]
+    t = hl.propagate_tangents(f, {a: np.ones(6)})
+    with pytest.raises(hl.FuncError, match=r"Func index is Int\(32\)-valued"):
+        t[idx]
+    with pytest.raises(hl.FuncError, match="elsewhere is not in the pipeline of f"):
+        t[elsewhere]
