@@ -263,3 +263,23 @@ def test_forward_over_reverse_hessian_vector_product():
             - np.asarray(gradient(a0 - h * v)[0].realize([W, H]))) / (2 * h)
     assert np.abs(hv - want).max() <= TOL * np.abs(want).max()
     assert abs(np.sum(u * hv) - np.sum(v * hu)) <= 1e-12 * np.abs(u * hv).sum()
+
+
+def test_tangents_given_as_a_param_and_as_a_func():
+    """A Param's tangent may be a Param (new directions without rebuilding), a Buffer's a
+    Func (a direction computed by another pipeline)."""
+    rng = _rng(17)
+    arr = rng.standard_normal((H, W))
+    a = hl.Buffer(arr, "a")
+    g = hl.Param(hl.Float(64), "g", 0.5)
+    f = hl.Func("f")
+    f[x, y] = hl.exp(a[x, y] * g)
+    dg = hl.Param(hl.Float(64), "dg", 1.0)
+    ramp = hl.Func("ramp")
+    ramp[x, y] = hl.f64(x) - 0.5 * hl.f64(y)
+    t = hl.propagate_tangents(f, {g: dg, a: ramp})[f]
+    xs, ys = np.meshgrid(np.arange(W), np.arange(H))
+    for s in (1.0, -2.5):
+        dg.set(s)
+        want = np.exp(arr * 0.5) * (arr * s + 0.5 * (xs - 0.5 * ys))
+        np.testing.assert_allclose(np.asarray(t.realize([W, H])), want, rtol=1e-13)
