@@ -79,3 +79,13 @@ def test_integer_func_and_func_outside_the_pipeline_have_no_tangent():
         t[idx]
     with pytest.raises(hl.FuncError, match="elsewhere is not in the pipeline of f"):
         t[elsewhere]
+
+
+def test_tuple_func_is_rejected_naming_it():
+    a = hl.Buffer(np.ones(6), "a")
+    pair = hl.Func("pair")
+    pair[x] = (a[x] * 2.0, a[x] + 1.0)
+    f = hl.Func("f")
+    f[x] = pair[x][0] * pair[x][1]
+    with pytest.raises(hl.FuncError, match="Func pair is a Tuple"):
+        hl.propagate_tangents(f, {a: np.ones(6)})
