@@ -19,6 +19,7 @@ The names and call shapes are those of Halide's Python bindings::
 from . import _boundary as BoundaryConditions
 from ._bounds import const_value
 from ._buffer import Buffer
+from ._custom import custom_derivative
 from ._derivative import Derivative, propagate_adjoints
 from ._expr import (
     Expr,
@@ -76,6 +77,8 @@ from ._func import Func, FuncError, FuncRef, Stage, Tuple
 from ._lower import BoundsError
 from ._pipeline import Pipeline, Realization
 from ._schedule import ScheduleError
+from ._tangents import Tangents, propagate_tangents
+from ._torch import TorchOp, torch_op
 from ._types import Bool, Float, Int, Type, UInt
 
 __all__ = [
@@ -99,6 +102,8 @@ __all__ = [
     "Realization",
     "ScheduleError",
     "Stage",
+    "Tangents",
+    "TorchOp",
     "Tuple",
     "Type",
     "UInt",
@@ -117,6 +122,7 @@ __all__ = [
     "const_value",
     "cos",
     "cosh",
+    "custom_derivative",
     "erf",
     "exp",
     "f32",
@@ -136,6 +142,7 @@ __all__ = [
     "min",
     "pow",
     "propagate_adjoints",
+    "propagate_tangents",
     "round",
     "select",
     "sin",
@@ -143,6 +150,7 @@ __all__ = [
     "sqrt",
     "tan",
     "tanh",
+    "torch_op",
     "trunc",
     "u8",
     "u16",

@@ -138,15 +138,30 @@ def _retarget(node, old_fid, new_fid):
     return sym.substitute(node, mapping) if mapping else node
 
 
+def stage_copy(f, j, name):
+    """A new Func ``name`` equal to ``f`` after its definition ``j`` (0: the pure one)."""
+    copy = Func(name)
+    xs = [E.Var(n) for n in f._pure_arg_names]
+    for d in f.definitions()[:j + 1]:
+        vals = [E.Expr(_node=_retarget(v, f.fid, copy.fid)) for v in d.values]
+        val = vals[0] if len(vals) == 1 else vals
+        if d.stage_index == 0:
+            copy[tuple(xs)] = val
+        else:
+            copy[tuple(E.Expr(_node=a) for a in d.args)] = val
+    return copy
+
+
 class Derivative:
     """The adjoints: ``d[f]`` (pure stage), ``d[f, i]`` (after update ``i``), ``d[buffer]``,
     ``d[param]`` (a 0-D Func), all ordinary Funcs."""
 
-    def __init__(self, stages, inputs, funcs, output):
+    def __init__(self, stages, inputs, funcs, output, customs):
         self._stages = stages  # fid -> [adjoint of stage 0 (pure), after update 0, ...]
         self._inputs = inputs  # fid / param leaf -> Func
         self._funcs = funcs
         self._output = output
+        self._customs = customs  # fids whose only adjoint is their value's (custom rule)
 
     def __getitem__(self, key):
         index = None
@@ -163,6 +178,11 @@ class Derivative:
                 raise FuncError(
                     f"Func {key.name()} is not in the pipeline of {self._output.name()}: it has"
                     " no adjoint"
+                )
+            if index is not None and key.fid in self._customs:
+                raise FuncError(
+                    f"Func {key.name()} has a custom adjoint: only d[{key.name()}] (the adjoint"
+                    " of its value) exists"
                 )
             k = 0 if index is None else index + 1
             if not 0 <= k < len(stages):
@@ -215,6 +235,7 @@ class _Adjoints:
         self.seed = seed_func
         self._copies: dict = {}
         self._keep: list = []
+        self.customs: set = set()  # fids of Funcs with a custom adjoint
 
     @staticmethod
     def _regions_need_params(missing):
@@ -248,7 +269,7 @@ class _Adjoints:
                 name = obj.name() if obj is not None else "param"
                 self.inputs[p] = self._materialise(None, f"{name}_d", type_of_dtype(p.dtype), 0,
                                                    self.contribs.get(p, []))
-        return Derivative(self.stages, self.inputs, g.funcs, self.output)
+        return Derivative(self.stages, self.inputs, g.funcs, self.output, self.customs)
 
     def _process(self, f):
         region = self.regions[f.fid]
@@ -257,9 +278,19 @@ class _Adjoints:
         t = f.type()
         if f is self.output:
             final = self.seed
+        elif f.fid not in self.contribs:
+            # nothing downstream reads it (a custom rule bypassed it): zero, no propagation
+            # (which could also refuse updates that no gradient needs)
+            zero = self._materialise(f, f"{f.name()}_d", t, f.dimensions(), [])
+            self.stages[f.fid] = [zero] * n
+            return
         else:
             final = self._materialise(f, f"{f.name()}_{n}_d", t, f.dimensions(),
                                       self.contribs.get(f.fid, []))
+        custom = f._custom_derivative
+        if custom is not None and custom.adjoint is not None:
+            self._custom(f, custom, final, region)
+            return
         adj = [None] * n
         adj[n - 1] = final
         for k in range(n - 1, -1, -1):
@@ -278,20 +309,28 @@ class _Adjoints:
             self._propagate(f, d, value, seed, region)
         self.stages[f.fid] = adj
 
+    def _custom(self, f, custom, final, region):
+        """Contributions from the user's adjoint rule instead of ``f``'s definitions."""
+        read = _boundary.constant_exterior(
+            final, E.cast(f.type(), 0), bounds=[(lo, ext) for lo, ext in region]) \
+            if region else final
+        for obj, fn in custom.adjoints(read):
+            self._keep.append(fn)
+            if isinstance(obj, E.Param):
+                key, us = obj.node, []
+            else:
+                key, us = obj.fid, self.adjoint_vars(obj.dimensions())
+            value = sym.call(E.CALL, *us, out_dtype=fn.type().dtype, fid=fn.fid, index=0)
+            self.contribs.setdefault(key, []).append(_Contribution(us, value, [], None))
+        self.stages[f.fid] = [final]
+        self.customs.add(f.fid)
+
     # ---- updates -----------------------------------------------------------------------
     def _stage_copy(self, f, j):
-        """A Func equal to ``f`` after its definition ``j`` (0: the pure one)."""
         key = (f.fid, j)
         copy = self._copies.get(key)
         if copy is None:
-            copy = self._copies[key] = Func(f"{f.name()}_s{j}")
-            xs = [E.Var(n) for n in f._pure_arg_names]
-            for d in f.definitions()[:j + 1]:
-                val = E.Expr(_node=_retarget(d.values[0], f.fid, copy.fid))
-                if d.stage_index == 0:
-                    copy[tuple(xs)] = val
-                else:
-                    copy[tuple(E.Expr(_node=a) for a in d.args)] = val
+            copy = self._copies[key] = stage_copy(f, j, f"{f.name()}_s{j}")
         return copy
 
     def _previous_stage(self, f, d, k, cur, t, value, before):

@@ -618,6 +618,10 @@ class Param(Expr):
         if value is not None:
             self.set(value)
 
+    # hashable by identity, so Params can key {input: tangent / adjoint} dicts (a dict looks a
+    # key up by identity first, so == never builds a comparison there)
+    __hash__ = object.__hash__
+
     def name(self) -> str:
         return self._name
 

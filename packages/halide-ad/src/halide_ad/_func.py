@@ -401,6 +401,7 @@ class Func(_Scheduling):
         self.version = 0
         self._own_pipeline = None
         self.bound_estimates: dict = {}
+        self._custom_derivative = None  # a CustomDerivative (custom_derivative)
         if expr is not None:
             self[()] = expr
 
