@@ -134,11 +134,14 @@ class Geometry:
     def material(self, si, footprint=None):
         """(kd, ks, roughness) at the interactions; ``footprint`` (N,) is the world-space
         pixel footprint for the mip level."""
-        n = si.p.shape[0]
-        kd = torch.zeros((n, 3), dtype=self.dtype)
-        ks = torch.zeros((n, 3), dtype=self.dtype)
-        rough = torch.zeros((n,), dtype=self.dtype)
+        # constant materials: one gather from per-mesh tables; textured meshes looked up apart
+        kd = self._per_mesh_constant("diffuse", 3)[si.mesh]
+        ks = self._per_mesh_constant("specular", 3)[si.mesh]
+        rough = self._per_mesh_constant("roughness", 1)[si.mesh, 0]
         for mi, m in enumerate(self.scene.meshes):
+            mat = m.material
+            if mat.diffuse.is_constant and mat.specular.is_constant and mat.roughness.is_constant:
+                continue
             sel = torch.nonzero(si.mesh == mi).flatten()
             if len(sel) == 0:
                 continue
@@ -146,11 +149,20 @@ class Geometry:
             level = None
             if footprint is not None and m.uvs is not None:
                 level = self._mip_level(m, si, sel, footprint[sel])
-            mat = m.material
             kd = kd.index_copy(0, sel, _lookup(mat.diffuse, uv, level, self.dtype))
             ks = ks.index_copy(0, sel, _lookup(mat.specular, uv, level, self.dtype))
             rough = rough.index_copy(0, sel, _lookup(mat.roughness, uv, level, self.dtype)[:, 0])
         return kd, ks, rough
+
+    def _per_mesh_constant(self, name, channels):
+        """(meshes, channels): each mesh's constant material texture ``name`` (zeros where it
+        is a texel grid), differentiable in the constants."""
+        rows = []
+        for m in self.scene.meshes:
+            tex = getattr(m.material, name)
+            rows.append(tex.values.to(self.dtype)[:channels].expand(channels) if tex.is_constant
+                        else torch.zeros(channels, dtype=self.dtype))
+        return torch.stack(rows)
 
     def _mip_level(self, m, si, sel, footprint):
         # Texels per footprint: world footprint scaled by the triangle's uv/world area ratio.
@@ -165,14 +177,10 @@ class Geometry:
         return torch.log2(torch.clamp(texels, min=1.0))
 
     def emission(self, si):
-        le = torch.zeros((si.p.shape[0], 3), dtype=self.dtype)
-        for mi, m in enumerate(self.scene.meshes):
-            if m.emission is None:
-                continue
-            sel = torch.nonzero((si.mesh == mi) & si.front).flatten()
-            if len(sel):
-                le = le.index_copy(0, sel, m.emission.to(self.dtype).expand(len(sel), 3))
-        return le
+        """Radiance leaving the front side of emissive meshes (zero elsewhere)."""
+        rows = [torch.zeros(3, dtype=self.dtype) if m.emission is None
+                else m.emission.to(self.dtype).expand(3) for m in self.scene.meshes]
+        return torch.where(si.front[:, None], torch.stack(rows)[si.mesh], 0.0)
 
     def environment(self, d):
         env = self.scene.envmap
