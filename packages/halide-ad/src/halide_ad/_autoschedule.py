@@ -1,0 +1,385 @@
+"""``auto_schedule``: the gradient-pipeline auto-scheduler of Li et al. 2018, §4.4 (CPU).
+
+Decisions, in order (spec §4.2 normative rules, §4.3 default thresholds):
+
+1. **Checkpoint or inline** (consumers before producers). Outputs and Funcs with update
+   definitions (scatters, reductions) are computed at the root. With ``rule="pointwise"``
+   (the default; the research code's rule, spec §4.3) only trivial Funcs (one call, no float
+   arithmetic: boundary conditions) and Funcs read element-wise by exactly one Func are
+   inlined, so a stencil is never recomputed per consumer tap. With ``rule="paper"`` (§4.2)
+   a pure Func is inlined unless more than one realised Func calls it (calls through inlined
+   Funcs count for the Func they are inlined into); on stencil chains such as the bilateral
+   grid's blurs this recomputes each stage per tap (5 x 5 x 5 loads per grid read).
+   ``inline`` / ``no_inline`` override both.
+2. **Bounds** of every Func from the output estimates (numeric, as at ``realize``).
+3. **Pure definitions** of root Funcs: 16x16 tiles over two dimensions large enough, the tile
+   index fused and parallel, the inner tile row vectorised by 8; else 256-wide strips of the
+   largest dimension; else serial.
+4. **Updates**: when the pure dimensions cannot be tiled but the RVars can, ``rfactor``
+   (only when the update is provably an associative ``+ * min max`` reduction): the widest
+   large RVar becomes a pure dimension of the intermediate, whose column-wise partial
+   reductions are parallel over 16-wide strips and vectorised. Otherwise the update's pure
+   Vars are tiled like a pure definition, or fused and parallel, or (a scatter) left serial.
+
+``compute_at`` is not used (paper: "We currently do not use compute_at").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from core_ad import sym
+
+from . import _expr as E
+from ._bounds import const_value, interval
+from ._derivative import _AllRootGraph, _values
+from ._func import Func, FuncError
+from ._lower import root_regions
+from ._schedule import ScheduleError, StageSchedule
+
+__all__ = ["AutoSchedule", "auto_schedule"]
+
+_RULES = ("pointwise", "paper")
+_DIM_RULES = ("paper", "largest")
+
+
+@dataclass
+class AutoSchedule:
+    """What ``auto_schedule`` decided: ``levels`` maps each Func name to ``"inline"`` or
+    ``"root"`` with the reason, ``stages`` each scheduled stage to its directives, and
+    ``rfactored`` the intermediate Funcs created by rfactor."""
+
+    levels: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=dict)
+    rfactored: list = field(default_factory=list)
+
+    def __str__(self):
+        lines = [f"{name}: {lvl}" for name, lvl in self.levels.items()]
+        lines += [f"  {st}: {'; '.join(ds) or 'serial'}" for st, ds in self.stages.items()]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Options:
+    tile_w: int
+    tile_h: int
+    vector: int
+    min_threads: int
+    dims: str
+
+
+def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=(),
+                  rule="pointwise", dims="paper", tile=(16, 16), vector_width=8, min_threads=8):
+    """Schedule every Func of the pipeline computing ``outputs`` (a Func or a list).
+
+    ``estimates``: ``{output Func: [extent, ...]}`` or ``[(min, extent), ...]`` per output (x
+    first, as ``realize``); an output missing from it uses its ``set_estimates``. Input sizes
+    are the Buffers' own. ``inline`` / ``no_inline``: Funcs (or their names) to inline / to
+    compute at the root whatever the rules say. Existing schedules of these Funcs are
+    replaced. Returns an :class:`AutoSchedule` describing the decisions.
+    """
+    if target != "cpu":
+        raise ScheduleError(f"auto_schedule: target {target!r} is not supported (only 'cpu')")
+    if rule not in _RULES:
+        raise ScheduleError(f"auto_schedule: rule must be one of {_RULES}, got {rule!r}")
+    if dims not in _DIM_RULES:
+        raise ScheduleError(f"auto_schedule: dims must be one of {_DIM_RULES}, got {dims!r}")
+    outputs = [outputs] if isinstance(outputs, Func) else list(outputs)
+    opts = _Options(int(tile[0]), int(tile[1]), int(vector_width), int(min_threads), dims)
+    graph = _AllRootGraph(outputs)
+    funcs = {fid: graph.funcs[fid] for fid in reversed(graph.order)}  # consumers first
+    forced_inline = _resolve(inline, funcs, "inline")
+    forced_root = _resolve(no_inline, funcs, "no_inline")
+    both = forced_inline & forced_root
+    if both:
+        raise ScheduleError("auto_schedule: " + ", ".join(sorted(funcs[f].name() for f in both))
+                            + " in both inline and no_inline")
+    for fid in forced_inline:
+        f = funcs[fid]
+        if f in outputs or f.has_update_definition():
+            what = "a pipeline output" if f in outputs else "a Func with update definitions"
+            raise ScheduleError(f"auto_schedule: {f.name()} is {what} and cannot be inlined")
+    values = _values(graph)
+    missing = [p for p in graph.params if p not in values]
+    if missing:
+        names = ", ".join(E.PARAMS[p.key].name() for p in missing if p.key in E.PARAMS)
+        raise FuncError(f"auto_schedule: set the Params {names} first (bounds need them)")
+    regions = root_regions(graph, _output_regions(outputs, estimates), values)
+
+    result = AutoSchedule()
+    inlined = _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, result)
+    for fid, f in funcs.items():
+        f.store_level = None
+        for d in f.definitions():
+            d.schedule = StageSchedule(dims=d._initial_dims())
+        if fid in inlined:
+            f.compute_inline()
+            continue
+        f.compute_root()
+        ext = {n: e for n, (_, e) in zip(f._pure_arg_names, regions[fid])}
+        result.stages[f.name()] = _parallelize(f, [(n, ext[n]) for n in f._pure_arg_names],
+                                                opts) or []
+        for k, ldef in enumerate(graph.defs[fid][1:]):
+            _schedule_update(f, k, ldef, ext, values, opts, result)
+    return result
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+
+def _resolve(items, funcs, what):
+    """fids of the Funcs (or names) in ``items``; anything else raises a ScheduleError."""
+    if isinstance(items, (Func, str)):
+        items = [items]
+    by_name: dict = {}
+    for fid, f in funcs.items():
+        by_name.setdefault(f.name(), []).append(fid)
+    out = set()
+    for it in items:
+        if isinstance(it, Func):
+            if it.fid not in funcs:
+                raise ScheduleError(f"auto_schedule: {what} names Func {it.name()}, which the"
+                                    " pipeline does not use")
+            out.add(it.fid)
+        elif isinstance(it, str):
+            hits = by_name.get(it, [])
+            if len(hits) != 1:
+                why = "no Func" if not hits else f"{len(hits)} Funcs"
+                raise ScheduleError(
+                    f"auto_schedule: {what} names {it!r}, but the pipeline has {why} of that"
+                    f" name (its Funcs: {', '.join(sorted(by_name))}); pass the Func itself")
+            out.add(hits[0])
+        else:
+            raise ScheduleError(f"auto_schedule: {what} takes Funcs or Func names, got"
+                                f" {type(it).__name__}")
+    return out
+
+
+def _output_regions(outputs, estimates):
+    if estimates is None:
+        estimates = {}
+    elif not isinstance(estimates, dict):
+        estimates = dict(zip(outputs, estimates)) if len(estimates) == len(outputs) and all(
+            isinstance(e, (list, tuple)) for e in estimates) else {outputs[0]: estimates}
+    out = {}
+    for f in outputs:
+        est = estimates.get(f)
+        if est is None:
+            est = [f.bound_estimates.get(n) for n in f._pure_arg_names]
+            if any(e is None for e in est):
+                raise ScheduleError(
+                    f"auto_schedule: no size estimate for output {f.name()}: pass"
+                    f" estimates={{{f.name()}: [extent, ...]}} or call set_estimates")
+        if len(est) != f.dimensions():
+            raise ScheduleError(f"auto_schedule: {f.name()} has {f.dimensions()} dimension(s),"
+                                f" its estimate {list(est)} has {len(est)}")
+        out[f.fid] = [(int(e[0]), int(e[1])) if isinstance(e, (list, tuple)) else (0, int(e))
+                      for e in est]
+    return out
+
+
+# ---- step 1: inline or root -----------------------------------------------------------------
+
+
+def _callers(graph):
+    """fid -> {fid of each Func whose definitions call it}, over the unscheduled graph."""
+    out = {fid: set() for fid in graph.order}
+    for fid in graph.order:
+        for d in graph.funcs[fid].definitions():
+            for c in sym.calls(_def_nodes(d), E.CALL):
+                g = c.params["fid"]
+                if g in out and g != fid:
+                    out[g].add(fid)
+    return out
+
+
+def _def_nodes(d):
+    nodes = list(d.args) + list(d.values)
+    if d.predicate is not None:
+        nodes.append(d.predicate)
+    for rd in d.rdoms:
+        nodes += [b.node for pair in rd.bounds for b in pair]
+    return nodes
+
+
+def _is_trivial(f):
+    """At most one call and no float arithmetic outside call coordinates (a boundary
+    condition, a cast-free copy, a constant): inlining it costs no more than a load."""
+    if len(f._pure.values) != 1:
+        return False
+    v = f._pure.values[0]
+    return len(sym.calls(v, E.CALL)) <= 1 and _float_ops(v) == 0
+
+
+def _float_ops(node):
+    if E.is_call(node) or not isinstance(node, sym.Apply):
+        return 0
+    own = node.dtype.kind == "f" and node.prim.name != "select"
+    return own + sum(_float_ops(a) for a in node.args)
+
+
+def _elementwise(f, caller):
+    """Every call of ``f`` in ``caller`` has exactly the caller definition's coordinates."""
+    for d in caller.definitions():
+        for c in sym.calls(_def_nodes(d), E.CALL):
+            if c.params["fid"] == f.fid and not (
+                    len(c.args) == len(d.args) and all(a is b for a, b in zip(c.args, d.args))):
+                return False
+    return True
+
+
+def _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, result):
+    callers = _callers(graph)
+    inlined, elementwise = set(), set()
+    realised_callers: dict = {}  # fid -> fids of the realised Funcs its values end up in
+    for fid, f in funcs.items():  # consumers first, so every caller is decided
+        eff = set()
+        for c in callers[fid]:
+            eff |= realised_callers[c] if c in inlined else {c}
+        if fid in forced_inline:
+            why = "inline (user)"
+        elif fid in forced_root:
+            why = "root (user)"
+        elif f in outputs:
+            why = "root (output)"
+        elif f.has_update_definition():
+            why = "root (scatters or reduces)"
+        elif rule == "paper":
+            why = ("root (called by " + ", ".join(sorted(funcs[c].name() for c in eff)) + ")"
+                   if len(eff) > 1 else "inline (one caller)")
+        elif _is_trivial(f):
+            why = "inline (trivial)"
+        elif len(callers[fid]) == 1:
+            (c,) = callers[fid]
+            ok = _elementwise(f, funcs[c]) and (c not in inlined or c in elementwise)
+            why = "inline (element-wise, one caller)" if ok else "root (not element-wise)"
+            if ok:
+                elementwise.add(fid)
+        else:
+            why = "root (several callers)"
+        result.levels[f.name()] = why
+        if why.startswith("inline"):
+            inlined.add(fid)
+            realised_callers[fid] = eff
+    return inlined
+
+
+# ---- steps 3-4: loops ---------------------------------------------------------------------
+
+
+def _tiling(pure, opts):
+    """("2d", W, H) / ("1d", L) / None for the pure dimensions ``[(name, extent)]``."""
+    tw, th = opts.tile_w, opts.tile_h
+    if opts.dims == "paper":  # the first two dimensions large enough, in order
+        big = [(n, e) for n, e in pure if e >= min(tw, th)]
+        pair = big[:2]
+    else:  # the two largest, the lower index inner
+        top = sorted(sorted(pure, key=lambda p: -p[1])[:2], key=pure.index)
+        pair = [p for p in top if p[1] >= min(tw, th)]
+    if len(pair) == 2:
+        (w, ew), (h, eh) = pair
+        if ew >= tw and eh >= th and (ew // tw) * (eh // th) >= opts.min_threads:
+            return ("2d", w, h)
+    if pure:
+        name, e = max(pure, key=lambda p: p[1])
+        if e >= tw * th and e // (tw * th) >= opts.min_threads:
+            return ("1d", name)
+    return None
+
+
+def _parallelize(stage, pure, opts):
+    """Apply the tiling of ``pure`` to ``stage`` (a Func or an update Stage): parallel over
+    tiles (outermost), the inner tile row vectorised and innermost. Returns the directives, or
+    None when the domain is too small to tile."""
+    plan = _tiling(pure, opts)
+    if plan is None:
+        return None
+    v = opts.vector
+    if plan[0] == "2d":
+        _, w, h = plan
+        wi, hi, t = f"{w}.ti", f"{h}.ti", f"{w}.{h}.t"
+        stage.tile(w, h, wi, hi, opts.tile_w, opts.tile_h).fuse(w, h, t)
+        done = [f"tile({w}, {h}, {opts.tile_w}, {opts.tile_h})", f"parallel({t})"]
+    else:
+        _, w = plan
+        wi, t = f"{w}.ti", w
+        width = opts.tile_w * opts.tile_h
+        stage.split(w, w, wi, width)
+        done = [f"split({w}, {width})", f"parallel({w})"]
+    stage.vectorize(wi, v)
+    done.append(f"vectorize({wi}, {v})")
+    names = stage._definition().schedule.names()
+    vec = f"{wi}.v"
+    stage.reorder([vec] + [n for n in names if n not in (vec, t)] + [t])
+    stage.parallel(t)
+    return done
+
+
+def _rvar_extents(ldef, values):
+    """[(RVar, constant extent)] of an update, innermost first."""
+    env = {leaf: (sym.const(v, leaf.dtype), sym.const(v, leaf.dtype))
+           for leaf, v in values.items()}
+    out = []
+    for (leaf, _, ext), (_, rv) in zip(ldef.rvars, ldef.source.rvars()):
+        iv = interval(ext, env)
+        e = None if iv is None else const_value(iv[0])
+        if e is None or const_value(iv[1]) != e:
+            raise ScheduleError(f"auto_schedule: the extent of {rv.name()} in"
+                                f" {ldef.func.name()}{ldef.source.stage_name()} is not a"
+                                " constant after substituting the estimates")
+        out.append((rv, int(e)))
+    return out
+
+
+def _schedule_update(f, k, ldef, ext, values, opts, result):
+    where = f"{f.name()}.update({k})"
+    d = ldef.source
+    pure = [(n, ext[n]) for n in d.pure_var_names()]
+    rvars = _rvar_extents(ldef, values)
+    stage = f.update(k)
+    if _tiling(pure, opts) is None:
+        large = [(rv, e) for rv, e in rvars if e >= opts.tile_w]
+        if len(large) >= 2:  # rfactor needs a second large RVar left to reduce over
+            rv, e = large[0]
+            try:
+                intm = stage.rfactor([(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))])
+            except ScheduleError as err:  # not provably associative: keep it serial
+                result.stages[where] = [f"rfactor skipped ({err})"]
+            else:
+                _schedule_intermediate(f, intm, rv, e, pure, opts, result)
+                result.stages[where] = [f"rfactor({rv.name()}) -> {intm.name()}"]
+                d = f._updates[k]
+                stage = f.update(k)
+                pure = [(n, ext[n]) for n in d.pure_var_names()]
+        else:
+            result.stages[where] = []
+    done = _parallelize(stage, pure, opts)
+    if done is None and pure:  # too small to tile: one parallel loop over the pure Vars
+        names = [n for n, _ in pure]
+        for a, b in zip(names, names[1:]):
+            stage.fuse(a, b, b)
+        stage.parallel(names[-1])
+        done = [f"parallel({' * '.join(names)})"]
+    result.stages.setdefault(where, [])
+    result.stages[where] += done or []
+
+
+def _schedule_intermediate(f, intm, rv, extent, pure, opts, result):
+    """The rfactor intermediate ``intm[pure..., v]``: root, its pure definition tiled as
+    usual, its update parallel over 16-wide strips of ``v`` with the column-wise partial
+    reductions vectorised (paper §4.4: "vectorize the column-wise reductions")."""
+    intm.compute_root()
+    v = intm._pure_arg_names[-1]
+    dims = pure + [(v, extent)]
+    result.levels[intm.name()] = f"root (rfactor of {f.name()})"
+    result.rfactored.append(intm)
+    result.stages[intm.name()] = _parallelize(intm, dims, opts) or []
+    stage = intm.update(0)
+    vi = f"{v}.ti"
+    stage.split(v, v, vi, opts.tile_w).vectorize(vi, opts.vector)
+    names = stage._definition().schedule.names()
+    stage.reorder([f"{vi}.v"] + [n for n in names if n not in (f"{vi}.v", v)] + [v])
+    stage.parallel(v)
+    result.stages[f"{intm.name()}.update(0)"] = [
+        f"split({v}, {opts.tile_w})", f"vectorize({vi}, {opts.vector})", f"parallel({v})"]
+
