@@ -251,6 +251,10 @@ def test_bad_overrides_and_options_raise():
         hl.auto_schedule(p["loss"], est, target="gpu")
     with pytest.raises(hl.ScheduleError, match="no size estimate for output blur"):
         hl.auto_schedule(p["blur"])
+    with pytest.raises(hl.ScheduleError, match="must be positive integers"):
+        hl.auto_schedule(p["loss"], est, tile=(16, 0))
+    with pytest.raises(hl.ScheduleError, match="rule must be one of"):
+        hl.auto_schedule(p["loss"], est, rule="greedy")
     with pytest.raises(hl.ScheduleError, match="has 2 dimension"):
         hl.auto_schedule(p["blur"], {p["blur"]: [16]})
 
@@ -298,3 +302,18 @@ def test_unscheduled_adjoint_work_grows_linearly_like_all_root(build):
         assert all(3.8 < b / a < 4.2 for a, b in zip(w, w[1:])), w
     ratios = [u / r for u, r in zip(unscheduled, root)]
     assert max(ratios) / min(ratios) < 1.02, ratios  # a constant factor at every size
+
+
+def test_funcs_with_one_name_keep_separate_records():
+    x = hl.Var("x")
+    im = hl.Buffer(RNG.random(300), name="img")
+    a, b, out = hl.Func("same"), hl.Func("same"), hl.Func("out")
+    a[x] = im[x] * 2
+    b[x] = a[x - 1] + a[x + 1]
+    out[x] = b[x - 1] * b[x + 1]
+    decided = hl.auto_schedule(out, {out: [(2, 296)]}, no_inline=[a])
+    # consumers are decided first: b keeps the name, a is recorded under its unique id
+    assert decided.levels == {"out": "root (output)", "same": "root (not element-wise)",
+                              a.fid: "root (user)"}
+    with pytest.raises(hl.ScheduleError, match="has 2 Funcs of that name"):
+        hl.auto_schedule(out, {out: [(2, 296)]}, inline=["same"])

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import numpy as np
 from core_ad import sym
 
 from . import _expr as E
@@ -52,6 +53,13 @@ class AutoSchedule:
     levels: dict = field(default_factory=dict)
     stages: dict = field(default_factory=dict)
     rfactored: list = field(default_factory=list)
+    _owners: dict = field(default_factory=dict, repr=False)  # key -> fid
+
+    def key(self, f) -> str:
+        """``f``'s key in ``levels`` and ``stages``: its name, or its unique id when another
+        Func of the pipeline has the same name."""
+        owner = self._owners.setdefault(f.name(), f.fid)
+        return f.name() if owner == f.fid else f.fid
 
     def __str__(self):
         lines = [f"{name}: {lvl}" for name, lvl in self.levels.items()]
@@ -84,6 +92,10 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
         raise ScheduleError(f"auto_schedule: rule must be one of {_RULES}, got {rule!r}")
     if dims not in _DIM_RULES:
         raise ScheduleError(f"auto_schedule: dims must be one of {_DIM_RULES}, got {dims!r}")
+    sizes = (*tile, vector_width, min_threads)
+    if len(tile) != 2 or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in sizes):
+        raise ScheduleError("auto_schedule: tile (two sizes), vector_width and min_threads must"
+                            f" be positive integers, got {tile}, {vector_width}, {min_threads}")
     outputs = [outputs] if isinstance(outputs, Func) else list(outputs)
     opts = _Options(int(tile[0]), int(tile[1]), int(vector_width), int(min_threads), dims)
     graph = _AllRootGraph(outputs)
@@ -117,7 +129,7 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
             continue
         f.compute_root()
         ext = {n: e for n, (_, e) in zip(f._pure_arg_names, regions[fid])}
-        result.stages[f.name()] = _parallelize(f, [(n, ext[n]) for n in f._pure_arg_names],
+        result.stages[result.key(f)] = _parallelize(f, [(n, ext[n]) for n in f._pure_arg_names],
                                                 opts) or []
         for k, ldef in enumerate(graph.defs[fid][1:]):
             _schedule_update(f, k, ldef, ext, values, opts, result)
@@ -257,7 +269,7 @@ def _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, resu
                 elementwise.add(fid)
         else:
             why = "root (several callers)"
-        result.levels[f.name()] = why
+        result.levels[result.key(f)] = why
         if why.startswith("inline"):
             inlined.add(fid)
             realised_callers[fid] = eff
@@ -332,7 +344,7 @@ def _rvar_extents(ldef, values):
 
 
 def _schedule_update(f, k, ldef, ext, values, opts, result):
-    where = f"{f.name()}.update({k})"
+    where = f"{result.key(f)}.update({k})"
     d = ldef.source
     pure = [(n, ext[n]) for n in d.pure_var_names()]
     rvars = _rvar_extents(ldef, values)
@@ -347,7 +359,7 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
                 result.stages[where] = [f"rfactor skipped ({err})"]
             else:
                 _schedule_intermediate(f, intm, rv, e, pure, opts, result)
-                result.stages[where] = [f"rfactor({rv.name()}) -> {intm.name()}"]
+                result.stages[where] = [f"rfactor({rv.name()}) -> {result.key(intm)}"]
                 d = f._updates[k]
                 stage = f.update(k)
                 pure = [(n, ext[n]) for n in d.pure_var_names()]
@@ -371,15 +383,15 @@ def _schedule_intermediate(f, intm, rv, extent, pure, opts, result):
     intm.compute_root()
     v = intm._pure_arg_names[-1]
     dims = pure + [(v, extent)]
-    result.levels[intm.name()] = f"root (rfactor of {f.name()})"
+    result.levels[result.key(intm)] = f"root (rfactor of {result.key(f)})"
     result.rfactored.append(intm)
-    result.stages[intm.name()] = _parallelize(intm, dims, opts) or []
+    result.stages[result.key(intm)] = _parallelize(intm, dims, opts) or []
     stage = intm.update(0)
     vi = f"{v}.ti"
     stage.split(v, v, vi, opts.tile_w).vectorize(vi, opts.vector)
     names = stage._definition().schedule.names()
     stage.reorder([f"{vi}.v"] + [n for n in names if n not in (f"{vi}.v", v)] + [v])
     stage.parallel(v)
-    result.stages[f"{intm.name()}.update(0)"] = [
+    result.stages[f"{result.key(intm)}.update(0)"] = [
         f"split({v}, {opts.tile_w})", f"vectorize({vi}, {opts.vector})", f"parallel({v})"]
 
