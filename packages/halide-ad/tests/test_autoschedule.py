@@ -178,19 +178,20 @@ def test_rules_tiles_vectorises_parallelises_root_stages():
     # 64 x 64: (64/16)^2 = 16 >= 8 tiles of 16 x 16, parallel tile index outermost
     for stage in (p["blur"], p["blur"].update(0)):
         sched = stage._definition().schedule
-        assert sched.dims[0].name == "x.ti.v" and sched.dims[0].kind == "vectorized"
-        assert sched.dims[0].factor == 8
+        # innermost first: the RVars (an update's), then the 8 vector lanes
+        nr = sum(not d.pure for d in sched.dims)
+        assert [(d.pure, d.kind) for d in sched.dims[:nr]] == [(False, "serial")] * nr
+        vec = sched.dims[nr]
+        assert (vec.name, vec.kind, vec.factor) == ("x.ti.v", "vectorized", 8)
         assert sched.dims[-1].name == "x.y.t" and sched.dims[-1].kind == "parallel"
         assert [s.factor for s in sched.splits if s.kind == "split"][:2] == [16, 16]
-    # the RVars of the blur's update stay serial, inside the vector lanes' loop
-    rdims = p["blur"].update(0)._definition().schedule.dims[1:3]
-    assert [(d.pure, d.kind) for d in rdims] == [(False, "serial")] * 2
+    assert sum(not d.pure for d in p["blur"].update(0)._definition().schedule.dims) == 2
     # d_w: a 3 x 3 domain reducing over 64 x 64 -> rfactor, the partial sums parallel
     assert len(decided.rfactored) == 1
     intm = decided.rfactored[0]
     assert intm.compute_level.kind == "root"
     kinds = [d.kind for d in intm.update(0)._definition().schedule.dims]
-    assert kinds[0] == "vectorized" and kinds[-1] == "parallel"
+    assert kinds[:2] == ["serial", "vectorized"] and kinds[-1] == "parallel"  # rows, lanes
     assert decided.stages["w_d.update(0)"][0].startswith("rfactor(")
     # the repeat_edge wrapper costs a load: inlined
     assert decided.levels[p["clamped"].name()] == "inline (trivial)"

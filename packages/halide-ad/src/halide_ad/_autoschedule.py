@@ -320,11 +320,18 @@ def _parallelize(stage, pure, opts):
         done = [f"split({w}, {width})", f"parallel({w})"]
     stage.vectorize(wi, v)
     done.append(f"vectorize({wi}, {v})")
-    names = stage._definition().schedule.names()
-    vec = f"{wi}.v"
-    stage.reorder([vec] + [n for n in names if n not in (vec, t)] + [t])
+    _order(stage, f"{wi}.v", t)
     stage.parallel(t)
     return done
+
+
+def _order(stage, vec, outer):
+    """Loops innermost first: the RVars, the vector loop, the other pure loops, ``outer``.
+    Inside the vector loop, a reduction's accumulator stays in a register across its RVars."""
+    dims = stage._definition().schedule.dims
+    rvars = [d.name for d in dims if not d.pure]
+    rest = [d.name for d in dims if d.pure and d.name not in (vec, outer)]
+    stage.reorder(rvars + [vec] + rest + [outer])
 
 
 def _rvar_extents(ldef, values):
@@ -389,8 +396,7 @@ def _schedule_intermediate(f, intm, rv, extent, pure, opts, result):
     stage = intm.update(0)
     vi = f"{v}.ti"
     stage.split(v, v, vi, opts.tile_w).vectorize(vi, opts.vector)
-    names = stage._definition().schedule.names()
-    stage.reorder([f"{vi}.v"] + [n for n in names if n not in (f"{vi}.v", v)] + [v])
+    _order(stage, f"{vi}.v", v)
     stage.parallel(v)
     result.stages[f"{result.key(intm)}.update(0)"] = [
         f"split({v}, {opts.tile_w})", f"vectorize({vi}, {opts.vector})", f"parallel({v})"]
