@@ -318,3 +318,16 @@ def test_funcs_with_one_name_keep_separate_records():
                               a.fid: "root (user)"}
     with pytest.raises(hl.ScheduleError, match="has 2 Funcs of that name"):
         hl.auto_schedule(out, {out: [(2, 296)]}, inline=["same"])
+
+
+def test_pipeline_auto_schedule_uses_the_last_realize_sizes():
+    img = RNG.random((64, 64))
+    ref = _realize(_separable(img)["blur_y"], [64, 64])
+    p = _separable(img)
+    pipe = hl.Pipeline(p["blur_y"])
+    with pytest.raises(hl.ScheduleError, match="no size estimate for output blur_y"):
+        pipe.auto_schedule()
+    pipe.realize([64, 64])
+    decided = pipe.auto_schedule()
+    assert decided.stages["blur_y"][0] == "tile(x, y, 16, 16)"
+    _assert_close(np.asarray(pipe.realize([64, 64])), ref)
