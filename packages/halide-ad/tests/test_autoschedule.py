@@ -331,3 +331,45 @@ def test_pipeline_auto_schedule_uses_the_last_realize_sizes():
     decided = pipe.auto_schedule()
     assert decided.stages["blur_y"][0] == "tile(x, y, 16, 16)"
     _assert_close(np.asarray(pipe.realize([64, 64])), ref)
+
+
+def _signal_loss(sig, associative=True):
+    """float64 1-D reductions over 5000 samples (not a multiple of 256), one with a predicate:
+    loss = sum over s > 0.3 of sin(s)^2; its adjoint."""
+    i = hl.Var("i")
+    buf = hl.Buffer(sig, name="sig")
+    r = hl.RDom([(0, sig.size)])
+    r.where(buf[r.x] > 0.3)
+    loss = hl.Func("loss")
+    loss[()] = hl.f64(0)
+    if associative:
+        loss[()] += hl.sin(buf[r.x]) ** 2
+    else:  # a decaying sum: not f op e
+        loss[()] = loss[()] * 0.999 + hl.sin(buf[r.x]) ** 2
+    grad = hl.Func("grad")
+    grad[i] = buf[i] * 2
+    return loss, grad, buf
+
+
+def test_long_1d_reduction_is_split_and_rfactored():
+    sig = RNG.random(5000)
+    ref = _realize(_signal_loss(sig)[0], [])
+    loss, _, _ = _signal_loss(sig)
+    decided = hl.auto_schedule(loss, {loss: []})
+    assert decided.stages["loss.update(0)"][0].startswith("split(")
+    intm = decided.rfactored[0]
+    assert intm.dimensions() == 2  # 16 lanes x ceil(5000 / 256) chunks
+    kinds = {d.name: d.kind for d in intm.update(0)._definition().schedule.dims}
+    assert list(kinds.values())[0] == "serial"  # the 16 partial sums of one lane
+    assert sorted(kinds.values())[-1] == "vectorized" and "parallel" in kinds.values()
+    _assert_close(_realize(loss, []), ref)
+
+
+def test_non_associative_reduction_is_left_serial():
+    sig = RNG.random(5000)
+    ref = _realize(_signal_loss(sig, associative=False)[0], [])
+    loss, _, _ = _signal_loss(sig, associative=False)
+    decided = hl.auto_schedule(loss, {loss: []})
+    assert decided.stages["loss.update(0)"][0].startswith("rfactor skipped (")
+    assert not decided.rfactored
+    np.testing.assert_array_equal(_realize(loss, []), ref)

@@ -16,10 +16,12 @@ Decisions, in order (spec §4.2 normative rules, §4.3 default thresholds):
    index fused and parallel, the inner tile row vectorised by 8; else 256-wide strips of the
    largest dimension; else serial.
 4. **Updates**: when the pure dimensions cannot be tiled but the RVars can, ``rfactor``
-   (only when the update is provably an associative ``+ * min max`` reduction): the widest
-   large RVar becomes a pure dimension of the intermediate, whose column-wise partial
-   reductions are parallel over 16-wide strips and vectorised. Otherwise the update's pure
-   Vars are tiled like a pure definition, or fused and parallel, or (a scatter) left serial.
+   (only when the update is provably an associative ``+ * min max`` reduction). 2-D: the
+   first large RVar becomes a pure dimension of the intermediate, whose column-wise partial
+   reductions are parallel over 16-wide strips and vectorised. 1-D: the long RVar is split
+   into 16 lanes x 16 x chunks, lanes vectorised and chunks parallel. Otherwise the update's
+   pure Vars are tiled like a pure definition (RVars innermost), or fused and parallel, or
+   (a scatter) left serial.
 
 ``compute_at`` is not used (paper: "We currently do not use compute_at").
 """
@@ -36,6 +38,7 @@ from ._bounds import const_value, interval
 from ._derivative import _AllRootGraph, _values
 from ._func import Func, FuncError
 from ._lower import root_regions
+from ._rfactor import check_rfactor
 from ._schedule import ScheduleError, StageSchedule
 
 __all__ = ["AutoSchedule", "auto_schedule"]
@@ -357,20 +360,29 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
     stage = f.update(k)
     if _tiling(pure, opts) is None:
         large = [(rv, e) for rv, e in rvars if e >= opts.tile_w]
-        if len(large) >= 2:  # rfactor needs a second large RVar left to reduce over
-            rv, e = large[0]
-            try:
+        longest = max(rvars, key=lambda p: p[1], default=(None, 0))
+        try:
+            if len(large) >= 2:  # 2-D: the first large RVar becomes the intermediate's Var
+                rv, e = large[0]
                 intm = stage.rfactor([(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))])
-            except ScheduleError as err:  # not provably associative: keep it serial
-                result.stages[where] = [f"rfactor skipped ({err})"]
+                _schedule_intermediate(f, intm, [(intm._pure_arg_names[-1], e)], pure, opts,
+                                       result)
+                done = [f"rfactor({rv.name()}) -> {result.key(intm)}"]
+            elif longest[1] >= opts.tile_w * opts.tile_h:
+                intm = _rfactor_1d(f, k, *longest, opts)
+                inner = opts.tile_w * opts.tile_h
+                lanes, chunks = intm._pure_arg_names[-2:]
+                _schedule_intermediate(f, intm, [(lanes, opts.tile_w),
+                                                 (chunks, -(-longest[1] // inner))], pure, opts,
+                                       result)
+                done = [f"split({longest[0].name()}, {inner}, {opts.tile_w}), rfactor ->"
+                        f" {result.key(intm)}"]
             else:
-                _schedule_intermediate(f, intm, rv, e, pure, opts, result)
-                result.stages[where] = [f"rfactor({rv.name()}) -> {result.key(intm)}"]
-                d = f._updates[k]
-                stage = f.update(k)
-                pure = [(n, ext[n]) for n in d.pure_var_names()]
-        else:
-            result.stages[where] = []
+                done = []
+        except ScheduleError as err:  # not provably associative: leave the reduction serial
+            done = [f"rfactor skipped ({err})"]
+        result.stages[where] = done
+        stage = f.update(k)
     done = _parallelize(stage, pure, opts)
     if done is None and pure:  # too small to tile: one parallel loop over the pure Vars
         names = [n for n, _ in pure]
@@ -382,21 +394,54 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
     result.stages[where] += done or []
 
 
-def _schedule_intermediate(f, intm, rv, extent, pure, opts, result):
-    """The rfactor intermediate ``intm[pure..., v]``: root, its pure definition tiled as
-    usual, its update parallel over 16-wide strips of ``v`` with the column-wise partial
-    reductions vectorised (paper §4.4: "vectorize the column-wise reductions")."""
+def _rfactor_1d(f, k, rv, extent, opts):
+    """Spec §4.3 step 4.2, CPU 1-D: ``r`` (extent ``E``) becomes ``lo + 256 o + 16 m + i``
+    (``i < 16``, ``m < 16``, ``o < ceil(E / 256)``, with ``256 o + 16 m + i < E``), and the
+    partial reductions over ``m`` are factored out into ``intm[..., i, o]``. The update is
+    checked for an associative form before it is rewritten."""
+    d = f._updates[k]
+    check_rfactor(f, k)
+    lanes, inner = opts.tile_w, opts.tile_w * opts.tile_h
+    old = rv.rdom
+    bounds = []
+    for j, b in enumerate(old.bounds):
+        bounds += [(0, lanes), (0, inner // lanes), (0, -(-extent // inner))] if j == rv.dim \
+            else [b]
+    new = E.RDom(bounds, name=f"{old.name}_split")
+    i, m, o = new.vars[rv.dim:rv.dim + 3]
+    flat = o * inner + m * lanes + i
+    # the predicate drops the tail past E; the min keeps its reads provably in bounds
+    at = old.bounds[rv.dim][0] + E.min(flat, extent - 1)
+    mapping = {v.node: at.node if j == rv.dim
+               else new.vars[j if j < rv.dim else j + 2].node
+               for j, v in enumerate(old.vars)}
+    pred = flat < extent
+    if old.predicate() is not None:
+        pred = pred & E.Expr(_node=sym.substitute(old.predicate(), mapping))
+    new.where(pred)
+    f._updates[k] = type(d)(f, [sym.substitute(a, mapping) for a in d.args],
+                            [sym.substitute(v, mapping) for v in d.values], d.stage_index)
+    f._touch()
+    name = rv.name().replace(".", "_")
+    return f.update(k).rfactor([(i, E.Var(f"{name}_i")), (o, E.Var(f"{name}_o"))])
+
+
+def _schedule_intermediate(f, intm, new_dims, pure, opts, result):
+    """The rfactor intermediate ``intm[pure..., new dims]``: root, its pure definition tiled
+    as usual; its update parallel over the outermost new dimension (split in 16-wide strips
+    when it is the only one), the innermost vectorised: the column-wise partial reductions
+    (paper §4.4: "vectorize the column-wise reductions")."""
     intm.compute_root()
-    v = intm._pure_arg_names[-1]
-    dims = pure + [(v, extent)]
     result.levels[result.key(intm)] = f"root (rfactor of {result.key(f)})"
     result.rfactored.append(intm)
-    result.stages[result.key(intm)] = _parallelize(intm, dims, opts) or []
+    result.stages[result.key(intm)] = _parallelize(intm, pure + new_dims, opts) or []
     stage = intm.update(0)
-    vi = f"{v}.ti"
-    stage.split(v, v, vi, opts.tile_w).vectorize(vi, opts.vector)
-    _order(stage, f"{vi}.v", v)
-    stage.parallel(v)
+    lanes, outer = new_dims[0][0], new_dims[-1][0]
+    if len(new_dims) == 1:  # one long dimension: 16-wide strips of it in parallel
+        stage.split(lanes, lanes, f"{lanes}.ti", opts.tile_w)
+        lanes = f"{lanes}.ti"
+    stage.vectorize(lanes, opts.vector)
+    _order(stage, f"{lanes}.v", outer)
+    stage.parallel(outer)
     result.stages[f"{result.key(intm)}.update(0)"] = [
-        f"split({v}, {opts.tile_w})", f"vectorize({vi}, {opts.vector})", f"parallel({v})"]
-
+        f"vectorize({lanes}, {opts.vector})", f"parallel({outer})"]
