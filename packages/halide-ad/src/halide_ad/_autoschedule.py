@@ -361,26 +361,24 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
     if _tiling(pure, opts) is None:
         large = [(rv, e) for rv, e in rvars if e >= opts.tile_w]
         longest = max(rvars, key=lambda p: p[1], default=(None, 0))
+        strip = opts.tile_w * opts.tile_h
+        intm, done = None, []
         try:
             if len(large) >= 2:  # 2-D: the first large RVar becomes the intermediate's Var
                 rv, e = large[0]
                 intm = stage.rfactor([(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))])
-                _schedule_intermediate(f, intm, [(intm._pure_arg_names[-1], e)], pure, opts,
-                                       result)
+                new_dims = [(intm._pure_arg_names[-1], e)]
                 done = [f"rfactor({rv.name()}) -> {result.key(intm)}"]
-            elif longest[1] >= opts.tile_w * opts.tile_h:
+            elif longest[1] >= strip:  # 1-D
                 intm = _rfactor_1d(f, k, *longest, opts)
-                inner = opts.tile_w * opts.tile_h
                 lanes, chunks = intm._pure_arg_names[-2:]
-                _schedule_intermediate(f, intm, [(lanes, opts.tile_w),
-                                                 (chunks, -(-longest[1] // inner))], pure, opts,
-                                       result)
-                done = [f"split({longest[0].name()}, {inner}, {opts.tile_w}), rfactor ->"
+                new_dims = [(lanes, opts.tile_w), (chunks, -(-longest[1] // strip))]
+                done = [f"split({longest[0].name()}, {strip}, {opts.tile_w}), rfactor ->"
                         f" {result.key(intm)}"]
-            else:
-                done = []
         except ScheduleError as err:  # not provably associative: leave the reduction serial
             done = [f"rfactor skipped ({err})"]
+        if intm is not None:
+            _schedule_intermediate(f, intm, new_dims, pure, opts, result)
         result.stages[where] = done
         stage = f.update(k)
     done = _parallelize(stage, pure, opts)
