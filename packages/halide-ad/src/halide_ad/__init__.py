@@ -17,6 +17,7 @@ The names and call shapes are those of Halide's Python bindings::
 """
 
 from . import _boundary as BoundaryConditions
+from ._autoschedule import AutoSchedule, auto_schedule
 from ._bounds import const_value
 from ._buffer import Buffer
 from ._custom import custom_derivative
@@ -82,6 +83,7 @@ from ._torch import TorchOp, torch_op
 from ._types import Bool, Float, Int, Type, UInt
 
 __all__ = [
+    "AutoSchedule",
     "Bool",
     "BoundaryConditions",
     "BoundsError",
@@ -116,6 +118,7 @@ __all__ = [
     "atan",
     "atan2",
     "atanh",
+    "auto_schedule",
     "cast",
     "ceil",
     "clamp",

@@ -12,6 +12,7 @@ import numpy as np
 from core_ad import codegen, sym
 
 from . import _expr as E
+from ._autoschedule import auto_schedule
 from ._bounds import const_value, interval
 from ._buffer import Buffer
 from ._cuda import is_gpu_stmt, kernel_source
@@ -111,6 +112,7 @@ class Pipeline:
         if not self.outputs:
             raise FuncError("a Pipeline needs at least one output Func")
         self._compiled: _Compiled | None = None
+        self._last_sizes = None  # per output, [(min, extent), ...] of the last realize
 
     def _compile(self) -> _Compiled:
         c = self._compiled
@@ -122,6 +124,13 @@ class Pipeline:
         self._compile()
         return self
 
+    def auto_schedule(self, estimates=None, target="cpu", **options):
+        """Schedule this pipeline's Funcs with :func:`halide_ad.auto_schedule` (estimates
+        default to the sizes of the last ``realize``); returns its decisions."""
+        if estimates is None and self._last_sizes is not None:
+            estimates = dict(zip(self.outputs, self._last_sizes))
+        return auto_schedule(self.outputs, estimates, target, **options)
+
     # ---- realize -----------------------------------------------------------------------
     def realize(self, sizes=None, target=None):
         c = self._compile()
@@ -130,6 +139,7 @@ class Pipeline:
         values = self._values(c)
         out_regions = {f.fid: [(0, int(ext)) for ext in reversed(arrs[0].shape)]
                        for f, arrs in outs}
+        self._last_sizes = list(out_regions.values())
         key = (tuple((fid, tuple(r)) for fid, r in out_regions.items()),
                tuple((leaf, np.asarray(v).item()) for leaf, v in values.items()))
         cached = c.regions_cache.get(key)

@@ -20,7 +20,7 @@ from core_ad import sym
 from . import _expr as E
 from ._schedule import ScheduleError, dim_name
 
-__all__ = ["rfactor"]
+__all__ = ["check_rfactor", "rfactor"]
 
 _OPS = {"add": "+", "mul": "*", "minimum": "min", "maximum": "max"}
 
@@ -65,6 +65,20 @@ def _split_value(f, d):
     return op, other
 
 
+def check_rfactor(f, index: int):
+    """``(rdom, pure Vars, op, reduced value)`` of ``f.update(index)``, or a ScheduleError
+    saying why it is not an associative reduction over one RDom rfactor can split."""
+    d = f._updates[index]
+    where = f"{f.name()}.update({index})"
+    if len(d.rdoms) != 1:
+        raise ScheduleError(f"rfactor of {where}: the update must use exactly one RDom")
+    pure = [a for a in d.args if E.is_var(a)]
+    if len(pure) != len(d.args):
+        raise ScheduleError(f"rfactor of {where}: the left-hand side must be pure Vars")
+    op, other = _split_value(f, d)
+    return d.rdoms[0], pure, op, other
+
+
 def rfactor(f, index: int, preserved, *more):
     """Rewrite ``f.update(index)`` in place and return the intermediate Func."""
     d = f._updates[index]
@@ -72,13 +86,7 @@ def rfactor(f, index: int, preserved, *more):
     if not isinstance(preserved, list):
         preserved = [(preserved, more[0])] if more else preserved
     pairs = [(p[0], p[1]) for p in preserved]
-    if len(d.rdoms) != 1:
-        raise ScheduleError(f"rfactor of {where}: the update must use exactly one RDom")
-    rdom = d.rdoms[0]
-    pure = [a for a in d.args if E.is_var(a)]
-    if len(pure) != len(d.args):
-        raise ScheduleError(f"rfactor of {where}: the left-hand side must be pure Vars")
-    op, other = _split_value(f, d)
+    rdom, pure, op, other = check_rfactor(f, index)
     kept = {}  # rvar dim -> new pure Var
     for rv, v in pairs:
         if not isinstance(rv, E.RVar) or rv.rdom is not rdom:

@@ -1,0 +1,445 @@
+"""``auto_schedule``: the gradient-pipeline auto-scheduler of Li et al. 2018, §4.4 (CPU).
+
+Decisions, in order (spec §4.2 normative rules, §4.3 default thresholds):
+
+1. **Checkpoint or inline** (consumers before producers). Outputs and Funcs with update
+   definitions (scatters, reductions) are computed at the root. With ``rule="pointwise"``
+   (the default; the research code's rule, spec §4.3) only trivial Funcs (one call, no float
+   arithmetic: boundary conditions) and Funcs read element-wise by exactly one Func are
+   inlined, so a stencil is never recomputed per consumer tap. With ``rule="paper"`` (§4.2)
+   a pure Func is inlined unless more than one realised Func calls it (calls through inlined
+   Funcs count for the Func they are inlined into); on stencil chains such as the bilateral
+   grid's blurs this recomputes each stage per tap (5 x 5 x 5 loads per grid read).
+   ``inline`` / ``no_inline`` override both.
+2. **Bounds** of every Func from the output estimates (numeric, as at ``realize``).
+3. **Pure definitions** of root Funcs: 16x16 tiles over two dimensions large enough, the tile
+   index fused and parallel, the inner tile row vectorised by 8; else 256-wide strips of the
+   largest dimension; else serial.
+4. **Updates**: when the pure dimensions cannot be tiled but the RVars can, ``rfactor``
+   (only when the update is provably an associative ``+ * min max`` reduction). 2-D: the
+   first large RVar becomes a pure dimension of the intermediate, whose column-wise partial
+   reductions are parallel over 16-wide strips and vectorised. 1-D: the long RVar is split
+   into 16 lanes x 16 x chunks, lanes vectorised and chunks parallel. Otherwise the update's
+   pure Vars are tiled like a pure definition (RVars innermost), or fused and parallel, or
+   (a scatter) left serial.
+
+``compute_at`` is not used (paper: "We currently do not use compute_at").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+from core_ad import sym
+
+from . import _expr as E
+from ._bounds import const_value, interval
+from ._derivative import _AllRootGraph, _values
+from ._func import Func, FuncError
+from ._lower import root_regions
+from ._rfactor import check_rfactor
+from ._schedule import ScheduleError, StageSchedule
+
+__all__ = ["AutoSchedule", "auto_schedule"]
+
+_RULES = ("pointwise", "paper")
+_DIM_RULES = ("paper", "largest")
+
+
+@dataclass
+class AutoSchedule:
+    """What ``auto_schedule`` decided: ``levels`` maps each Func name to ``"inline"`` or
+    ``"root"`` with the reason, ``stages`` each scheduled stage to its directives, and
+    ``rfactored`` the intermediate Funcs created by rfactor."""
+
+    levels: dict = field(default_factory=dict)
+    stages: dict = field(default_factory=dict)
+    rfactored: list = field(default_factory=list)
+    _owners: dict = field(default_factory=dict, repr=False)  # key -> fid
+
+    def key(self, f) -> str:
+        """``f``'s key in ``levels`` and ``stages``: its name, or its unique id when another
+        Func of the pipeline has the same name."""
+        owner = self._owners.setdefault(f.name(), f.fid)
+        return f.name() if owner == f.fid else f.fid
+
+    def __str__(self):
+        lines = [f"{name}: {lvl}" for name, lvl in self.levels.items()]
+        lines += [f"  {st}: {'; '.join(ds) or 'serial'}" for st, ds in self.stages.items()]
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class _Options:
+    tile_w: int
+    tile_h: int
+    vector: int
+    min_threads: int
+    dims: str
+
+
+def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=(),
+                  rule="pointwise", dims="paper", tile=(16, 16), vector_width=8, min_threads=8):
+    """Schedule every Func of the pipeline computing ``outputs`` (a Func or a list).
+
+    ``estimates``: ``{output Func: [extent, ...]}`` or ``[(min, extent), ...]`` per output (x
+    first, as ``realize``); an output missing from it uses its ``set_estimates``. Input sizes
+    are the Buffers' own. ``inline`` / ``no_inline``: Funcs (or their names) to inline / to
+    compute at the root whatever the rules say. Existing schedules of these Funcs are
+    replaced. Returns an :class:`AutoSchedule` describing the decisions.
+    """
+    if target != "cpu":
+        raise ScheduleError(f"auto_schedule: target {target!r} is not supported (only 'cpu')")
+    if rule not in _RULES:
+        raise ScheduleError(f"auto_schedule: rule must be one of {_RULES}, got {rule!r}")
+    if dims not in _DIM_RULES:
+        raise ScheduleError(f"auto_schedule: dims must be one of {_DIM_RULES}, got {dims!r}")
+    sizes = (*tile, vector_width, min_threads)
+    if len(tile) != 2 or not all(isinstance(v, (int, np.integer)) and v >= 1 for v in sizes):
+        raise ScheduleError("auto_schedule: tile (two sizes), vector_width and min_threads must"
+                            f" be positive integers, got {tile}, {vector_width}, {min_threads}")
+    outputs = [outputs] if isinstance(outputs, Func) else list(outputs)
+    opts = _Options(int(tile[0]), int(tile[1]), int(vector_width), int(min_threads), dims)
+    graph = _AllRootGraph(outputs)
+    funcs = {fid: graph.funcs[fid] for fid in reversed(graph.order)}  # consumers first
+    forced_inline = _resolve(inline, funcs, "inline")
+    forced_root = _resolve(no_inline, funcs, "no_inline")
+    both = forced_inline & forced_root
+    if both:
+        raise ScheduleError("auto_schedule: " + ", ".join(sorted(funcs[f].name() for f in both))
+                            + " in both inline and no_inline")
+    for fid in forced_inline:
+        f = funcs[fid]
+        if f in outputs or f.has_update_definition():
+            what = "a pipeline output" if f in outputs else "a Func with update definitions"
+            raise ScheduleError(f"auto_schedule: {f.name()} is {what} and cannot be inlined")
+    values = _values(graph)
+    missing = [p for p in graph.params if p not in values]
+    if missing:
+        names = ", ".join(E.PARAMS[p.key].name() for p in missing if p.key in E.PARAMS)
+        raise FuncError(f"auto_schedule: set the Params {names} first (bounds need them)")
+    regions = root_regions(graph, _output_regions(outputs, estimates), values)
+
+    result = AutoSchedule()
+    inlined = _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, result)
+    for fid, f in funcs.items():
+        f.store_level = None
+        for d in f.definitions():
+            d.schedule = StageSchedule(dims=d._initial_dims())
+        if fid in inlined:
+            f.compute_inline()
+            continue
+        f.compute_root()
+        ext = {n: e for n, (_, e) in zip(f._pure_arg_names, regions[fid])}
+        result.stages[result.key(f)] = _parallelize(f, [(n, ext[n]) for n in f._pure_arg_names],
+                                                opts) or []
+        for k, ldef in enumerate(graph.defs[fid][1:]):
+            _schedule_update(f, k, ldef, ext, values, opts, result)
+    return result
+
+
+# ---- inputs ---------------------------------------------------------------------------------
+
+
+def _resolve(items, funcs, what):
+    """fids of the Funcs (or names) in ``items``; anything else raises a ScheduleError."""
+    if isinstance(items, (Func, str)):
+        items = [items]
+    by_name: dict = {}
+    for fid, f in funcs.items():
+        by_name.setdefault(f.name(), []).append(fid)
+    out = set()
+    for it in items:
+        if isinstance(it, Func):
+            if it.fid not in funcs:
+                raise ScheduleError(f"auto_schedule: {what} names Func {it.name()}, which the"
+                                    " pipeline does not use")
+            out.add(it.fid)
+        elif isinstance(it, str):
+            hits = by_name.get(it, [])
+            if len(hits) != 1:
+                why = "no Func" if not hits else f"{len(hits)} Funcs"
+                raise ScheduleError(
+                    f"auto_schedule: {what} names {it!r}, but the pipeline has {why} of that"
+                    f" name (its Funcs: {', '.join(sorted(by_name))}); pass the Func itself")
+            out.add(hits[0])
+        else:
+            raise ScheduleError(f"auto_schedule: {what} takes Funcs or Func names, got"
+                                f" {type(it).__name__}")
+    return out
+
+
+def _output_regions(outputs, estimates):
+    if estimates is None:
+        estimates = {}
+    elif not isinstance(estimates, dict):
+        estimates = dict(zip(outputs, estimates)) if len(estimates) == len(outputs) and all(
+            isinstance(e, (list, tuple)) for e in estimates) else {outputs[0]: estimates}
+    out = {}
+    for f in outputs:
+        est = estimates.get(f)
+        if est is None:
+            est = [f.bound_estimates.get(n) for n in f._pure_arg_names]
+            if any(e is None for e in est):
+                raise ScheduleError(
+                    f"auto_schedule: no size estimate for output {f.name()}: pass"
+                    f" estimates={{{f.name()}: [extent, ...]}} or call set_estimates")
+        if len(est) != f.dimensions():
+            raise ScheduleError(f"auto_schedule: {f.name()} has {f.dimensions()} dimension(s),"
+                                f" its estimate {list(est)} has {len(est)}")
+        out[f.fid] = [(int(e[0]), int(e[1])) if isinstance(e, (list, tuple)) else (0, int(e))
+                      for e in est]
+    return out
+
+
+# ---- step 1: inline or root -----------------------------------------------------------------
+
+
+def _callers(graph):
+    """fid -> {fid of each Func whose definitions call it}, over the unscheduled graph."""
+    out = {fid: set() for fid in graph.order}
+    for fid in graph.order:
+        for d in graph.funcs[fid].definitions():
+            for c in sym.calls(_def_nodes(d), E.CALL):
+                g = c.params["fid"]
+                if g in out and g != fid:
+                    out[g].add(fid)
+    return out
+
+
+def _def_nodes(d):
+    nodes = list(d.args) + list(d.values)
+    if d.predicate is not None:
+        nodes.append(d.predicate)
+    for rd in d.rdoms:
+        nodes += [b.node for pair in rd.bounds for b in pair]
+    return nodes
+
+
+def _is_trivial(f):
+    """At most one call and no float arithmetic outside call coordinates (a boundary
+    condition, a cast-free copy, a constant): inlining it costs no more than a load.
+    (Counting coordinate clamps and selects as work roots every boundary wrapper; on the
+    3x3 blur gradient that made the pipeline slower, 65-69 ms against 48-55 ms at 1024^2.)"""
+    if len(f._pure.values) != 1:
+        return False
+    v = f._pure.values[0]
+    calls = sym.calls(v, E.CALL)
+    nodes = sym.toposort([v], stop={id(c) for c in calls})  # coordinates are not work
+    return len(calls) <= 1 and not any(
+        isinstance(n, sym.Apply) and not E.is_call(n) and n.dtype.kind == "f"
+        and n.prim.name != "select" for n in nodes)
+
+
+def _elementwise(f, caller):
+    """Every call of ``f`` in ``caller`` has exactly the caller definition's coordinates."""
+    for d in caller.definitions():
+        for c in sym.calls(_def_nodes(d), E.CALL):
+            if c.params["fid"] == f.fid and not (
+                    len(c.args) == len(d.args) and all(a is b for a, b in zip(c.args, d.args))):
+                return False
+    return True
+
+
+def _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, result):
+    callers = _callers(graph)
+    inlined, elementwise = set(), set()
+    realised_callers: dict = {}  # fid -> fids of the realised Funcs its values end up in
+    for fid, f in funcs.items():  # consumers first, so every caller is decided
+        eff = set()
+        for c in callers[fid]:
+            eff |= realised_callers[c] if c in inlined else {c}
+        if fid in forced_inline:
+            why = "inline (user)"
+        elif fid in forced_root:
+            why = "root (user)"
+        elif f in outputs:
+            why = "root (output)"
+        elif f.has_update_definition():
+            why = "root (scatters or reduces)"
+        elif rule == "paper":
+            why = ("root (called by " + ", ".join(sorted(funcs[c].name() for c in eff)) + ")"
+                   if len(eff) > 1 else "inline (one caller)")
+        elif _is_trivial(f):
+            why = "inline (trivial)"
+        elif len(callers[fid]) == 1:
+            (c,) = callers[fid]
+            ok = _elementwise(f, funcs[c]) and (c not in inlined or c in elementwise)
+            why = "inline (element-wise, one caller)" if ok else "root (not element-wise)"
+            if ok:
+                elementwise.add(fid)
+        else:
+            why = "root (several callers)"
+        result.levels[result.key(f)] = why
+        if why.startswith("inline"):
+            inlined.add(fid)
+            realised_callers[fid] = eff
+    return inlined
+
+
+# ---- steps 3-4: loops ---------------------------------------------------------------------
+
+
+def _tiling(pure, opts):
+    """("2d", W, H) / ("1d", L) / None for the pure dimensions ``[(name, extent)]``."""
+    tw, th = opts.tile_w, opts.tile_h
+    if opts.dims == "paper":  # the first two dimensions large enough, in order
+        big = [(n, e) for n, e in pure if e >= min(tw, th)]
+        pair = big[:2]
+    else:  # the two largest, the lower index inner
+        top = sorted(sorted(pure, key=lambda p: -p[1])[:2], key=pure.index)
+        pair = [p for p in top if p[1] >= min(tw, th)]
+    if len(pair) == 2:
+        (w, ew), (h, eh) = pair
+        if ew >= tw and eh >= th and (ew // tw) * (eh // th) >= opts.min_threads:
+            return ("2d", w, h)
+    if pure:
+        name, e = max(pure, key=lambda p: p[1])
+        if e >= tw * th and e // (tw * th) >= opts.min_threads:
+            return ("1d", name)
+    return None
+
+
+def _parallelize(stage, pure, opts):
+    """Apply the tiling of ``pure`` to ``stage`` (a Func or an update Stage): parallel over
+    tiles (outermost), the inner tile row vectorised and innermost. Returns the directives, or
+    None when the domain is too small to tile."""
+    plan = _tiling(pure, opts)
+    if plan is None:
+        return None
+    v = opts.vector
+    if plan[0] == "2d":
+        _, w, h = plan
+        wi, hi, t = f"{w}.ti", f"{h}.ti", f"{w}.{h}.t"
+        stage.tile(w, h, wi, hi, opts.tile_w, opts.tile_h).fuse(w, h, t)
+        done = [f"tile({w}, {h}, {opts.tile_w}, {opts.tile_h})", f"parallel({t})"]
+    else:
+        _, w = plan
+        wi, t = f"{w}.ti", w
+        width = opts.tile_w * opts.tile_h
+        stage.split(w, w, wi, width)
+        done = [f"split({w}, {width})", f"parallel({w})"]
+    stage.vectorize(wi, v)
+    done.append(f"vectorize({wi}, {v})")
+    _order(stage, f"{wi}.v", t)
+    stage.parallel(t)
+    return done
+
+
+def _order(stage, vec, outer):
+    """Loops innermost first: the RVars, the vector loop, the other pure loops, ``outer``.
+    Inside the vector loop, a reduction's accumulator stays in a register across its RVars."""
+    dims = stage._definition().schedule.dims
+    rvars = [d.name for d in dims if not d.pure]
+    rest = [d.name for d in dims if d.pure and d.name not in (vec, outer)]
+    stage.reorder(rvars + [vec] + rest + [outer])
+
+
+def _rvar_extents(ldef, values):
+    """[(RVar, constant extent)] of an update, innermost first."""
+    env = {leaf: (sym.const(v, leaf.dtype), sym.const(v, leaf.dtype))
+           for leaf, v in values.items()}
+    out = []
+    for (leaf, _, ext), (_, rv) in zip(ldef.rvars, ldef.source.rvars()):
+        iv = interval(ext, env)
+        e = None if iv is None else const_value(iv[0])
+        if e is None or const_value(iv[1]) != e:
+            raise ScheduleError(f"auto_schedule: the extent of {rv.name()} in"
+                                f" {ldef.func.name()}{ldef.source.stage_name()} is not a"
+                                " constant after substituting the estimates")
+        out.append((rv, int(e)))
+    return out
+
+
+def _schedule_update(f, k, ldef, ext, values, opts, result):
+    where = f"{result.key(f)}.update({k})"
+    d = ldef.source
+    pure = [(n, ext[n]) for n in d.pure_var_names()]
+    rvars = _rvar_extents(ldef, values)
+    stage = f.update(k)
+    if _tiling(pure, opts) is None:
+        large = [(rv, e) for rv, e in rvars if e >= opts.tile_w]
+        longest = max(rvars, key=lambda p: p[1], default=(None, 0))
+        strip = opts.tile_w * opts.tile_h
+        intm, done = None, []
+        try:
+            if len(large) >= 2:  # 2-D: the first large RVar becomes the intermediate's Var
+                rv, e = large[0]
+                intm = stage.rfactor([(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))])
+                new_dims = [(intm._pure_arg_names[-1], e)]
+                done = [f"rfactor({rv.name()}) -> {result.key(intm)}"]
+            elif longest[1] >= strip:  # 1-D
+                intm = _rfactor_1d(f, k, *longest, opts)
+                lanes, chunks = intm._pure_arg_names[-2:]
+                new_dims = [(lanes, opts.tile_w), (chunks, -(-longest[1] // strip))]
+                done = [f"split({longest[0].name()}, {strip}, {opts.tile_w}), rfactor ->"
+                        f" {result.key(intm)}"]
+        except ScheduleError as err:  # not provably associative: leave the reduction serial
+            done = [f"rfactor skipped ({err})"]
+        if intm is not None:
+            _schedule_intermediate(f, intm, new_dims, pure, opts, result)
+        result.stages[where] = done
+        stage = f.update(k)
+    done = _parallelize(stage, pure, opts)
+    if done is None and pure:  # too small to tile: one parallel loop over the pure Vars
+        names = [n for n, _ in pure]
+        for a, b in zip(names, names[1:]):
+            stage.fuse(a, b, b)
+        stage.parallel(names[-1])
+        done = [f"parallel({' * '.join(names)})"]
+    result.stages.setdefault(where, [])
+    result.stages[where] += done or []
+
+
+def _rfactor_1d(f, k, rv, extent, opts):
+    """Spec §4.3 step 4.2, CPU 1-D: ``r`` (extent ``E``) becomes ``lo + 256 o + 16 m + i``
+    (``i < 16``, ``m < 16``, ``o < ceil(E / 256)``, with ``256 o + 16 m + i < E``), and the
+    partial reductions over ``m`` are factored out into ``intm[..., i, o]``. The update is
+    checked for an associative form before it is rewritten."""
+    d = f._updates[k]
+    check_rfactor(f, k)
+    lanes, inner = opts.tile_w, opts.tile_w * opts.tile_h
+    old = rv.rdom
+    bounds = []
+    for j, b in enumerate(old.bounds):
+        bounds += [(0, lanes), (0, inner // lanes), (0, -(-extent // inner))] if j == rv.dim \
+            else [b]
+    new = E.RDom(bounds, name=f"{old.name}_split")
+    i, m, o = new.vars[rv.dim:rv.dim + 3]
+    flat = o * inner + m * lanes + i
+    # the predicate drops the tail past E; the min keeps its reads provably in bounds
+    at = old.bounds[rv.dim][0] + E.min(flat, extent - 1)
+    mapping = {v.node: at.node if j == rv.dim
+               else new.vars[j if j < rv.dim else j + 2].node
+               for j, v in enumerate(old.vars)}
+    pred = flat < extent
+    if old.predicate() is not None:
+        pred = pred & E.Expr(_node=sym.substitute(old.predicate(), mapping))
+    new.where(pred)
+    f._updates[k] = type(d)(f, [sym.substitute(a, mapping) for a in d.args],
+                            [sym.substitute(v, mapping) for v in d.values], d.stage_index)
+    f._touch()
+    name = rv.name().replace(".", "_")
+    return f.update(k).rfactor([(i, E.Var(f"{name}_i")), (o, E.Var(f"{name}_o"))])
+
+
+def _schedule_intermediate(f, intm, new_dims, pure, opts, result):
+    """The rfactor intermediate ``intm[pure..., new dims]``: root, its pure definition tiled
+    as usual; its update parallel over the outermost new dimension (split in 16-wide strips
+    when it is the only one), the innermost vectorised: the column-wise partial reductions
+    (paper §4.4: "vectorize the column-wise reductions")."""
+    intm.compute_root()
+    result.levels[result.key(intm)] = f"root (rfactor of {result.key(f)})"
+    result.rfactored.append(intm)
+    result.stages[result.key(intm)] = _parallelize(intm, pure + new_dims, opts) or []
+    stage = intm.update(0)
+    lanes, outer = new_dims[0][0], new_dims[-1][0]
+    if len(new_dims) == 1:  # one long dimension: 16-wide strips of it in parallel
+        stage.split(lanes, lanes, f"{lanes}.ti", opts.tile_w)
+        lanes = f"{lanes}.ti"
+    stage.vectorize(lanes, opts.vector)
+    _order(stage, f"{lanes}.v", outer)
+    stage.parallel(outer)
+    result.stages[f"{result.key(intm)}.update(0)"] = [
+        f"vectorize({lanes}, {opts.vector})", f"parallel({outer})"]

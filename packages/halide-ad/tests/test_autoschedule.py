@@ -1,0 +1,375 @@
+"""``hl.auto_schedule`` (spec §4.2/4.3, CPU): the same values as the unscheduled pipeline,
+forward and adjoint; the decisions the rules prescribe; user overrides; clear errors. And the
+guarantee that an unscheduled pipeline does no asymptotically more work than all-compute_root,
+measured by a deterministic count (loop trips x loads of every realised definition)."""
+
+import math
+
+import halide_ad as hl
+import numpy as np
+import pytest
+from core_ad import sym
+from halide_ad import _expr as E
+from halide_ad._bounds import const_value, interval
+from halide_ad._derivative import _values
+from halide_ad._graph import Graph
+from halide_ad._lower import root_regions
+from halide_ad.apps import bilateral_grid, histogram
+
+RNG = np.random.default_rng(7)
+
+
+def _blur3x3(img, weights):
+    """float64 3x3 weighted blur (repeat_edge, an RDom update) and loss = sum(blur^2)."""
+    h, w = img.shape
+    x, y = hl.Var("x"), hl.Var("y")
+    im, wt = hl.Buffer(img, name="img"), hl.Buffer(weights, name="w")
+    clamped = hl.BoundaryConditions.repeat_edge(im)
+    r = hl.RDom([(0, 3), (0, 3)])
+    blur = hl.Func("blur")
+    blur[x, y] = hl.f64(0)
+    blur[x, y] += clamped[x + r.x - 1, y + r.y - 1] * wt[r.x, r.y]
+    s = hl.RDom([(0, w), (0, h)])
+    loss = hl.Func("loss")
+    loss[()] = hl.f64(0)
+    loss[()] += blur[s.x, s.y] * blur[s.x, s.y]
+    d = hl.propagate_adjoints(loss)
+    return {"blur": blur, "loss": loss, "clamped": clamped, "d_img": d[im], "d_w": d[wt]}
+
+
+def _separable(img):
+    """float64 separable [1 2 1] blur, repeat_edge; seeded adjoint of its output."""
+    x, y = hl.Var("x"), hl.Var("y")
+    im = hl.Buffer(img, name="img")
+    clamped = hl.BoundaryConditions.repeat_edge(im)
+    blur_x, blur_y, scaled = hl.Func("blur_x"), hl.Func("blur_y"), hl.Func("scaled")
+    blur_x[x, y] = clamped[x - 1, y] + 2 * clamped[x, y] + clamped[x + 1, y]
+    scaled[x, y] = blur_x[x, y] * 0.25  # read element-wise by blur_y only
+    blur_y[x, y] = (scaled[x, y - 1] + 2 * scaled[x, y] + scaled[x, y + 1]) * 0.25
+    d = hl.propagate_adjoints(blur_y, np.cos(img))
+    return {"blur_x": blur_x, "scaled": scaled, "blur_y": blur_y, "clamped": clamped,
+            "d_img": d[im]}
+
+
+def _soft_histogram(img, nbins=16):
+    """float64 scatter: hist[bin(v)] += v^2 over the image; loss = sum_i hist[i] * (i + 1)."""
+    h, w = img.shape
+    i = hl.Var("i")
+    im = hl.Buffer(img, name="img")
+    r = hl.RDom([(0, w), (0, h)])
+    hist = hl.Func("hist")
+    hist[i] = hl.f64(0)
+    v = im[r.x, r.y]
+    hist[hl.clamp(hl.i32(v * nbins), 0, nbins - 1)] += v * v
+    b = hl.RDom([(0, nbins)])
+    loss = hl.Func("loss")
+    loss[()] = hl.f64(0)
+    loss[()] += hist[b.x] * hl.f64(b.x + 1)
+    d = hl.propagate_adjoints(loss)
+    return {"hist": hist, "loss": loss, "d_img": d[im]}
+
+
+def _realize(f, sizes):
+    return np.array(np.asarray(f.realize(sizes)), copy=True)
+
+
+def _assert_close(a, b, rtol=1e-12):
+    scale = max(np.abs(b).max(), 1e-300)
+    assert np.abs(a - b).max() <= rtol * scale, (np.abs(a - b).max(), scale)
+
+
+# ---- values -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("rule", ["pointwise", "paper"])
+def test_blur3x3_forward_and_adjoints_match_unscheduled(rule):
+    img, wts = RNG.random((40, 64)), RNG.random((3, 3))
+    sizes = {"blur": [64, 40], "loss": [], "d_img": [64, 40], "d_w": [3, 3]}
+    ref = {k: _realize(f, sizes[k]) for k, f in _blur3x3(img, wts).items() if k in sizes}
+    p = _blur3x3(img, wts)
+    outs = [p[k] for k in sizes]
+    hl.auto_schedule(outs, {p[k]: sizes[k] for k in sizes}, rule=rule)
+    for k in sizes:
+        _assert_close(_realize(p[k], sizes[k]), ref[k])
+
+
+@pytest.mark.parametrize("rule", ["pointwise", "paper"])
+def test_separable_blur_and_adjoint_match_unscheduled(rule):
+    img = RNG.random((48, 64))
+    ref = {k: _realize(_separable(img)[k], [64, 48]) for k in ("blur_y", "d_img")}
+    p = _separable(img)
+    hl.Pipeline([p["blur_y"], p["d_img"]]).auto_schedule([[64, 48], [64, 48]], rule=rule)
+    for k in ref:
+        _assert_close(_realize(p[k], [64, 48]), ref[k])
+
+
+def test_soft_histogram_scatter_and_adjoint_match_unscheduled():
+    img = RNG.random((40, 64))
+    ref = {k: _realize(_soft_histogram(img)[k], s) for k, s in (("hist", [16]), ("d_img", [64, 40]))}
+    p = _soft_histogram(img)
+    decided = hl.auto_schedule([p["hist"], p["d_img"]], {p["hist"]: [16], p["d_img"]: [64, 40]})
+    _assert_close(_realize(p["hist"], [16]), ref["hist"])
+    _assert_close(_realize(p["d_img"], [64, 40]), ref["d_img"])
+    # a scatter has no pure Var to parallelise over and cannot be rfactored here: serial
+    assert all(d.kind == "serial" for d in p["hist"].update(0)._definition().schedule.dims)
+    assert "rfactor skipped" in decided.stages["hist.update(0)"][0]
+
+
+def test_histogram_app_matches_unscheduled():
+    img = RNG.random((40, 64)).astype(np.float32)
+    ref = histogram.build(hl, img, nbins=32)
+    app = histogram.build(hl, img, nbins=32)
+    hl.auto_schedule(list(app.outputs.values()),
+                     {app.outputs["hist"]: [32], app.outputs["cdf"]: [32],
+                      app.outputs["equalized"]: [64, 40]})
+    for name in app.outputs:
+        np.testing.assert_array_equal(app.realize(name), ref.realize(name))
+
+
+def test_bilateral_grid_app_and_adjoint_match_unscheduled():
+    img = RNG.random((40, 48)).astype(np.float32)
+    seed = RNG.random((40, 48)).astype(np.float32)
+
+    def build():
+        app = bilateral_grid.build(hl, img)
+        d = hl.propagate_adjoints(app.output, seed)
+        return app.output, d[app.buffers["img"]], app
+
+    out0, d0, keep0 = build()
+    ref = [_realize(out0, [48, 40]), _realize(d0, [48, 40])]
+    out, d_img, keep = build()
+    decided = hl.auto_schedule([out, d_img], {out: [48, 40], d_img: [48, 40]})
+    # float32: the pipelines are identical up to the order the vectorised loops sum in
+    np.testing.assert_allclose(_realize(out, [48, 40]), ref[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(_realize(d_img, [48, 40]), ref[1], rtol=1e-5, atol=1e-5)
+    assert decided.levels["blurz"] == "root (not element-wise)"  # a stencil of grid
+    assert decided.levels["grid"] == "root (scatters or reduces)"
+
+
+# ---- decisions ---------------------------------------------------------------------------
+
+def _dims(stage):
+    return {d.name: d.kind for d in stage._definition().schedule.dims}
+
+
+def test_rules_pointwise_inlines_only_trivial_and_elementwise_funcs():
+    p = _separable(RNG.random((64, 64)))
+    decided = hl.auto_schedule(p["blur_y"], {p["blur_y"]: [64, 64]})
+    lv = decided.levels
+    assert lv["blur_y"] == "root (output)"
+    assert lv[p["clamped"].name()] == "inline (trivial)"
+    assert lv["blur_x"] == "inline (element-wise, one caller)"  # read as scaled[x, y]
+    assert lv["scaled"] == "root (not element-wise)"  # a stencil: recomputed per tap if inlined
+    assert p["blur_x"].compute_level.kind == "inline"
+    assert p["scaled"].compute_level.kind == "root"
+
+
+def test_rules_paper_inlines_single_caller_stencils():
+    p = _separable(RNG.random((64, 64)))
+    decided = hl.auto_schedule(p["blur_y"], {p["blur_y"]: [64, 64]}, rule="paper")
+    assert decided.levels["scaled"] == "inline (one caller)"
+    assert decided.levels["blur_x"] == "inline (one caller)"
+
+
+def test_rules_tiles_vectorises_parallelises_root_stages():
+    p = _blur3x3(RNG.random((64, 64)), RNG.random((3, 3)))
+    outs = [p["blur"], p["d_img"], p["d_w"]]
+    decided = hl.auto_schedule(outs, {p["blur"]: [64, 64], p["d_img"]: [64, 64],
+                                      p["d_w"]: [3, 3]})
+    # 64 x 64: (64/16)^2 = 16 >= 8 tiles of 16 x 16, parallel tile index outermost
+    for stage in (p["blur"], p["blur"].update(0)):
+        sched = stage._definition().schedule
+        # innermost first: the RVars (an update's), then the 8 vector lanes
+        nr = sum(not d.pure for d in sched.dims)
+        assert [(d.pure, d.kind) for d in sched.dims[:nr]] == [(False, "serial")] * nr
+        vec = sched.dims[nr]
+        assert (vec.name, vec.kind, vec.factor) == ("x.ti.v", "vectorized", 8)
+        assert sched.dims[-1].name == "x.y.t" and sched.dims[-1].kind == "parallel"
+        assert [s.factor for s in sched.splits if s.kind == "split"][:2] == [16, 16]
+    assert sum(not d.pure for d in p["blur"].update(0)._definition().schedule.dims) == 2
+    # d_w: a 3 x 3 domain reducing over 64 x 64 -> rfactor, the partial sums parallel
+    assert len(decided.rfactored) == 1
+    intm = decided.rfactored[0]
+    assert intm.compute_level.kind == "root"
+    kinds = [d.kind for d in intm.update(0)._definition().schedule.dims]
+    assert kinds[:2] == ["serial", "vectorized"] and kinds[-1] == "parallel"  # rows, lanes
+    assert decided.stages["w_d.update(0)"][0].startswith("rfactor(")
+    # the repeat_edge wrapper costs a load: inlined
+    assert decided.levels[p["clamped"].name()] == "inline (trivial)"
+
+
+def test_small_domains_stay_serial_and_loss_is_rfactored():
+    img, wts = RNG.random((24, 24)), RNG.random((3, 3))
+    ref = _realize(_blur3x3(img, wts)["loss"], [])
+    p = _blur3x3(img, wts)
+    decided = hl.auto_schedule([p["loss"]], {p["loss"]: []})
+    # 24 x 24: (24/16)^2 = 1 < 8 tiles, and no dimension of 256 x 8
+    assert all(k == "serial" for k in _dims(p["blur"]).values())
+    assert decided.stages["loss.update(0)"][0].startswith("rfactor(")
+    _assert_close(_realize(p["loss"], []), ref)
+
+
+def test_user_overrides_win():
+    p = _separable(RNG.random((64, 64)))
+    decided = hl.auto_schedule(p["blur_y"], {p["blur_y"]: [64, 64]},
+                               inline=[p["scaled"]], no_inline=["blur_x"])
+    assert decided.levels["scaled"] == "inline (user)"
+    assert decided.levels["blur_x"] == "root (user)"
+    assert p["scaled"].compute_level.kind == "inline"
+    assert p["blur_x"].compute_level.kind == "root"
+
+
+def test_auto_schedule_replaces_earlier_schedules():
+    p = _separable(RNG.random((64, 64)))
+    p["blur_x"].compute_root().parallel(hl.Var("y"))
+    hl.auto_schedule(p["blur_y"], {p["blur_y"]: [64, 64]})
+    assert p["blur_x"].compute_level.kind == "inline"
+    assert all(d.kind == "serial" for d in p["blur_x"]._definition().schedule.dims)
+
+
+# ---- errors ------------------------------------------------------------------------------
+
+def test_unknown_func_in_inline_list_is_named():
+    p = _separable(RNG.random((16, 16)))
+    stranger = hl.Func("stranger")
+    stranger[hl.Var("x")] = hl.f64(1)
+    with pytest.raises(hl.ScheduleError, match="inline names Func stranger, which the pipeline"):
+        hl.auto_schedule(p["blur_y"], {p["blur_y"]: [16, 16]}, inline=[stranger])
+    with pytest.raises(hl.ScheduleError, match="no_inline names 'nope', but the pipeline has"
+                                               " no Func of that name"):
+        hl.auto_schedule(p["blur_y"], {p["blur_y"]: [16, 16]}, no_inline=["nope"])
+
+
+def test_bad_overrides_and_options_raise():
+    p = _blur3x3(RNG.random((16, 16)), RNG.random((3, 3)))
+    est = {p["loss"]: []}
+    with pytest.raises(hl.ScheduleError, match="blur is a Func with update definitions"):
+        hl.auto_schedule(p["loss"], est, inline=[p["blur"]])
+    with pytest.raises(hl.ScheduleError, match="loss is a pipeline output"):
+        hl.auto_schedule(p["loss"], est, inline=[p["loss"]])
+    with pytest.raises(hl.ScheduleError, match="in both inline and no_inline"):
+        hl.auto_schedule(p["loss"], est, inline=[p["clamped"]], no_inline=[p["clamped"]])
+    with pytest.raises(hl.ScheduleError, match="target 'gpu' is not supported"):
+        hl.auto_schedule(p["loss"], est, target="gpu")
+    with pytest.raises(hl.ScheduleError, match="no size estimate for output blur"):
+        hl.auto_schedule(p["blur"])
+    with pytest.raises(hl.ScheduleError, match="must be positive integers"):
+        hl.auto_schedule(p["loss"], est, tile=(16, 0))
+    with pytest.raises(hl.ScheduleError, match="rule must be one of"):
+        hl.auto_schedule(p["loss"], est, rule="greedy")
+    with pytest.raises(hl.ScheduleError, match="has 2 dimension"):
+        hl.auto_schedule(p["blur"], {p["blur"]: [16]})
+
+
+def test_set_estimates_are_used():
+    p = _blur3x3(RNG.random((64, 64)), RNG.random((3, 3)))
+    p["blur"].set_estimates([(0, 64), (0, 64)])
+    hl.auto_schedule(p["blur"])
+    assert _dims(p["blur"])["x.y.t"] == "parallel"
+
+
+# ---- the guarantee: unscheduled is never asymptotically worse than all-root ----------------
+
+def _work(outputs, sizes):
+    """Deterministic work of the lowered pipeline: for every realised definition, its loop
+    trips (pure region x RDom extents) times the loads in its (inlined) body."""
+    g = Graph(outputs)
+    values = _values(g)
+    regions = root_regions(g, {o.fid: [(0, e) for e in s] for o, s in zip(outputs, sizes)},
+                           values)
+    env = {leaf: (sym.const(v, leaf.dtype),) * 2 for leaf, v in values.items()}
+    total = 0
+    for fid in g.order:
+        ext = dict(zip(g.funcs[fid]._pure_arg_names, (e for _, e in regions[fid])))
+        for d in g.defs[fid]:
+            trips = math.prod(ext[n] for n in d.source.pure_var_names())
+            for _, _, rext in d.rvars:
+                trips *= int(const_value(interval(rext, env)[0]))
+            total += trips * max(len(sym.calls(d.nodes(), E.CALL)), 1)
+    return total
+
+
+@pytest.mark.parametrize("build", [_separable, lambda img: _blur3x3(img, RNG.random((3, 3)))])
+def test_unscheduled_adjoint_work_grows_linearly_like_all_root(build):
+    unscheduled, root = [], []
+    for n in (64, 128, 256):
+        img = RNG.random((n, n))
+        unscheduled.append(_work([build(img)["d_img"]], [[n, n]]))
+        p = build(img)
+        for f in Graph([p["d_img"]]).funcs.values():
+            if f is not p["d_img"]:
+                f.compute_root()
+        root.append(_work([p["d_img"]], [[n, n]]))
+    for w in (unscheduled, root):  # 4x the pixels: 4x the work, up to the borders (N^3: 8x)
+        assert all(3.8 < b / a < 4.2 for a, b in zip(w, w[1:])), w
+    ratios = [u / r for u, r in zip(unscheduled, root)]
+    assert max(ratios) / min(ratios) < 1.02, ratios  # a constant factor at every size
+
+
+def test_funcs_with_one_name_keep_separate_records():
+    x = hl.Var("x")
+    im = hl.Buffer(RNG.random(300), name="img")
+    a, b, out = hl.Func("same"), hl.Func("same"), hl.Func("out")
+    a[x] = im[x] * 2
+    b[x] = a[x - 1] + a[x + 1]
+    out[x] = b[x - 1] * b[x + 1]
+    decided = hl.auto_schedule(out, {out: [(2, 296)]}, no_inline=[a])
+    # consumers are decided first: b keeps the name, a is recorded under its unique id
+    assert decided.levels == {"out": "root (output)", "same": "root (not element-wise)",
+                              a.fid: "root (user)"}
+    with pytest.raises(hl.ScheduleError, match="has 2 Funcs of that name"):
+        hl.auto_schedule(out, {out: [(2, 296)]}, inline=["same"])
+
+
+def test_pipeline_auto_schedule_uses_the_last_realize_sizes():
+    img = RNG.random((64, 64))
+    ref = _realize(_separable(img)["blur_y"], [64, 64])
+    p = _separable(img)
+    pipe = hl.Pipeline(p["blur_y"])
+    with pytest.raises(hl.ScheduleError, match="no size estimate for output blur_y"):
+        pipe.auto_schedule()
+    pipe.realize([64, 64])
+    decided = pipe.auto_schedule()
+    assert decided.stages["blur_y"][0] == "tile(x, y, 16, 16)"
+    _assert_close(np.asarray(pipe.realize([64, 64])), ref)
+
+
+def _signal_loss(sig, associative=True):
+    """float64 1-D reductions over 5000 samples (not a multiple of 256), one with a predicate:
+    loss = sum over s > 0.3 of sin(s)^2; its adjoint."""
+    i = hl.Var("i")
+    buf = hl.Buffer(sig, name="sig")
+    r = hl.RDom([(0, sig.size)])
+    r.where(buf[r.x] > 0.3)
+    loss = hl.Func("loss")
+    loss[()] = hl.f64(0)
+    if associative:
+        loss[()] += hl.sin(buf[r.x]) ** 2
+    else:  # a decaying sum: not f op e
+        loss[()] = loss[()] * 0.999 + hl.sin(buf[r.x]) ** 2
+    grad = hl.Func("grad")
+    grad[i] = buf[i] * 2
+    return loss, grad, buf
+
+
+def test_long_1d_reduction_is_split_and_rfactored():
+    sig = RNG.random(5000)
+    ref = _realize(_signal_loss(sig)[0], [])
+    loss, _, _ = _signal_loss(sig)
+    decided = hl.auto_schedule(loss, {loss: []})
+    assert decided.stages["loss.update(0)"][0].startswith("split(")
+    intm = decided.rfactored[0]
+    assert intm.dimensions() == 2  # 16 lanes x ceil(5000 / 256) chunks
+    kinds = {d.name: d.kind for d in intm.update(0)._definition().schedule.dims}
+    assert list(kinds.values())[0] == "serial"  # the 16 partial sums of one lane
+    assert sorted(kinds.values())[-1] == "vectorized" and "parallel" in kinds.values()
+    _assert_close(_realize(loss, []), ref)
+
+
+def test_non_associative_reduction_is_left_serial():
+    sig = RNG.random(5000)
+    ref = _realize(_signal_loss(sig, associative=False)[0], [])
+    loss, _, _ = _signal_loss(sig, associative=False)
+    decided = hl.auto_schedule(loss, {loss: []})
+    assert decided.stages["loss.update(0)"][0].startswith("rfactor skipped (")
+    assert not decided.rfactored
+    np.testing.assert_array_equal(_realize(loss, []), ref)
