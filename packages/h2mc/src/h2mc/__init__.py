@@ -6,6 +6,8 @@
 * :class:`Sampler`: a mixture of kernels (:class:`LargeStep`, :class:`IsotropicStep`,
   :class:`H2MCStep`, and the baselines :func:`RandomWalk`, :class:`MALA`, :class:`HMC`) run on
   many chains as arrays.
+* :class:`PathSpace`: light paths of an edge_rt scene as functions of primary samples, their
+  contributions and the value / gradient / Hessian of log f* per path length.
 * diagnostics: :func:`ess` (Geyer), histograms, :func:`write_png`.
 """
 
@@ -21,6 +23,7 @@ from ._diagnostics import (
 )
 from ._dynamics import OFFSET_VARIANTS, T_DEFAULT, dynamics_coefficients, dynamics_position
 from ._kernels import HMC, MALA, H2MCStep, IsotropicStep, Kernel, LargeStep, RandomWalk
+from ._pathspace import LUMINANCE, Paths, PathSpace, PathSpaceError, luminance
 from ._png import histogram_png, read_png_size, write_png
 from ._proposal import (
     GaussianProposal,
@@ -46,10 +49,14 @@ __all__ = [
     "IsotropicStep",
     "Kernel",
     "KernelStats",
+    "LUMINANCE",
     "LargeStep",
     "MALA",
     "NonSymmetricHessianError",
     "OFFSET_VARIANTS",
+    "PathSpace",
+    "PathSpaceError",
+    "Paths",
     "RandomWalk",
     "RunResult",
     "Sampler",
@@ -67,6 +74,7 @@ __all__ = [
     "histogram_png",
     "integrated_autocorrelation_time",
     "isotropic_proposal",
+    "luminance",
     "min_ess",
     "read_png_size",
     "total_variation",
