@@ -8,6 +8,8 @@
   many chains as arrays.
 * :class:`PathSpace`: light paths of an edge_rt scene as functions of primary samples, their
   contributions and the value / gradient / Hessian of log f* per path length.
+* :func:`render_mlt`: primary-sample-space MLT on an edge_rt scene (PSSMLT with Kelemen small
+  steps, or H2MC small steps), bootstrap normalisation, direct lighting from edge_rt.
 * diagnostics: :func:`ess` (Geyer), histograms, :func:`write_png`.
 """
 
@@ -19,10 +21,21 @@ from ._diagnostics import (
     histogram2d,
     integrated_autocorrelation_time,
     min_ess,
+    rel_mse,
     total_variation,
 )
 from ._dynamics import OFFSET_VARIANTS, T_DEFAULT, dynamics_coefficients, dynamics_position
 from ._kernels import HMC, MALA, H2MCStep, IsotropicStep, Kernel, LargeStep, RandomWalk
+from ._mlt import (
+    SMALL_STEPS,
+    Bootstrap,
+    MLTError,
+    MLTResult,
+    MutationStats,
+    bootstrap,
+    kelemen_perturb,
+    render_mlt,
+)
 from ._pathspace import LUMINANCE, Paths, PathSpace, PathSpaceError, luminance
 from ._png import histogram_png, read_png_size, write_png
 from ._proposal import (
@@ -39,6 +52,15 @@ from . import toy  # noqa: F401
 __version__ = "0.1.0"
 
 __all__ = [
+    "Bootstrap",
+    "MLTError",
+    "MLTResult",
+    "MutationStats",
+    "SMALL_STEPS",
+    "bootstrap",
+    "kelemen_perturb",
+    "rel_mse",
+    "render_mlt",
     "ChainState",
     "GaussianProposal",
     "H2MCStep",

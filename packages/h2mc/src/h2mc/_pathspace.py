@@ -405,12 +405,12 @@ class PathSpace:
         return self._hessian_kernels[k]
 
     # ------------------------------------------------------------------ derivatives
-    def log_f_derivatives(self, u, length, paths=None):
+    def log_f_derivatives(self, u, length, paths=None, lanes=None):
         """Value, gradient and Hessian of ``log f*`` of the path of ``length`` with respect
         to its primary samples ``u[:, dims(length)]``, per lane: ``(logf (B,), grad (B, n),
         hess (B, n, n))``. Lanes without a path of that length get ``-inf`` and zero
         derivatives. ``paths``: the result of :meth:`trace` on the same ``u`` (re-traced
-        when omitted)."""
+        when omitted); ``lanes``: compute only these lanes (the others are left at -inf)."""
         u = self._check_u(u)
         paths = self.trace(u) if paths is None else paths
         n = len(self.dims(length))
@@ -418,7 +418,11 @@ class PathSpace:
         logf, grad, hess = np.full(B, -np.inf), np.zeros((B, n)), np.zeros((B, n, n))
         if length not in paths.structure:
             return logf, grad, hess
-        lanes, params = paths.structure[length]
+        lanes_k, params = paths.structure[length]
+        if lanes is not None:
+            keep = np.isin(lanes_k, lanes)
+            lanes_k, params = lanes_k[keep], [c[keep] for c in params]
+        lanes = lanes_k
         kernel, tri = self._hessian_kernel(length)
         cols = [np.ascontiguousarray(u[lanes, j]) for j in self.dims(length)] + list(params)
         with np.errstate(all="ignore"):
@@ -432,4 +436,29 @@ class PathSpace:
         for (i, j), h in zip(tri, res[n + 1:]):
             hess[lanes, i, j] = h[ok]
             hess[lanes, j, i] = h[ok]
+        return logf, grad, hess
+
+    def log_f_star_derivatives(self, u, paths=None, lanes=None):
+        """Value, gradient and Hessian of ``log f*`` of the Kelemen state (the sum over
+        lengths) with respect to all of ``u``: ``(logf (B,), grad (B, dim), hess (B, dim,
+        dim))``. From the per-length derivatives, with ``w_k = f*_k / f*``:
+        ``grad = sum_k w_k g_k`` and ``hess = sum_k w_k (H_k + g_k g_k^T) - grad grad^T``."""
+        u = self._check_u(u)
+        paths = self.trace(u) if paths is None else paths
+        B, dim = u.shape
+        total = paths.f_star
+        grad, second = np.zeros((B, dim)), np.zeros((B, dim, dim))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logf = np.log(total)
+            for k in self.light_dims:
+                lf, g, H = self.log_f_derivatives(u, k, paths, lanes)
+                w = np.where(np.isfinite(lf), paths.f_star_of(k) / total, 0.0)
+                d = self.dims(k)
+                grad[:, d] += w[:, None] * g
+                second[:, d[:, None], d] += w[:, None, None] * (H + g[:, :, None] * g[:, None, :])
+        hess = second - grad[:, :, None] * grad[:, None, :]
+        if lanes is not None:
+            skip = np.ones(B, bool)
+            skip[lanes] = False
+            logf[skip] = -np.inf
         return logf, grad, hess
