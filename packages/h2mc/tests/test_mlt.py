@@ -82,12 +82,25 @@ def test_h2mc_small_steps_converge(cornell):
 
 
 def test_direct_lighting_from_edge_rt():
+    """Paths shorter than min_length come from edge_rt's path tracer (measured with
+    min_length 2: mean luminance of the chains' part 0.3% from edge_rt's)."""
     scene = scenes.cornell_box((8, 6))
     r = render_mlt(scene, 2, chains=64, bootstrap_samples=4096, direct_spp=4, seed=3)
     direct = edge_rt.render_image(scene, spp=4, seed=3, max_depth=1, dtype=torch.float64,
                                   progress=False).numpy()
     np.testing.assert_array_equal(r.direct, direct)
     np.testing.assert_array_equal(r.image, r.indirect + r.direct)
+    # with direct lighting in the chains, edge_rt adds only the emitters seen directly
+    r = render_mlt(scene, 2, min_length=2, chains=64, bootstrap_samples=4096, direct_spp=4,
+                   seed=3)
+    seen = edge_rt.render_image(scene, spp=4, seed=3, max_depth=0, dtype=torch.float64,
+                                progress=False).numpy()
+    np.testing.assert_array_equal(r.direct, seen)
+    # the chains now carry lengths 2 and 3: edge_rt's max_depth 2 minus max_depth 0
+    kw = dict(spp=256, seed=4, dtype=torch.float64, progress=False)
+    ref = (edge_rt.render_image(scene, max_depth=2, **kw).numpy()
+           - edge_rt.render_image(scene, max_depth=0, **kw).numpy())
+    assert luminance(r.indirect).mean() == pytest.approx(luminance(ref).mean(), rel=0.05)
 
 
 def test_kelemen_perturbation_is_symmetric_and_log_uniform():
@@ -145,10 +158,11 @@ def test_bad_input():
 
 @pytest.mark.slow
 def test_pssmlt_and_h2mc_long_renders():
-    """32x24, paths up to length 4, 1024 mutations per pixel against edge_rt at 4 x 1024
-    spp."""
+    """32x24, paths up to length 4, 1024 (PSSMLT) and 256 (H2MC) mutations per pixel
+    against edge_rt at 4 x 256 spp. Measured (198 s in all): PSSMLT relMSE 0.0146, 0.0049,
+    0.0018 at 64, 256, 1024; H2MC 0.030, 0.0091, 0.0025 at 16, 64, 256."""
     scene = scenes.cornell_box((32, 24))
-    refs = _indirect_reference(scene, 1024, range(4), 4)
+    refs = _indirect_reference(scene, 256, range(4), 4)
     ps = PathSpace(scene, max_length=4)
     for step, mpp in (("kelemen", 1024), ("h2mc", 256)):
         r = render_mlt(scene, mpp, chains=1024, bootstrap_samples=1 << 17, direct_spp=0,

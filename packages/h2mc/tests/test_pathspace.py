@@ -91,18 +91,24 @@ def _relative_errors(g, H, gfd, Hfd, ok):
     return g_err.max(), H_err.max()
 
 
-@pytest.mark.parametrize("scene, length", [("cornell", 3), ("glossy", 4)])
+@pytest.mark.parametrize("scene, length", [
+    ("cornell", 2), ("cornell", 3), ("glossy", 4),
+    pytest.param("glossy", 6, marks=pytest.mark.slow),
+])
 def test_log_f_derivatives_match_central_differences(cornell, scene, length):
-    """AE-7: gradient and Hessian of log f* of one path length against float64 central
-    differences, relative 1e-4 of each lane's largest entry, on the Cornell box (Lambertian)
-    and on its glossy variant (Phong lobes sampled and evaluated, shading normals); lanes whose
+    """AE-7: gradient and Hessian of log f* of one path length (2, 3, 4; 6 in the slow run)
+    against float64 central differences, relative 1e-4 of each lane's largest entry, on the
+    Cornell box (Lambertian) and on its glossy variant (Phong lobes sampled and evaluated, shading normals); lanes whose
     discrete structure changes within +-h are skipped. h = 1e-6 (PRACTICES' default for
     samples in [0, 1]), not AE-7's 1e-5: paths that reach the light from right next to it
     have Hessian entries ~1e6, and their central-difference error was measured to scale as
     h^2 (1.7e-4 at 1e-5, 1.7e-6 at 1e-6), i.e. truncation, not the derivatives; rounding at
     1e-6 stays below 1e-9."""
-    ps = cornell if scene == "cornell" else PathSpace(_glossy_box(), max_length=4,
-                                                      backend="numpy")
+    if scene == "cornell":
+        ps = cornell if length > 2 else PathSpace(cornell.scene, max_length=2, min_length=2,
+                                                  backend="numpy")
+    else:
+        ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy")
     u = _valid_states(ps, length, np.random.default_rng(7))
     p = ps.trace(u)
     lf, g, H = ps.log_f_derivatives(u, length, p)

@@ -92,7 +92,9 @@ class MutationStats:
 @dataclass
 class MLTResult:
     """``image`` = ``indirect`` (the chains) + ``direct`` (edge_rt, or zeros), (H, W, 3)
-    float64; ``snapshots``: mutations per pixel -> indirect image at that point."""
+    float64; ``snapshots``: mutations per pixel -> indirect image at that point; ``seconds``:
+    wall time of the bootstrap and the chains (not of the direct lighting); ``nonfinite``:
+    proposals rejected because their contribution was NaN / inf."""
 
     image: np.ndarray
     indirect: np.ndarray
