@@ -51,6 +51,17 @@ _LIGHT = ("v0x", "v0y", "v0z", "v1x", "v1y", "v1z", "v2x", "v2y", "v2z", "ler", 
           "pmf")
 
 
+# The predicates that pick the smooth piece of each piecewise primitive.
+_PIECEWISE = {
+    "select": lambda a: [a[0]],
+    "maximum": lambda a: [a[0] > a[1]],
+    "minimum": lambda a: [a[0] < a[1]],
+    "abs": lambda a: [a[0] > 0.0],
+    "sign": lambda a: [a[0] > 0.0],
+    "clamp": lambda a: [a[0] > a[1], a[0] < a[2]],
+}
+
+
 class PathSpaceError(ValueError):
     """A scene or state the path space cannot handle (the message names the problem)."""
 
@@ -159,7 +170,7 @@ class PathSpace:
                            for k in range(self.min_length, self.max_length + 1)}
         self.dim = first + 3 * (self.max_length - self.min_length + 1)
         self.backend = backend
-        self._value_kernels, self._hessian_kernels = {}, {}
+        self._value_kernels, self._hessian_kernels, self._branch_kernels = {}, {}, {}
 
     def _vertex_normals(self):
         """(T, 3, 3) shading normals at each triangle's corners (the geometric normal three
@@ -192,6 +203,8 @@ class PathSpace:
         u = np.asarray(u, dtype=np.float64)
         if u.ndim != 2 or u.shape[1] != self.dim:
             raise PathSpaceError(f"PathSpace: u must have shape (B, {self.dim}), got {u.shape}")
+        if not np.isfinite(u).all():
+            raise PathSpaceError("PathSpace: u has non-finite entries (states lie in [0, 1))")
         return u
 
     # ------------------------------------------------------------------ discrete structure
@@ -208,7 +221,7 @@ class PathSpace:
                  + np.minimum(np.floor(xy[:, 0]).astype(np.int64), self.width - 1))
         contrib = np.zeros((B, L, 3))
         valid = np.zeros((B, L), bool)
-        verts = []  # per bounce: (lanes alive at that vertex, per-lane vertex parameters)
+        verts = []  # per surface vertex: (lanes alive there, their vertex parameters)
         lights = {}
         with torch.no_grad():
             o, d, _ = cam.rays(torch.as_tensor(xy), dt)
@@ -278,7 +291,7 @@ class PathSpace:
             g.tri_verts.detach().numpy()[t].reshape(-1, 9),
             self._emission[g.mesh_of.numpy()[t]],
             pmf[sel].numpy()[:, None]], 1)
-        return lanes[sel].numpy(), (sel.numpy(), params)
+        return lanes[sel].numpy(), params
 
     def _columns(self, u, k, verts, lanes_k, light_params):
         """Kernel input columns for the lanes ``lanes_k`` of length ``k``: their ``u`` on
@@ -288,8 +301,8 @@ class PathSpace:
             lanes_i, params = verts[i]
             rows = np.searchsorted(lanes_i, lanes_k)  # lanes stay sorted through tracing
             cols.extend(np.ascontiguousarray(params[rows, c]) for c in range(params.shape[1]))
-        sel, params = light_params
-        cols.extend(np.ascontiguousarray(params[:, c]) for c in range(params.shape[1]))
+        cols.extend(np.ascontiguousarray(light_params[:, c])
+                    for c in range(light_params.shape[1]))
         return cols
 
     # ------------------------------------------------------------------ the smooth piece
@@ -385,6 +398,19 @@ class PathSpace:
         env.update(mat)
         return sym.substitute(e_out, {v: env[name] for name, v in e_vars.items()})
 
+    def _branch_kernel(self, k):
+        if k not in self._branch_kernels:
+            u, params, rgb = self.expressions(k)
+            preds = {}
+            for node in sym.toposort(rgb):
+                rule = _PIECEWISE.get(getattr(getattr(node, "prim", None), "name", None))
+                if rule is not None:
+                    for pred in rule(node.args):
+                        preds.setdefault(id(pred), pred)
+            outs = [sym.where(pred, 1.0, 0.0) for pred in preds.values()]
+            self._branch_kernels[k] = sym.compile(outs, u + params, backend=self.backend)
+        return self._branch_kernels[k]
+
     def _value_kernel(self, k):
         if k not in self._value_kernels:
             u, params, rgb = self.expressions(k)
@@ -437,6 +463,25 @@ class PathSpace:
             hess[lanes, i, j] = h[ok]
             hess[lanes, j, i] = h[ok]
         return logf, grad, hess
+
+    def branches(self, u, length, paths=None):
+        """The smooth piece each path of ``length`` lies on: every branch decision of its
+        contribution expression (``where`` conditions, which side of ``maximum`` / ``minimum``
+        / ``clamp`` / ``abs`` is taken), (B, m) bool, False for lanes without a path. Two
+        states whose structure (:meth:`Paths.same_structure`) and branches agree lie on the
+        same smooth piece, where finite differences may be compared with the derivatives."""
+        u = self._check_u(u)
+        paths = self.trace(u) if paths is None else paths
+        kernel = self._branch_kernel(length)
+        if length not in paths.structure:
+            return np.zeros((len(u), 0), bool)
+        lanes, params = paths.structure[length]
+        cols = [np.ascontiguousarray(u[lanes, j]) for j in self.dims(length)] + list(params)
+        with np.errstate(all="ignore"):
+            res = [np.broadcast_to(np.asarray(r), (len(lanes),)) for r in kernel(*cols)]
+        out = np.zeros((len(u), len(res)), bool)
+        out[lanes] = np.stack(res, 1) > 0.5
+        return out
 
     def log_f_star_derivatives(self, u, paths=None, lanes=None):
         """Value, gradient and Hessian of ``log f*`` of the Kelemen state (the sum over
