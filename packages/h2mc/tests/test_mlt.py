@@ -172,7 +172,7 @@ def test_bad_input():
 @pytest.mark.slow
 def test_pssmlt_and_h2mc_long_renders():
     """32x24, paths up to length 4, 1024 (PSSMLT) and 256 (H2MC) mutations per pixel
-    against edge_rt at 4 x 256 spp. Measured (198 s in all): PSSMLT relMSE 0.0146, 0.0049,
+    against edge_rt at 4 x 256 spp. Measured (80 s in all): PSSMLT relMSE 0.0146, 0.0049,
     0.0018 at 64, 256, 1024; H2MC 0.030, 0.0091, 0.0025 at 16, 64, 256."""
     scene = scenes.cornell_box((32, 24))
     refs = _indirect_reference(scene, 256, range(4), 4)
