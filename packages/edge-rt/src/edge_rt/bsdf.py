@@ -155,10 +155,14 @@ def evaluate(n, ng, wi, wo, kd, ks, rough):
     return _BsdfEval.apply(n, ng, wi, wo, kd, ks, rough)
 
 
-def _sampling_expressions(dtype: str):
+def sampling_expressions(dtype: str):
     """Sampling (wo and its pdf) and the pdf of a given wo, as core_ad expressions: a
     cosine-weighted diffuse lobe and the Blinn-Phong half-vector lobe, picked by mean
-    reflectance (Duff et al.'s branchless frame around n)."""
+    reflectance (Duff et al.'s branchless frame around n).
+
+    Returns ``((wo_x, wo_y, wo_z, pdf), sample_inputs), ((pdf,), pdf_inputs)``, the inputs as
+    named vars. Public so that h2mc can substitute its own expressions for the inputs and
+    differentiate sampled paths with respect to the random numbers ``u0..u2``."""
     names = ("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz", "kdr", "kdg", "kdb",
              "ksr", "ksg", "ksb", "rough", "u0", "u1", "u2")
     v = {name: sym.var(name, dtype) for name in names}
@@ -211,7 +215,7 @@ _SAMPLING: dict = {}
 
 def _sampling_kernels(dtype: str):
     if dtype not in _SAMPLING:
-        (s_out, s_in), (p_out, p_in) = _sampling_expressions(dtype)
+        (s_out, s_in), (p_out, p_in) = sampling_expressions(dtype)
         _SAMPLING[dtype] = (sym.compile(s_out, s_in), sym.compile(p_out, p_in))
     return _SAMPLING[dtype]
 

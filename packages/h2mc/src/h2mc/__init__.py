@@ -6,6 +6,10 @@
 * :class:`Sampler`: a mixture of kernels (:class:`LargeStep`, :class:`IsotropicStep`,
   :class:`H2MCStep`, and the baselines :func:`RandomWalk`, :class:`MALA`, :class:`HMC`) run on
   many chains as arrays.
+* :class:`PathSpace`: light paths of an edge_rt scene as functions of primary samples, their
+  contributions and the value / gradient / Hessian of log f* per path length.
+* :func:`render_mlt`: primary-sample-space MLT on an edge_rt scene (PSSMLT with Kelemen small
+  steps, or H2MC small steps), bootstrap normalisation, direct lighting from edge_rt.
 * diagnostics: :func:`ess` (Geyer), histograms, :func:`write_png`.
 """
 
@@ -17,10 +21,22 @@ from ._diagnostics import (
     histogram2d,
     integrated_autocorrelation_time,
     min_ess,
+    rel_mse,
     total_variation,
 )
 from ._dynamics import OFFSET_VARIANTS, T_DEFAULT, dynamics_coefficients, dynamics_position
 from ._kernels import HMC, MALA, H2MCStep, IsotropicStep, Kernel, LargeStep, RandomWalk
+from ._mlt import (
+    SMALL_STEPS,
+    Bootstrap,
+    MLTError,
+    MLTResult,
+    MutationStats,
+    bootstrap,
+    kelemen_perturb,
+    render_mlt,
+)
+from ._pathspace import LUMINANCE, Paths, PathSpace, PathSpaceError, luminance
 from ._png import histogram_png, read_png_size, write_png
 from ._proposal import (
     GaussianProposal,
@@ -36,6 +52,15 @@ from . import toy  # noqa: F401
 __version__ = "0.1.0"
 
 __all__ = [
+    "Bootstrap",
+    "MLTError",
+    "MLTResult",
+    "MutationStats",
+    "SMALL_STEPS",
+    "bootstrap",
+    "kelemen_perturb",
+    "rel_mse",
+    "render_mlt",
     "ChainState",
     "GaussianProposal",
     "H2MCStep",
@@ -46,10 +71,14 @@ __all__ = [
     "IsotropicStep",
     "Kernel",
     "KernelStats",
+    "LUMINANCE",
     "LargeStep",
     "MALA",
     "NonSymmetricHessianError",
     "OFFSET_VARIANTS",
+    "PathSpace",
+    "PathSpaceError",
+    "Paths",
     "RandomWalk",
     "RunResult",
     "Sampler",
@@ -67,6 +96,7 @@ __all__ = [
     "histogram_png",
     "integrated_autocorrelation_time",
     "isotropic_proposal",
+    "luminance",
     "min_ess",
     "read_png_size",
     "total_variation",

@@ -115,3 +115,11 @@ def chain_means_se(values) -> tuple[float, float]:
     v = np.asarray(values, dtype=np.float64)
     bm = v.mean(axis=0)
     return float(bm.mean()), float(bm.std(ddof=1) / np.sqrt(bm.size))
+
+
+def rel_mse(image, reference, floor=1e-2):
+    """Spec 10's relMSE: mean over pixels and channels of ``(I - R)^2 / (R^2 + floor)``."""
+    image, reference = np.asarray(image, np.float64), np.asarray(reference, np.float64)
+    if image.shape != reference.shape:
+        raise ValueError(f"rel_mse: shapes differ, {image.shape} vs {reference.shape}")
+    return float(np.mean((image - reference) ** 2 / (reference ** 2 + floor)))

@@ -1,0 +1,523 @@
+"""Light paths of an edge_rt scene as functions of primary samples (spec 1.2, 5.5, 6.3).
+
+A state ``u`` in ``[0, 1)^dim`` (one row per chain) maps to light paths of lengths
+``min_length..max_length`` (length = number of segments, camera -> ... -> light) by
+unidirectional path tracing with next-event estimation: the camera ray from the screen
+coordinates, a BSDF-sampled direction at each bounce, and at vertex ``k - 1`` an area-light
+sample that closes the path of length ``k``. Each length is one *technique* with its own
+contribution ``C_k(u)`` (the path throughput divided by its sampling pdf, i.e. the PSS
+contribution); the Kelemen state's contribution is their sum. A bidirectional estimator adds
+techniques (and MIS weights) without changing this interface.
+
+Layout of ``u``: ``[screen x, screen y]``, then three numbers per bounce ``1..max_length-2``
+(lobe selector and two direction numbers, edge_rt.bsdf.sample), then three per light
+connection at vertices ``min_length-1..max_length-1`` (light-triangle selector and two
+barycentric numbers, edge_rt Geometry.sample_light). :meth:`PathSpace.dims` gives the
+coordinates one length uses.
+
+Two halves, as the thesis' renderer (spec 5.5):
+
+* the *discrete structure* (hit triangles, sides, materials, the light triangle, visibility)
+  comes from tracing with edge_rt's Embree caster, BSDF sampling and light sampling;
+* the *contribution* of each length is a core_ad expression of ``u`` with that structure frozen:
+  each vertex is the analytic intersection of the ray with its triangle's plane, and the BSDF
+  and its sampling are edge_rt's own expressions (edge_rt.bsdf). Compiled once per length into
+  a value kernel and a value + gradient + Hessian kernel of ``log f*``, ``f* = luminance(C)``.
+  Values and derivatives therefore come from one expression; derivatives are those of the
+  smooth piece (visibility, lobe and triangle choices held), which keeps MH exact.
+
+Textured materials are looked up at the traced hit and held constant in the derivatives (the
+texture's variation over the surface is not differentiated).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from core_ad import sym
+from edge_rt import bsdf
+from edge_rt.geometry import Geometry
+
+LUMINANCE = (0.2126, 0.7152, 0.0722)  # Rec. 709 weights: f* = luminance of the RGB contribution
+
+# Per-lane inputs of one surface vertex / the light vertex of a path kernel.
+_VERTEX = ("v0x", "v0y", "v0z", "v1x", "v1y", "v1z", "v2x", "v2y", "v2z", "side",
+           "n0x", "n0y", "n0z", "n1x", "n1y", "n1z", "n2x", "n2y", "n2z",
+           "kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")
+_LIGHT = ("v0x", "v0y", "v0z", "v1x", "v1y", "v1z", "v2x", "v2y", "v2z", "ler", "leg", "leb",
+          "pmf")
+
+
+# The predicates that pick the smooth piece of each piecewise primitive.
+_PIECEWISE = {
+    "select": lambda a: [a[0]],
+    "maximum": lambda a: [a[0] > a[1]],
+    "minimum": lambda a: [a[0] < a[1]],
+    "abs": lambda a: [a[0] > 0.0],
+    "sign": lambda a: [a[0] > 0.0],
+    "clamp": lambda a: [a[0] > a[1], a[0] < a[2]],
+}
+
+
+class PathSpaceError(ValueError):
+    """A scene or state the path space cannot handle (the message names the problem)."""
+
+
+@contextlib.contextmanager
+def _torch_single_thread():
+    """Tracing runs many small torch ops (a few thousand lanes each): torch's intra-op threads
+    only add synchronisation there (measured on 2 busy cores: 1024 states in 264 ms with 2
+    threads, 21 ms with 1)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def luminance(rgb):
+    rgb = np.asarray(rgb, dtype=np.float64)
+    return rgb @ np.asarray(LUMINANCE)
+
+
+@dataclass
+class Paths:
+    """Paths of a batch of states: ``xy`` (B, 2) image position in pixels, ``contrib``
+    (B, L, 3) RGB contribution per length ``min_length + l``, ``valid`` (B, L) whether the
+    length's path exists (hit every surface, light visible), ``nonfinite`` (B,) lanes whose
+    contribution was NaN / inf (set to zero and counted, never splatted)."""
+
+    xy: np.ndarray
+    pixel: np.ndarray
+    contrib: np.ndarray
+    valid: np.ndarray
+    nonfinite: np.ndarray
+    structure: dict  # length -> (lanes, frozen per-lane parameters of its kernel)
+    min_length: int
+
+    @property
+    def rgb(self):
+        """Kelemen contribution: the sum over lengths, (B, 3)."""
+        return self.contrib.sum(axis=1)
+
+    @property
+    def f_star(self):
+        """Scalar target luminance(rgb), (B,)."""
+        return luminance(self.rgb)
+
+    def f_star_of(self, length):
+        """Luminance of the contribution of one length, (B,)."""
+        return luminance(self.contrib[:, length - self.min_length])
+
+    def same_structure(self, other, length):
+        """Lanes whose path of ``length`` exists in both and has the same discrete structure
+        (triangles, sides, materials, light triangle), (B,) bool."""
+        out = np.zeros(len(self.xy), bool)
+        if length not in self.structure or length not in other.structure:
+            return out
+        (la, pa), (lb, pb) = self.structure[length], other.structure[length]
+        common, ia, ib = np.intersect1d(la, lb, assume_unique=True, return_indices=True)
+        same = np.ones(len(common), bool)
+        for a, b in zip(pa, pb):
+            same &= a[ia] == b[ib]
+        out[common[same]] = True
+        return out
+
+
+def _dot(a, b):
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
+def _cross(a, b):
+    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
+
+
+def _sub(a, b):
+    return tuple(x - y for x, y in zip(a, b))
+
+
+def _normalize(a):
+    inv = sym.rsqrt(_dot(a, a))
+    return tuple(x * inv for x in a)
+
+
+class PathSpace:
+    """Primary-sample-space paths of ``scene`` (an edge_rt Scene with area lights).
+
+    ``max_length`` / ``min_length``: path lengths in segments (2 = direct lighting, 3 = one
+    indirect bounce, ...); the default ``min_length=3`` leaves direct lighting to edge_rt's path
+    tracer (spec 1.5). ``backend``: core_ad's ``sym.compile`` backend for the path kernels
+    (default LLVM; ``"numpy"`` builds in a fraction of a second but runs slower).
+    """
+
+    def __init__(self, scene, max_length=3, min_length=3, backend=None):
+        if not 2 <= int(min_length) <= int(max_length):
+            raise PathSpaceError(f"PathSpace: need 2 <= min_length <= max_length, got "
+                                 f"{min_length}, {max_length}")
+        self.min_length, self.max_length = int(min_length), int(max_length)
+        if scene.camera.kind != "pinhole":
+            raise PathSpaceError(f"PathSpace: only pinhole cameras, got {scene.camera.kind!r}")
+        if scene.envmap is not None:
+            raise PathSpaceError("PathSpace: environment maps are not supported yet (paths end "
+                                 "on area lights only; remove the envmap)")
+        with torch.no_grad():
+            self.geometry = Geometry(scene, torch.float64)
+        if len(self.geometry.light_tris) == 0:
+            raise PathSpaceError("PathSpace: the scene has no light (no mesh with a non-zero "
+                                 "emission); every path contribution would be zero")
+        self.scene = scene
+        self.width, self.height = scene.camera.width, scene.camera.height
+        self._tri_normals = self._vertex_normals()
+        self._emission = np.zeros((len(scene.meshes), 3))
+        for mi, m in enumerate(scene.meshes):
+            if m.emission is not None:
+                self._emission[mi] = m.emission.detach().double().numpy()
+        n_bounce = self.max_length - 2
+        self.bsdf_dims = [2 + 3 * b + np.arange(3) for b in range(n_bounce)]
+        first = 2 + 3 * n_bounce
+        self.light_dims = {k: first + 3 * (k - self.min_length) + np.arange(3)
+                           for k in range(self.min_length, self.max_length + 1)}
+        self.dim = first + 3 * (self.max_length - self.min_length + 1)
+        self.backend = backend
+        self._value_kernels, self._hessian_kernels, self._branch_kernels = {}, {}, {}
+
+    def _vertex_normals(self):
+        """(T, 3, 3) shading normals at each triangle's corners (the geometric normal three
+        times where the mesh has none, which interpolates back to it)."""
+        g = self.geometry
+        v = g.tri_verts.detach().numpy()
+        ng = np.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
+        ng /= np.linalg.norm(ng, axis=1, keepdims=True)
+        out = np.repeat(ng[:, None], 3, axis=1)
+        mesh_of = g.mesh_of.numpy()
+        for mi, m in enumerate(self.scene.meshes):
+            if m.normals is not None:
+                sel = mesh_of == mi
+                out[sel] = m.normals.detach().double().numpy()[
+                    g.faces.numpy()[sel] - g.vertex_offset[mi]]
+        return out
+
+    def dims(self, length):
+        """Indices into ``u`` of the coordinates the path of ``length`` depends on."""
+        self._check_length(length)
+        parts = [np.arange(2)] + self.bsdf_dims[:length - 2] + [self.light_dims[length]]
+        return np.concatenate(parts)
+
+    def _check_length(self, length):
+        if length not in self.light_dims:
+            raise PathSpaceError(f"PathSpace: length {length} outside "
+                                 f"[{self.min_length}, {self.max_length}]")
+
+    def _check_u(self, u):
+        u = np.asarray(u, dtype=np.float64)
+        if u.ndim != 2 or u.shape[1] != self.dim:
+            raise PathSpaceError(f"PathSpace: u must have shape (B, {self.dim}), got {u.shape}")
+        if not np.isfinite(u).all():
+            raise PathSpaceError("PathSpace: u has non-finite entries (states lie in [0, 1))")
+        return u
+
+    # ------------------------------------------------------------------ discrete structure
+    def trace(self, u):
+        """Trace states ``u`` (B, dim) with edge_rt (Embree, BSDF and light sampling) and
+        evaluate each length's contribution with its compiled kernel: :class:`Paths`."""
+        u = self._check_u(u)
+        B = u.shape[0]
+        L = self.max_length - self.min_length + 1
+        g, cam, dt = self.geometry, self.scene.camera, torch.float64
+        ut = torch.as_tensor(u)
+        xy = u[:, :2] * np.array([self.width, self.height])
+        pixel = (np.minimum(np.floor(xy[:, 1]).astype(np.int64), self.height - 1) * self.width
+                 + np.minimum(np.floor(xy[:, 0]).astype(np.int64), self.width - 1))
+        contrib = np.zeros((B, L, 3))
+        valid = np.zeros((B, L), bool)
+        verts = []  # per surface vertex: (lanes alive there, their vertex parameters)
+        lights = {}
+        with torch.no_grad(), _torch_single_thread():
+            o, d, _ = cam.rays(torch.as_tensor(xy), dt)
+            lanes = torch.arange(B)
+            for i in range(1, self.max_length):
+                tri = g.intersect(o, d)
+                keep = torch.nonzero(tri >= 0).flatten()
+                lanes, o, d, tri = lanes[keep], o[keep], d[keep], tri[keep]
+                if len(lanes) == 0:
+                    break
+                si = g.interact(tri, o, d)
+                kd, ks, rough = g.material(si)
+                verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough)))
+                k = i + 1
+                if k >= self.min_length:
+                    lights[k] = self._connect(si, -d, kd, ks, rough,
+                                              ut[lanes][:, self.light_dims[k]], lanes)
+                if i == self.max_length - 1:
+                    break
+                wo, pdf = bsdf.sample(si.ns, -d, kd, ks, rough,
+                                      ut[lanes][:, self.bsdf_dims[i - 1]])
+                ok = torch.nonzero((pdf > 0) & ((si.ng * wo).sum(1) > 0)).flatten()
+                o, d, lanes = g.spawn(si, wo)[ok], wo[ok], lanes[ok]
+        structure = {}
+        for k, (lanes_k, light_params) in lights.items():
+            if len(lanes_k) == 0:
+                continue
+            cols = self._columns(u, k, verts, lanes_k, light_params)
+            with np.errstate(all="ignore"):
+                rgb = np.stack([np.broadcast_to(np.asarray(c), (len(lanes_k),))
+                                for c in self._value_kernel(k)(*cols)], 1)
+            contrib[lanes_k, k - self.min_length] = rgb
+            valid[lanes_k, k - self.min_length] = True
+            structure[k] = (lanes_k, cols[len(self.dims(k)):])
+        # A non-finite contribution (rounding at grazing angles) voids the whole state: its
+        # lanes get f = 0, so a chain rejects it instead of splatting NaN.
+        nonfinite = ~np.isfinite(contrib).all(axis=(1, 2))
+        contrib[nonfinite] = 0.0
+        valid[nonfinite] = False
+        if nonfinite.any():
+            for k, (lanes_k, params) in structure.items():
+                keep = ~nonfinite[lanes_k]
+                structure[k] = (lanes_k[keep], [c[keep] for c in params])
+        return Paths(xy, pixel, contrib, valid, nonfinite, structure, self.min_length)
+
+    def _vertex_params(self, si, kd, ks, rough):
+        tri = si.tri.numpy()
+        v = self.geometry.tri_verts.detach().numpy()[tri].reshape(-1, 9)
+        side = np.where(si.front.numpy(), 1.0, -1.0)[:, None]
+        n = self._tri_normals[tri].reshape(-1, 9)
+        return np.concatenate([v, side, n, kd.numpy(), ks.numpy(), rough.numpy()[:, None]], 1)
+
+    def _connect(self, si, wi, kd, ks, rough, u_light, lanes):
+        """Next-event connection: lanes whose light sample is visible and lit from the front,
+        and their light parameters."""
+        g = self.geometry
+        tri, y, nl, area, pmf = g.sample_light(u_light)
+        to_light = y - si.p
+        wo = to_light / to_light.norm(dim=1, keepdim=True)
+        origin = g.spawn(si, wo)
+        tmax = (y - origin).norm(dim=1) * (1.0 - 1e-3)
+        blocked = g.intersect(origin, wo, tmax=tmax) >= 0
+        ok = (~blocked) & (-(nl * wo).sum(1) > 0) & (pmf > 0) & ((si.ng * wo).sum(1) > 0)
+        sel = torch.nonzero(ok).flatten()
+        t = tri[sel].numpy()
+        params = np.concatenate([
+            g.tri_verts.detach().numpy()[t].reshape(-1, 9),
+            self._emission[g.mesh_of.numpy()[t]],
+            pmf[sel].numpy()[:, None]], 1)
+        return lanes[sel].numpy(), params
+
+    def _columns(self, u, k, verts, lanes_k, light_params):
+        """Kernel input columns for the lanes ``lanes_k`` of length ``k``: their ``u`` on
+        :meth:`dims`, then each vertex's parameters, then the light's."""
+        cols = [np.ascontiguousarray(u[lanes_k, j]) for j in self.dims(k)]
+        for i in range(k - 1):
+            lanes_i, params = verts[i]
+            rows = np.searchsorted(lanes_i, lanes_k)  # lanes stay sorted through tracing
+            cols.extend(np.ascontiguousarray(params[rows, c]) for c in range(params.shape[1]))
+        cols.extend(np.ascontiguousarray(light_params[:, c])
+                    for c in range(light_params.shape[1]))
+        return cols
+
+    # ------------------------------------------------------------------ the smooth piece
+    def expressions(self, length):
+        """``(u_vars, param_vars, rgb)``: the contribution of a path of ``length`` as core_ad
+        expressions of its primary samples (``dims(length)``) and per-lane parameters."""
+        self._check_length(length)
+        k = length
+        cam = self.scene.camera
+        u = [sym.var(f"pss{j}") for j in range(len(self.dims(k)))]
+        verts = [{nm: sym.var(f"x{i}_{nm}") for nm in _VERTEX} for i in range(1, k)]
+        light = {nm: sym.var(f"l_{nm}") for nm in _LIGHT}
+        m = cam.cam_to_world.detach().double().numpy()
+        s = float(np.tan(float(cam.fov) * np.pi / 360.0))
+        local = (s * (2.0 * u[0] - 1.0), -s * (2.0 * u[1] - 1.0) * (self.height / self.width),
+                 sym.const(1.0))
+        d = _normalize(tuple(sum(float(m[r, c]) * local[c] for c in range(3))
+                             for r in range(3)))
+        o = tuple(sym.const(float(m[r, 3])) for r in range(3))
+        (s_out, s_in), _ = bsdf.sampling_expressions("float64")
+        e_vars, e_out = bsdf.bsdf_expressions("float64")
+        throughput = (1.0, 1.0, 1.0)
+        for i, vp in enumerate(verts):
+            p, ng, ns = self._hit(o, d, vp)
+            wi = tuple(-x for x in d)
+            mat = {"kdr": vp["kdr"], "kdg": vp["kdg"], "kdb": vp["kdb"], "ksr": vp["ksr"],
+                   "ksg": vp["ksg"], "ksb": vp["ksb"], "rough": vp["rough"]}
+            if i < k - 2:
+                du = u[2 + 3 * i: 5 + 3 * i]
+                env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "u0", "u1", "u2"),
+                               (*ns, *wi, *du)))
+                wo = sym.substitute(s_out, {v: env.get(v.name, mat.get(v.name))
+                                            for v in s_in})
+                wo, pdf = tuple(wo[:3]), wo[3]
+            else:
+                ul = u[-3:]
+                y, nl, area = self._light_point(light, ul[1], ul[2])
+                to_light = _sub(y, p)
+                dist2 = _dot(to_light, to_light)
+                wo = tuple(x * sym.rsqrt(dist2) for x in to_light)
+                cos_l = -_dot(nl, wo)
+                pdf = light["pmf"] * dist2 / (area * sym.maximum(cos_l, 1e-300))
+            f = self._bsdf(e_vars, e_out, ns, ng, wi, wo, mat)
+            weight = [f[c] / pdf for c in range(3)]
+            if i == k - 2:
+                le = (light["ler"], light["leg"], light["leb"])
+                weight = [sym.where(cos_l > 0.0, weight[c] * le[c], 0.0) for c in range(3)]
+            throughput = tuple(throughput[c] * weight[c] for c in range(3))
+            o, d = p, wo
+        params = [vp[nm] for vp in verts for nm in _VERTEX] + [light[nm] for nm in _LIGHT]
+        return u, params, list(throughput)
+
+    @staticmethod
+    def _hit(o, d, vp):
+        """Analytic intersection with the vertex's triangle plane (Moller-Trumbore, as
+        edge_rt's Geometry.interact): point, geometric and shading normals (facing the
+        viewer by the traced side)."""
+        v0 = (vp["v0x"], vp["v0y"], vp["v0z"])
+        e1 = _sub((vp["v1x"], vp["v1y"], vp["v1z"]), v0)
+        e2 = _sub((vp["v2x"], vp["v2y"], vp["v2z"]), v0)
+        pvec = _cross(d, e2)
+        inv_det = 1.0 / _dot(e1, pvec)
+        tvec = _sub(o, v0)
+        b1 = _dot(tvec, pvec) * inv_det
+        qvec = _cross(tvec, e1)
+        b2 = _dot(d, qvec) * inv_det
+        t = _dot(e2, qvec) * inv_det
+        p = tuple(o[c] + t * d[c] for c in range(3))
+        side = vp["side"]
+        ng = tuple(side * x for x in _normalize(_cross(e1, e2)))
+        b0 = 1.0 - b1 - b2
+        ns = _normalize(tuple(b0 * vp[f"n0{a}"] + b1 * vp[f"n1{a}"] + b2 * vp[f"n2{a}"]
+                              for a in "xyz"))
+        return p, ng, tuple(side * x for x in ns)
+
+    @staticmethod
+    def _light_point(light, u1, u2):
+        """edge_rt's uniform triangle sampling (Geometry.sample_light) as an expression."""
+        v0 = (light["v0x"], light["v0y"], light["v0z"])
+        v1 = (light["v1x"], light["v1y"], light["v1z"])
+        v2 = (light["v2x"], light["v2y"], light["v2z"])
+        su = sym.sqrt(u1)
+        b0, b1 = 1.0 - su, u2 * su
+        y = tuple(b0 * v0[c] + b1 * v1[c] + (1.0 - b0 - b1) * v2[c] for c in range(3))
+        cross = _cross(_sub(v1, v0), _sub(v2, v0))
+        norm = sym.sqrt(_dot(cross, cross))
+        return y, tuple(x / norm for x in cross), 0.5 * norm
+
+    @staticmethod
+    def _bsdf(e_vars, e_out, ns, ng, wi, wo, mat):
+        env = dict(zip(("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz", "ox", "oy", "oz"),
+                       (*ns, *ng, *wi, *wo)))
+        env.update(mat)
+        return sym.substitute(e_out, {v: env[name] for name, v in e_vars.items()})
+
+    def _branch_kernel(self, k):
+        if k not in self._branch_kernels:
+            u, params, rgb = self.expressions(k)
+            preds = {}
+            for node in sym.toposort(rgb):
+                rule = _PIECEWISE.get(getattr(getattr(node, "prim", None), "name", None))
+                if rule is not None:
+                    for pred in rule(node.args):
+                        preds.setdefault(id(pred), pred)
+            outs = [sym.where(pred, 1.0, 0.0) for pred in preds.values()]
+            self._branch_kernels[k] = sym.compile(outs, u + params, backend=self.backend)
+        return self._branch_kernels[k]
+
+    def _value_kernel(self, k):
+        if k not in self._value_kernels:
+            u, params, rgb = self.expressions(k)
+            self._value_kernels[k] = sym.compile(rgb, u + params, backend=self.backend)
+        return self._value_kernels[k]
+
+    def _hessian_kernel(self, k):
+        if k not in self._hessian_kernels:
+            u, params, rgb = self.expressions(k)
+            lum = sum(w * c for w, c in zip(LUMINANCE, rgb))
+            logf = sym.log(lum)
+            grad = sym.grad(logf, u)
+            hess = sym.hessian(logf, u)
+            tri = [(i, j) for i in range(len(u)) for j in range(i + 1)]
+            kernel = sym.compile([logf, *grad, *(hess[i][j] for i, j in tri)], u + params,
+                                 backend=self.backend)
+            self._hessian_kernels[k] = (kernel, tri)
+        return self._hessian_kernels[k]
+
+    # ------------------------------------------------------------------ derivatives
+    def log_f_derivatives(self, u, length, paths=None, lanes=None):
+        """Value, gradient and Hessian of ``log f*`` of the path of ``length`` with respect
+        to its primary samples ``u[:, dims(length)]``, per lane: ``(logf (B,), grad (B, n),
+        hess (B, n, n))``. Lanes without a path of that length get ``-inf`` and zero
+        derivatives. ``paths``: the result of :meth:`trace` on the same ``u`` (re-traced
+        when omitted); ``lanes``: compute only these lanes (the others are left at -inf)."""
+        u = self._check_u(u)
+        paths = self.trace(u) if paths is None else paths
+        n = len(self.dims(length))
+        B = u.shape[0]
+        logf, grad, hess = np.full(B, -np.inf), np.zeros((B, n)), np.zeros((B, n, n))
+        if length not in paths.structure:
+            return logf, grad, hess
+        lanes_k, params = paths.structure[length]
+        if lanes is not None:
+            keep = np.isin(lanes_k, lanes)
+            lanes_k, params = lanes_k[keep], [c[keep] for c in params]
+        lanes = lanes_k
+        kernel, tri = self._hessian_kernel(length)
+        cols = [np.ascontiguousarray(u[lanes, j]) for j in self.dims(length)] + list(params)
+        with np.errstate(all="ignore"):
+            res = [np.broadcast_to(np.asarray(r), (len(lanes),)) for r in kernel(*cols)]
+        # f* = 0 on an existing path (a BSDF gate): log f = -inf and no derivatives, as for
+        # a missing path.
+        ok = np.isfinite(res[0])
+        lanes = lanes[ok]
+        logf[lanes] = res[0][ok]
+        grad[lanes] = np.stack(res[1:n + 1], 1)[ok]
+        for (i, j), h in zip(tri, res[n + 1:]):
+            hess[lanes, i, j] = h[ok]
+            hess[lanes, j, i] = h[ok]
+        return logf, grad, hess
+
+    def branches(self, u, length, paths=None):
+        """The smooth piece each path of ``length`` lies on: every branch decision of its
+        contribution expression (``where`` conditions, which side of ``maximum`` / ``minimum``
+        / ``clamp`` / ``abs`` is taken), (B, m) bool, False for lanes without a path. Two
+        states whose structure (:meth:`Paths.same_structure`) and branches agree lie on the
+        same smooth piece, where finite differences may be compared with the derivatives."""
+        u = self._check_u(u)
+        paths = self.trace(u) if paths is None else paths
+        kernel = self._branch_kernel(length)
+        if length not in paths.structure:
+            return np.zeros((len(u), 0), bool)
+        lanes, params = paths.structure[length]
+        cols = [np.ascontiguousarray(u[lanes, j]) for j in self.dims(length)] + list(params)
+        with np.errstate(all="ignore"):
+            res = [np.broadcast_to(np.asarray(r), (len(lanes),)) for r in kernel(*cols)]
+        out = np.zeros((len(u), len(res)), bool)
+        out[lanes] = np.stack(res, 1) > 0.5
+        return out
+
+    def log_f_star_derivatives(self, u, paths=None, lanes=None):
+        """Value, gradient and Hessian of ``log f*`` of the Kelemen state (the sum over
+        lengths) with respect to all of ``u``: ``(logf (B,), grad (B, dim), hess (B, dim,
+        dim))``. From the per-length derivatives, with ``w_k = f*_k / f*``:
+        ``grad = sum_k w_k g_k`` and ``hess = sum_k w_k (H_k + g_k g_k^T) - grad grad^T``."""
+        u = self._check_u(u)
+        paths = self.trace(u) if paths is None else paths
+        B, dim = u.shape
+        total = paths.f_star
+        grad, second = np.zeros((B, dim)), np.zeros((B, dim, dim))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            logf = np.log(total)
+            for k in self.light_dims:
+                lf, g, H = self.log_f_derivatives(u, k, paths, lanes)
+                w = np.where(np.isfinite(lf), paths.f_star_of(k) / total, 0.0)
+                d = self.dims(k)
+                grad[:, d] += w[:, None] * g
+                second[:, d[:, None], d] += w[:, None, None] * (H + g[:, :, None] * g[:, None, :])
+        hess = second - grad[:, :, None] * grad[:, None, :]
+        if lanes is not None:
+            skip = np.ones(B, bool)
+            skip[lanes] = False
+            logf[skip] = -np.inf
+        return logf, grad, hess
