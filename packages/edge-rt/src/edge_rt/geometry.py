@@ -1,6 +1,7 @@
 """Flattened scene geometry for one render: Embree ray casting on detached float32 copies,
-differentiable surface interactions (ray-triangle intersection recomputed in torch for the
-hit triangle, so hit points move with vertices and rays), and area-light sampling."""
+differentiable surface interactions (ray-triangle intersection recomputed for the hit
+triangle in a compiled core_ad kernel with its VJP and JVP, so hit points move with vertices
+and rays), and area-light sampling."""
 
 from __future__ import annotations
 
@@ -11,6 +12,9 @@ import torch
 from embreex import rtcore_scene
 from embreex.mesh_construction import TriangleMesh
 
+from core_ad import sym
+
+from ._compiled import CompiledOp
 from .texture import direction_to_latlong
 
 
@@ -93,18 +97,8 @@ class Geometry:
     # -- differentiable interactions ------------------------------------------------------
     def interact(self, tri, o, d):
         v = self.tri_verts[tri]
-        v0, e1, e2 = v[:, 0], v[:, 1] - v[:, 0], v[:, 2] - v[:, 0]
-        pvec = torch.linalg.cross(d, e2)
-        det = (e1 * pvec).sum(1)
-        tvec = o - v0
-        b1 = (tvec * pvec).sum(1) / det
-        qvec = torch.linalg.cross(tvec, e1)
-        b2 = (d * qvec).sum(1) / det
-        t = (e2 * qvec).sum(1) / det
-        p = o + t[:, None] * d
-        cross = torch.linalg.cross(e1, e2)
-        area = 0.5 * cross.norm(dim=1)
-        ng = cross / (2.0 * area[:, None])
+        p, t, ng, bary, area = RAY_TRIANGLE(v[:, 0], v[:, 1], v[:, 2], o, d)
+        t, b1, b2, area = t[:, 0], bary[:, 0], bary[:, 1], area[:, 0]
         mesh = self.mesh_of[tri]
         b0 = 1.0 - b1 - b2
         ns, uv = ng, torch.stack([b1, b2], 1)
@@ -200,6 +194,38 @@ class Geometry:
         cross = torch.linalg.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
         area = 0.5 * cross.norm(dim=1)
         return tri, y, cross / (2.0 * area[:, None]), area, self.light_pmf[tri].to(self.dtype)
+
+
+def _ray_triangle_expressions(dtype):
+    """Moller-Trumbore on the triangle Embree reported, differentiable in its vertices and
+    the ray: hit point, distance, unit geometric normal, barycentrics (b1, b2), area."""
+    names = [f"{g}{c}" for g in ("a", "b", "c", "o", "d") for c in "xyz"]
+    v = [sym.var(n, dtype) for n in names]
+    a, b, c, o, d = (v[k:k + 3] for k in range(0, 15, 3))
+
+    def sub(p, q):
+        return [p[i] - q[i] for i in range(3)]
+
+    def cross(p, q):
+        return [p[1] * q[2] - p[2] * q[1], p[2] * q[0] - p[0] * q[2], p[0] * q[1] - p[1] * q[0]]
+
+    def dot(p, q):
+        return p[0] * q[0] + p[1] * q[1] + p[2] * q[2]
+
+    e1, e2 = sub(b, a), sub(c, a)
+    pvec, tvec = cross(d, e2), sub(o, a)
+    qvec = cross(tvec, e1)
+    inv_det = 1.0 / dot(e1, pvec)
+    t = dot(e2, qvec) * inv_det
+    normal = cross(e1, e2)
+    length = sym.sqrt(dot(normal, normal))
+    outputs = ([o[i] + t * d[i] for i in range(3)] + [t] + [n / length for n in normal]
+               + [dot(tvec, pvec) * inv_det, dot(d, qvec) * inv_det, 0.5 * length])
+    return v, outputs
+
+
+# (v0, v1, v2, o, d) -> (p (N,3), t (N,1), ng (N,3), (b1, b2) (N,2), area (N,1))
+RAY_TRIANGLE = CompiledOp(_ray_triangle_expressions, (3, 3, 3, 3, 3), (3, 1, 3, 2, 1))
 
 
 def m_index(scene, mesh):

@@ -1,0 +1,109 @@
+"""Per-lane core_ad expressions as torch operations: one compiled kernel each for the value,
+the reverse-mode product (VJP) and the forward-mode product (JVP), so a wavefront stage costs
+one pass over its lanes instead of one torch operation per arithmetic step."""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import numpy as np
+import torch
+
+from core_ad import sym
+
+
+class CompiledOp:
+    """``build(dtype) -> (input vars, output exprs)``, both flat lists of scalar lanes, grouped
+    into torch tensors of shape (N, width) by ``input_widths`` / ``output_widths``.
+    ``differentiable[i]`` says whether input group i gets a cotangent / tangent."""
+
+    def __init__(self, build: Callable, input_widths: Sequence[int], output_widths: Sequence[int],
+                 differentiable: Sequence[bool] | None = None):
+        self.build = build
+        self.input_widths, self.output_widths = tuple(input_widths), tuple(output_widths)
+        self.differentiable = (tuple(differentiable) if differentiable is not None
+                               else (True,) * len(self.input_widths))
+        self._kernels: dict = {}
+        op = self
+
+        class _Function(torch.autograd.Function):
+            @staticmethod
+            def forward(ctx, *inputs):
+                ctx.save_for_backward(*inputs)
+                ctx.save_for_forward(*inputs)
+                return tuple(op._split(op._run("value", inputs, ())))
+
+            @staticmethod
+            def backward(ctx, *grads):
+                inputs = ctx.saved_tensors
+                n, dtype = inputs[0].shape[0], inputs[0].dtype
+                cts = [g.contiguous() if g is not None else torch.zeros(n, w, dtype=dtype)
+                       for g, w in zip(grads, op.output_widths)]
+                flat = op._run("vjp", inputs, cts)
+                out, k = [], 0
+                for w, diff in zip(op.input_widths, op.differentiable):
+                    out.append(torch.stack(flat[k:k + w], 1) if diff else None)
+                    k += w if diff else 0
+                return tuple(out)
+
+            @staticmethod
+            def jvp(ctx, *tangents):
+                inputs = ctx.saved_tensors
+                ts = [t if t is not None else torch.zeros_like(x)
+                      for t, x, diff in zip(tangents, inputs, op.differentiable) if diff]
+                return tuple(op._split(op._run("jvp", inputs, ts)))
+
+        self._function = _Function
+
+    def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return self._function.apply(*inputs)
+
+    # -- kernels ----------------------------------------------------------------------------
+    def _kernel(self, kind: str, dtype: str):
+        key = (kind, dtype)
+        if key not in self._kernels:
+            inputs, outputs = self.build(dtype)
+            diff_vars = [v for v, diff in zip(inputs, self._lane_flags()) if diff]
+            if kind == "value":
+                self._kernels[key] = sym.compile(outputs, inputs)
+            elif kind == "vjp":
+                cts = [sym.var(f"ct{k}", dtype) for k in range(len(outputs))]
+                self._kernels[key] = sym.compile(sym.vjp(outputs, diff_vars, cts), inputs + cts)
+            else:
+                tangents = [sym.var(f"tan{k}", dtype) for k in range(len(diff_vars))]
+                self._kernels[key] = sym.compile(sym.jvp(outputs, diff_vars, tangents),
+                                                 inputs + tangents)
+        return self._kernels[key]
+
+    def _lane_flags(self):
+        return [diff for w, diff in zip(self.input_widths, self.differentiable) for _ in range(w)]
+
+    def _run(self, kind, inputs, extra):
+        n = inputs[0].shape[0]
+        dtype = str(inputs[0].dtype).removeprefix("torch.")
+        if n == 0:
+            return [inputs[0].new_zeros(0)] * self._n_results(kind)
+        cols = _columns([*inputs, *extra])
+        out = self._kernel(kind, dtype)(*cols)
+        return [torch.from_numpy(np.broadcast_to(np.asarray(x), (n,)).copy()) for x in out]
+
+    def _n_results(self, kind):
+        if kind == "vjp":
+            return sum(w for w, diff in zip(self.input_widths, self.differentiable) if diff)
+        return sum(self.output_widths)
+
+    def _split(self, flat):
+        out, k = [], 0
+        for w in self.output_widths:
+            out.append(torch.stack(flat[k:k + w], 1))
+            k += w
+        return out
+
+
+def _columns(tensors):
+    """Contiguous numpy columns of (N, width) tensors, in order."""
+    cols = []
+    for t in tensors:
+        a = t.detach().cpu().numpy()
+        cols.extend(np.ascontiguousarray(a[:, k]) for k in range(a.shape[1]))
+    return cols
