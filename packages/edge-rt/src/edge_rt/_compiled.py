@@ -83,7 +83,7 @@ class CompiledOp:
         dtype = str(inputs[0].dtype).removeprefix("torch.")
         if n == 0:
             return [inputs[0].new_zeros(0)] * self._n_results(kind)
-        cols = _columns([*inputs, *extra])
+        cols = columns([*inputs, *extra])
         out = self._kernel(kind, dtype)(*cols)
         return [torch.from_numpy(np.broadcast_to(np.asarray(x), (n,)).copy()) for x in out]
 
@@ -100,7 +100,7 @@ class CompiledOp:
         return out
 
 
-def _columns(tensors):
+def columns(tensors):
     """Contiguous numpy columns of (N, width) tensors, in order."""
     cols = []
     for t in tensors:

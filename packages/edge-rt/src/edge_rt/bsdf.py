@@ -18,10 +18,10 @@ import torch
 
 from core_ad import sym
 
+from ._compiled import CompiledOp, columns
+
 _INPUTS = ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz", "ox", "oy", "oz",
            "kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")
-# Inputs whose cotangent is needed (the geometric normal only gates grazing angles).
-_DIFF_INPUTS = tuple(n for n in _INPUTS if n[0] != "g")
 
 
 def _dot(a, b):
@@ -75,76 +75,15 @@ def bsdf_expressions(dtype: str):
     return v, out
 
 
-_KERNELS: dict = {}
+def _bsdf_lanes(dtype: str):
+    v, out = bsdf_expressions(dtype)
+    return [v[n] for n in _INPUTS], out
 
 
-def _kernels(dtype: str):
-    """(forward, vjp, jvp) compiled kernels for ``dtype`` ("float32" / "float64"), built
-    once each: the value, the reverse-mode product with output cotangents, and the
-    forward-mode product with input tangents (for derivative images)."""
-    if dtype not in _KERNELS:
-        v, out = bsdf_expressions(dtype)
-        inputs = [v[n] for n in _INPUTS]
-        diff_vars = [v[n] for n in _DIFF_INPUTS]
-        cts = [sym.var(f"ct{c}", dtype) for c in range(3)]
-        tangents = [sym.var(f"dt_{n}", dtype) for n in _DIFF_INPUTS]
-        fwd = sym.compile(out, inputs)
-        bwd = sym.compile(sym.vjp(out, diff_vars, cts), inputs + cts)
-        tan = sym.compile(sym.jvp(out, diff_vars, tangents), inputs + tangents)
-        _KERNELS[dtype] = (fwd, bwd, tan)
-    return _KERNELS[dtype]
-
-
-def _columns(tensors):
-    cols = []
-    for t in tensors:
-        a = np.ascontiguousarray(t.detach().cpu().numpy())
-        cols.extend([np.ascontiguousarray(a[:, k]) for k in range(a.shape[1])])
-    return cols
-
-
-class _BsdfEval(torch.autograd.Function):
-    @staticmethod
-    def forward(ctx, n, ng, wi, wo, kd, ks, rough):
-        dtype = str(n.dtype).removeprefix("torch.")
-        fwd = _kernels(dtype)[0]
-        cols = _columns([n, ng, wi, wo, kd, ks, rough[:, None]])
-        ctx.save_for_backward(n, ng, wi, wo, kd, ks, rough)
-        ctx.save_for_forward(n, ng, wi, wo, kd, ks, rough)
-        if len(cols[0]) == 0:
-            return n.new_zeros((0, 3))
-        return torch.from_numpy(np.stack(fwd(*cols), axis=1))
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        n, ng, wi, wo, kd, ks, rough = ctx.saved_tensors
-        if n.shape[0] == 0:
-            return (None,) * 7
-        dtype = str(n.dtype).removeprefix("torch.")
-        bwd = _kernels(dtype)[1]
-        cols = _columns([n, ng, wi, wo, kd, ks, rough[:, None], grad_out.contiguous()])
-        g = [torch.from_numpy(np.asarray(x)) for x in bwd(*cols)]
-        g = [x.expand(n.shape[0]) if x.dim() == 0 else x for x in g]
-        grads = [torch.stack(g[k:k + 3], dim=1) for k in (0, 3, 6, 9, 12)]
-        return grads[0], None, grads[1], grads[2], grads[3], grads[4], g[15]
-
-
-    @staticmethod
-    def jvp(ctx, dn, dng, dwi, dwo, dkd, dks, drough):
-        n, ng, wi, wo, kd, ks, rough = ctx.saved_tensors
-        if n.shape[0] == 0:
-            return n.new_zeros((0, 3))
-        tan = _kernels(str(n.dtype).removeprefix("torch."))[2]
-
-        def tangent(t, shape):
-            return torch.zeros(shape, dtype=n.dtype) if t is None else t
-
-        m = n.shape[0]
-        ts = [tangent(dn, (m, 3)), tangent(dwi, (m, 3)), tangent(dwo, (m, 3)),
-              tangent(dkd, (m, 3)), tangent(dks, (m, 3)), tangent(drough, (m,))[:, None]]
-        cols = _columns([n, ng, wi, wo, kd, ks, rough[:, None], *ts])
-        out = [np.broadcast_to(np.asarray(x), (m,)) for x in tan(*cols)]
-        return torch.from_numpy(np.stack(out, axis=1).copy())
+# (n, ng, wi, wo, kd, ks, rough (N, 1)) -> BRDF * cos (N, 3); the geometric normal only gates
+# grazing angles, so it gets no cotangent
+_EVAL = CompiledOp(_bsdf_lanes, (3, 3, 3, 3, 3, 3, 1), (3,),
+                   differentiable=(True, False, True, True, True, True, True))
 
 
 def evaluate(n, ng, wi, wo, kd, ks, rough):
@@ -152,7 +91,7 @@ def evaluate(n, ng, wi, wo, kd, ks, rough):
 
     ``n`` is the shading normal, ``ng`` the geometric normal (both already flipped toward the
     viewer for two-sided shading)."""
-    return _BsdfEval.apply(n, ng, wi, wo, kd, ks, rough)
+    return _EVAL(n, ng, wi, wo, kd, ks, rough[:, None])[0]
 
 
 def sampling_expressions(dtype: str):
@@ -223,7 +162,7 @@ def _sampling_kernels(dtype: str):
 def _run(kernel, tensors, like):
     if like.shape[0] == 0:
         return [like.new_zeros(0) for _ in range(4)]
-    out = kernel(*_columns(tensors))
+    out = kernel(*columns(tensors))
     return [torch.from_numpy(np.broadcast_to(np.asarray(x), (like.shape[0],)).copy())
             for x in out]
 
