@@ -24,6 +24,7 @@ from ._compiled_hessian import (
     compiled_batch_grad,
     compiled_batch_hessian,
 )
+from ._diagnostics import WhosReport, graphviz, whos
 from ._custom import (
     CheckpointClosureError,
     Function,
@@ -81,6 +82,7 @@ __all__ = [
     "LaneMixingError",
     "LoopStats",
     "Primitive",
+    "WhosReport",
     "SymbolicTraceError",
     "backward",
     "batch_hessian",
@@ -102,6 +104,7 @@ __all__ = [
     "forward",
     "get_primitive",
     "grad",
+    "graphviz",
     "hessian",
     "hvp",
     "jacobian",
@@ -115,4 +118,5 @@ __all__ = [
     "sym",
     "value_and_grad",
     "vjp",
+    "whos",
 ]
