@@ -30,8 +30,14 @@ def test_whos_lists_live_pending_and_evaluated_arrays_with_sizes():
         assert rep.n_ops >= 3
         ad.eval(z)
         rep2 = ad.whos(file=False)
-        assert _rows(rep2, "wz")[0]["state"] == "evaluated"
-        assert rep2.evaluated_bytes - rep.evaluated_bytes >= rep.pending_bytes - rep2.pending_bytes
+        assert [(r["state"], r["bytes"]) for r in _rows(rep2, "wy") + _rows(rep2, "wz")] == [
+            ("evaluated", 8000), ("evaluated", 4000)]
+        assert rep2.pending_bytes == 0 and rep2.n_ops == 0
+        # what y's graph holds: sin(x) was folded into y's edge weight by vertex elimination
+        only = ad.whos(y, file=False)
+        assert [(r["name"], r["kind"]) for r in only.rows] == [
+            ("wy", "linear"), ("wx", "leaf"), ("", "weight")]
+        assert only.n_nodes == 1 and only.evaluated_bytes == 3 * 8000
     del y, z
     gc.collect()
     rep3 = ad.whos(file=False)

@@ -25,6 +25,7 @@ from ._compiled_hessian import (
     compiled_batch_hessian,
 )
 from ._diagnostics import WhosReport, graphviz, whos
+from ._eliminate import GraphSimplifiedError, simplify_graph
 from ._custom import (
     CheckpointClosureError,
     Function,
@@ -45,7 +46,13 @@ from ._functional import (
     vjp,
 )
 from ._primitives import Primitive, get_primitive, primitives, register
-from ._lazy import evaluate_scope as _evaluate_scope, is_lazy, lazy, set_lazy
+from ._lazy import (
+    evaluate_scope as _evaluate_scope,
+    is_lazy,
+    lazy,
+    set_lazy,
+    set_vertex_elimination,
+)
 from ._linalg import eigh
 from ._revolve import revolve_schedule
 from ._tracing import (
@@ -79,6 +86,7 @@ __all__ = [
     "Function",
     "FunctionCtx",
     "GraphFreedError",
+    "GraphSimplifiedError",
     "LaneMixingError",
     "LoopStats",
     "Primitive",
@@ -100,6 +108,8 @@ __all__ = [
     "is_lazy",
     "lazy",
     "set_lazy",
+    "set_vertex_elimination",
+    "simplify_graph",
     "enable_grad",
     "forward",
     "get_primitive",

@@ -16,7 +16,7 @@ from ._tracing import _TAPE, Array
 class WhosReport(str):
     """The table printed by :func:`whos` (a ``str``), with its numbers as attributes:
     ``rows`` (dicts: name, kind, shape, dtype, state, bytes), ``evaluated_bytes``,
-    ``pending_bytes``, ``n_nodes`` (live recorded nodes) and ``n_ops`` (lane-wise operations
+    ``pending_bytes``, ``n_nodes`` (recorded graph nodes listed) and ``n_ops`` (lane-wise operations
     recorded in the current lazy scope)."""
 
     rows: list
@@ -46,8 +46,9 @@ def _kind(a: Array) -> str:
     return "lazy" if isinstance(a._value, _lazy.Pending) else "const"
 
 
-def _held_arrays():
-    """Live arrays held by the graph or the lazy scope, each once, in a stable order."""
+def _held_arrays(roots=None):
+    """Live arrays held by the graph (all of it, or what ``roots`` reach) or the lazy scope,
+    each once, in a stable order."""
     seen, out = set(), []
 
     def add(a, role=None):
@@ -55,14 +56,26 @@ def _held_arrays():
             seen.add(id(a))
             out.append((a, role))
 
-    for node in _TAPE.live():
-        if node._freed:
-            continue
-        add(node)
+    def held_by(node):
+        if node._prim is None or node._freed:
+            return
         for a in node._args or ():
             add(a)
         for w in (node._params or {}).get("weights", ()):
             add(w, "weight")
+
+    if roots is not None:
+        for r in roots:
+            add(r)
+        i = 0
+        while i < len(out):  # out grows while it is walked: a breadth-first traversal
+            held_by(out[i][0])
+            i += 1
+        return out
+    for node in _TAPE.live():
+        if not node._freed:
+            add(node)
+            held_by(node)
     scope = getattr(_lazy._state, "scope", None)
     if scope is not None and not scope.closed:
         for r in scope.pending:
@@ -72,14 +85,19 @@ def _held_arrays():
     return out
 
 
-def whos(file=None) -> WhosReport:
+def whos(outputs=None, file=None) -> WhosReport:
     """Print and return a table of the live traced arrays: recorded graph nodes and the arrays
     they reference (leaves, constants, edge weights of simplified nodes), and the pending
     arrays of the current lazy scope; with totals of evaluated and pending bytes, the number of
-    live graph nodes and of operations recorded in the lazy scope. ``file``: where to print
-    (default stdout; ``False`` to print nothing)."""
+    graph nodes listed and of operations recorded in the lazy scope. With ``outputs`` (an
+    Array or a list) only the graph they reach is listed. ``file``: where to print (default
+    stdout; ``False`` to print nothing)."""
+    roots = None
+    if outputs is not None:
+        roots = list(outputs) if isinstance(outputs, (list, tuple)) else [outputs]
     rows = []
-    for a, role in _held_arrays():
+    held = _held_arrays(roots)
+    for a, role in held:
         rows.append({
             "name": a.name or "",
             "kind": role or _kind(a),
@@ -90,7 +108,7 @@ def whos(file=None) -> WhosReport:
         })
     ev = sum(r["bytes"] for r in rows if r["state"] == "evaluated")
     pe = sum(r["bytes"] for r in rows if r["state"] == "pending")
-    n_nodes = sum(1 for n in _TAPE.live() if not n._freed)
+    n_nodes = sum(1 for a, _ in held if a._prim is not None and not a._freed)
     scope = getattr(_lazy._state, "scope", None)
     n_ops = scope.n_ops if scope is not None and not scope.closed else 0
     head = f"{'#':>4}  {'name':<12} {'kind':<10} {'shape':<14} {'dtype':<8} {'state':<9} {'bytes':>10}"
