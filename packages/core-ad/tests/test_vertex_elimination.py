@@ -24,6 +24,12 @@ def chain(x, n=20):
     return b
 
 
+def chain_sin(x, n):
+    for _ in range(n):
+        x = anp.sin(x) * 1.1 + x * 0.5
+    return x
+
+
 X0 = np.linspace(-0.8, 0.9, 5000)
 
 
@@ -50,6 +56,24 @@ def test_eliminated_graph_gives_eager_gradients_with_fewer_nodes_and_bytes():
     assert rep_kept.evaluated_bytes == 101 * X0.nbytes  # x and every intermediate
     assert rep_lazy.evaluated_bytes == 3 * X0.nbytes  # x, the output, its weight
     assert [r["kind"] for r in rep_lazy.rows].count("weight") == 1
+
+
+def test_graph_stays_one_node_when_every_iteration_is_evaluated():
+    """Enoki's advice (a flush per iteration): nodes evaluated by an earlier flush are
+    collapsed by the next one, so what the graph holds does not grow with the iterations."""
+    x = ad.Array(X0, requires_grad=True)
+    held = []
+    with ad.lazy():
+        b = x
+        for _ in range(6):
+            b = anp.sin(b) * 1.1 + b * 0.5
+            ad.eval(b)
+            rep = ad.whos(b, file=False)
+            held.append((rep.n_nodes, rep.evaluated_bytes))
+        anp.sum(b).backward()
+    assert held == [(1, 3 * X0.nbytes)] * 6  # x, b, one weight
+    g_eager, _ = _grad_and_report(X0, False, lambda x: chain_sin(x, 6))
+    np.testing.assert_allclose(x.grad, g_eager, rtol=1e-12, atol=1e-14)
 
 
 def test_eliminated_gradient_matches_central_differences():
