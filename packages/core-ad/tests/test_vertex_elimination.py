@@ -178,3 +178,19 @@ def test_nested_differentiation_is_refused_on_a_simplified_graph_and_agrees_in_t
         ad.clear_grads(x)
         anp.sum(gx).backward()
     np.testing.assert_allclose(x.grad, H_eager.sum(axis=0), rtol=1e-12, atol=1e-13)
+
+
+def test_zero_weights_stay_zero_through_composed_weights():
+    """Products of weights keep the sweep's safe multiplies: a zero weight times sqrt'(0) = inf
+    gives 0, not NaN, after elimination too."""
+    x0 = np.linspace(-1.0, 1.0, 101)  # includes 0
+    mask = (np.abs(x0) > 0.5).astype(float)  # 0 at x = 0
+
+    def f(x):
+        return anp.exp(anp.sqrt(anp.abs(x)) * 0.5) * mask + x
+
+    g_eager, rep_eager = _grad_and_report(x0, False, f)
+    g_lazy, rep_lazy = _grad_and_report(x0, True, f)
+    assert np.all(np.isfinite(g_eager)) and g_eager[50] == 1.0
+    np.testing.assert_allclose(g_lazy, g_eager, rtol=1e-12, atol=1e-14)
+    assert rep_eager.n_nodes == 6 and rep_lazy.n_nodes == 1

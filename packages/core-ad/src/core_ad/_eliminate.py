@@ -11,7 +11,8 @@ Greedy, cheapest first: the cost of a node is ``in-degree x out-degree`` (the nu
 its collapse creates); nodes are collapsed while the cost is below ``threshold`` (10, Enoki's
 value). Only nodes that nothing outside the graph references, of lane-wise primitives whose
 differentiable operands and successors all have the node's shape and dtype, are collapsed;
-reductions, gathers and scatters are never crossed.
+reductions, gathers and scatters are never crossed, nor ``where`` (its adjoint is a mask, not
+a product: a weight would turn an infinite cotangent in a masked lane into NaN).
 
 The weights are values, not recorded functions of the inputs, so a simplified graph supports
 first-order sweeps only: a recorded sweep (``create_graph``, Hessians) through a LINEAR node
