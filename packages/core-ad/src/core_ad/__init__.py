@@ -24,6 +24,8 @@ from ._compiled_hessian import (
     compiled_batch_grad,
     compiled_batch_hessian,
 )
+from ._diagnostics import WhosReport, graphviz, whos
+from ._eliminate import GraphSimplifiedError, simplify_graph
 from ._custom import (
     CheckpointClosureError,
     Function,
@@ -44,7 +46,13 @@ from ._functional import (
     vjp,
 )
 from ._primitives import Primitive, get_primitive, primitives, register
-from ._lazy import evaluate_scope as _evaluate_scope, is_lazy, lazy, set_lazy
+from ._lazy import (
+    evaluate_scope as _evaluate_scope,
+    is_lazy,
+    lazy,
+    set_lazy,
+    set_vertex_elimination,
+)
 from ._linalg import eigh
 from ._revolve import revolve_schedule
 from ._tracing import (
@@ -78,9 +86,11 @@ __all__ = [
     "Function",
     "FunctionCtx",
     "GraphFreedError",
+    "GraphSimplifiedError",
     "LaneMixingError",
     "LoopStats",
     "Primitive",
+    "WhosReport",
     "SymbolicTraceError",
     "backward",
     "batch_hessian",
@@ -98,10 +108,13 @@ __all__ = [
     "is_lazy",
     "lazy",
     "set_lazy",
+    "set_vertex_elimination",
+    "simplify_graph",
     "enable_grad",
     "forward",
     "get_primitive",
     "grad",
+    "graphviz",
     "hessian",
     "hvp",
     "jacobian",
@@ -115,4 +128,5 @@ __all__ = [
     "sym",
     "value_and_grad",
     "vjp",
+    "whos",
 ]

@@ -5,12 +5,16 @@ traced :class:`~core_ad.Array` values and reads derivatives off the tape. When a
 itself traced by an enclosing transform, the wrapper is an identity node connected to it and
 the derivative computation is recorded (``create_graph``), so transforms nest: ``grad(grad(f))``,
 ``jacobian(grad(f))``, ``hessian`` of a function that calls ``grad`` ...
+
+Lazy vertex elimination is off while a transform traces its function (a simplified graph is
+first-order only, and an outer transform may differentiate the recorded sweep again).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from . import _lazy
 from . import _rules as R
 from ._pytree import flatten, unflatten
 from ._tracing import Array, _backprop, _grad_mode, _push_tangents, _toposort
@@ -92,7 +96,7 @@ def value_and_grad(f, argnums=0, has_aux: bool = False):
 
     def vg(*args):
         args, nums, single, inputs, defs, nested = _prepare(args, argnums, "grad")
-        with _grad_mode(True):
+        with _grad_mode(True), _lazy.no_elimination():
             out = f(*args)
         aux = None
         if has_aux:
@@ -149,7 +153,7 @@ def vjp(f, *primals):
     """
     args, nums, single, inputs, defs, nested = _prepare(primals, tuple(range(len(primals))),
                                                           "vjp")
-    with _grad_mode(True):
+    with _grad_mode(True), _lazy.no_elimination():
         out = f(*args)
     outs, out_def = flatten(out)
     outs = [o if isinstance(o, Array) else Array(o) for o in outs]
@@ -208,7 +212,7 @@ def jvp(f, primals, tangents):
                     f" {x.shape}"
                 )
             seeds[id(x)] = tv if _is_traced(tv) else tv.astype(x.dtype, copy=False)
-    with _grad_mode(True):
+    with _grad_mode(True), _lazy.no_elimination():
         out = f(*args)
     outs, out_def = flatten(out)
     outs = [o if isinstance(o, Array) else Array(o) for o in outs]
@@ -231,7 +235,7 @@ def _single_array_fn(f, x, where):
     node = inputs[0][0]
     if len(inputs[0]) != 1:
         raise TypeError(f"{where}: expects a single array argument, not a pytree")
-    with _grad_mode(True):
+    with _grad_mode(True), _lazy.no_elimination():
         out = f(node)
     if not isinstance(out, Array):
         out = Array(out)
@@ -366,7 +370,7 @@ def batch_hessian(f, x, *, compiled: bool = False, seed: int = 0):
     # One leaf per column: x[:, j] inside f is then column j itself (a peephole in the tracer),
     # so derivatives stay (B,)-sized per column instead of dense (B, n) scatters.
     cols = [Array(np.ascontiguousarray(xv[:, j]), requires_grad=True) for j in range(n)]
-    with _grad_mode(True):
+    with _grad_mode(True), _lazy.no_elimination():
         node = R.stack(cols, axis=1)
         out = f(node)
     if not isinstance(out, Array):

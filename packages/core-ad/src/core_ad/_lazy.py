@@ -19,6 +19,10 @@ freed, so intermediates that nothing references any more are never stored.
 
 A scope also evaluates when it has recorded ``max_pending_nodes`` operations (bounds the
 kernel size and its compile time).
+
+Before each evaluation the graph is simplified by vertex elimination (:mod:`core_ad._eliminate`,
+on by default, ``set_vertex_elimination(False)`` turns it off), so that intermediates that only
+the graph holds are folded into edge weights and never stored.
 """
 
 from __future__ import annotations
@@ -97,6 +101,32 @@ def current_scope() -> Scope:
     return s
 
 
+def vertex_elimination_enabled() -> bool:
+    return getattr(_state, "elim", True) and not getattr(_state, "no_elim", 0)
+
+
+def set_vertex_elimination(flag: bool = True) -> bool:
+    """Turn vertex elimination before lazy evaluations on or off (per thread); returns the
+    previous setting."""
+    prev = getattr(_state, "elim", True)
+    _state.elim = bool(flag)
+    return prev
+
+
+@contextmanager
+def no_elimination():
+    """No automatic vertex elimination inside the block: derivative sweeps, and the traces of
+    transforms that may differentiate the graph again (eliminated nodes are first-order only)."""
+    _state.no_elim = getattr(_state, "no_elim", 0) + 1
+    try:
+        yield
+    finally:
+        _state.no_elim -= 1
+
+
+SIMPLIFY = None  # set by _eliminate (it needs _tracing, which imports this module)
+
+
 def stats() -> dict:
     """Counters: ``evaluations`` (scope flushes), ``kernels`` (kernel launches), ``outputs``
     (arrays computed), ``compiled`` (kernels built, i.e. cache misses)."""
@@ -170,7 +200,7 @@ def record(prim, args, params, array_cls):
 
 def track(arr, scope):
     scope.pending.append(weakref.ref(arr))
-    if scope.n_ops >= MAX_PENDING_NODES:
+    if scope.n_ops >= MAX_PENDING_NODES and not getattr(_state, "simplifying", False):
         evaluate_scope(scope)
 
 
@@ -194,6 +224,10 @@ def evaluate_scope(scope: Scope | None = None):
     scope = getattr(_state, "scope", None) if scope is None else scope
     if scope is None or scope.closed:
         return
+    if SIMPLIFY is not None and vertex_elimination_enabled() and not getattr(
+        _state, "simplifying", False
+    ):
+        SIMPLIFY()  # records its edge weights in this scope, evaluated below
     scope.closed = True  # new operations open a new scope
     live = []
     for r in scope.pending:

@@ -543,6 +543,12 @@ def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=Fal
     With ``accumulate`` leaf gradients (and retained gradients) are summed into ``.grad``.
     Targets stop the traversal: nothing below a target is visited.
     """
+    # a lazy evaluation inside the sweep must not rewrite the graph being traversed
+    with _lazy.no_elimination():
+        return _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumulate)
+
+
+def _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumulate):
     stop = frozenset(id(t) for t in targets) if targets is not None else frozenset()
     order = _toposort(outputs, stop)
     reach = None
@@ -589,7 +595,7 @@ def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=Fal
                 in_args, out = args, node
                 if not isinstance(ct, Array):
                     ct = Array(ct)
-            elif fuse and node._prim.vjp is None:
+            elif fuse and (node._prim.vjp is None or node._prim.extra.get("lanewise")):
                 # lazy: the partials and adjoint arithmetic are recorded on the (possibly
                 # pending) primal values and fused with them into one kernel
                 in_args = tuple(Array._view(a) if isinstance(a, Array) else a for a in args)
@@ -674,7 +680,8 @@ def _push_tangents(outputs, seeds: dict, nb: int = 0, create_graph: bool = False
     """Forward sweep from seeded arrays (dict id -> tangent) to ``outputs``."""
     order = _toposort(outputs)
     tan = dict(seeds)
-    with _grad_mode(create_graph), np.errstate(divide="ignore", invalid="ignore"):
+    with _grad_mode(create_graph), np.errstate(divide="ignore", invalid="ignore"), \
+            _lazy.no_elimination():
         for node in order:
             if node._prim is None or id(node) in seeds:
                 continue
