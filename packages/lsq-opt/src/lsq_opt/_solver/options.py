@@ -24,9 +24,12 @@ pcg_max_iterations         None (auto)      PCG iteration cap; None: 500 (Ceres'
 q_tolerance                None (auto)      LM Q-based early exit (spec §4.3); None: off when
                                             pcg_tolerance is automatic (the forcing term
                                             already bounds the effort), 1e-4 otherwise
-preconditioner             "auto"           "multigrid" for energies on one grid with at
-                                            least ``multigrid_min_unknowns`` unknowns (its
-                                            setup pays there), "jacobi" elsewhere
+preconditioner             "auto"           "jacobi+multigrid" for energies on one grid
+                                            with at least ``multigrid_min_unknowns``
+                                            unknowns: Jacobi-PCG, and a multigrid V-cycle
+                                            only for the systems where Jacobi is slow (its
+                                            setup costs tens of Jacobi iterations; see
+                                            :mod:`.adaptive`); "jacobi" elsewhere
 multigrid_min_unknowns     4096
 initial_trust_region_radius 1e8             LM mu_0 (lambda = 1/mu): start close to a
                                             Gauss-Newton step (Ceres and the paper: 1e4);
