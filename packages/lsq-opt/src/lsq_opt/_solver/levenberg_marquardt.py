@@ -236,6 +236,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
                 stop_param = True
             else:
                 jd = np.asarray(jtjp(delta), dtype=dt)
+                model_grad_norm = float(np.linalg.norm(g + jd))  # forcing: the undamped model
                 dm = -(float(np.dot(g, delta)) + 0.5 * float(np.dot(delta, jd)))
                 x_trial = x + delta
                 trial_cost = float(problem.cost(x_trial))
@@ -253,7 +254,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             if dc <= opts.function_tolerance * cost_before:
                 reason = "function tolerance"
             mu, nu = lm_update_radius(mu, nu, rho, True, opts.max_trust_region_radius)
-            forcing.step_taken(float(np.linalg.norm(g)), res.residual_norm)
+            forcing.step_taken(float(np.linalg.norm(g)), model_grad_norm)
         else:
             mu, nu = lm_update_radius(mu, nu, rho, False, opts.max_trust_region_radius)
             if math.isfinite(dc) and abs(dc) <= opts.function_tolerance * cost_before:

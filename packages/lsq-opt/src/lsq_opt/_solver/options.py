@@ -123,9 +123,12 @@ class SolverOptions:
 def forcing_term(previous: float, grad_norm: float, prev_grad_norm: float, prev_linear_residual: float,
                  minimum: float) -> float:
     """Eisenstat-Walker choice 1 for the next PCG tolerance:
-    ``eta = | ||g_k|| - ||g_{k-1} + A s_{k-1}|| | / ||g_{k-1}||``, where ``g + A s = -r`` is the
-    previous PCG's final residual; safeguard ``eta >= previous**1.618`` when that exceeds 0.1
-    (keeps eta from dropping too fast while the model is poor); clamped to
+    ``eta = | ||g_k|| - ||g_{k-1} + J^T J s_{k-1}|| | / ||g_{k-1}||``: how well the linear
+    model of the gradient predicted the new one (GN: the previous PCG's final residual; LM: the
+    undamped model, since the damping is no part of the gradient's model, and measuring it
+    kept eta near its cap on damped steps: a spring network crawled through 500 iterations);
+    safeguard ``eta >= previous**1.618`` when that exceeds 0.1 (keeps eta from dropping too
+    fast while the model is poor); clamped to
     ``[minimum, FORCING_MAX]``. For a linear problem the model is exact and eta falls to the
     minimum after one step, so the second step solves to full accuracy."""
     if not (prev_grad_norm > 0):
