@@ -39,7 +39,7 @@ def test_embedded_deformation_reproduces_rigid_motions_and_bends():
     assert r["rigid_cost"] <= 1e-12 * r["rigid_initial_cost"]
     assert r["rigid_R_err"] <= 1e-6 and r["rigid_pos_err"] <= 1e-6
     assert r["converged"] and r["monotone_accepted_costs"] and r["finite"]
-    assert r["handle_max_err"] <= 0.02 and r["orthonormality_err"] <= 0.15
+    assert r["handle_max_err"] <= 0.05 and r["orthonormality_err"] <= 0.25
     assert r["cost"] < 1e-2 * r["initial_cost"]
 
 
