@@ -2,7 +2,7 @@
 attributes) and embedded deformation; acceptance checks and FD checks of their Jacobians."""
 import numpy as np
 from lsq_opt import compile_problem
-from lsq_opt.examples import cotangent, embedded
+from lsq_opt.examples import cotangent, embedded, robust, volumetric
 from lsq_opt.examples.mesh import directed_edges, tube_mesh
 from lsq_opt.testing import fd_jacobian, rel_check
 
@@ -81,3 +81,41 @@ def test_wedge_cotangent_gn_run():
     out = cotangent.run_wedge((16, 6))
     acc = out["result"].accepted_costs
     assert out["finite"] and all(b <= a for a, b in zip(acc, acc[1:])) and acc[-1] < 0.9 * acc[0]
+
+
+def test_volumetric_deformation_rigid_motion_exact_and_bend_reaches_handles():
+    r = volumetric.run(size=(3, 8, 3))
+    assert r["rigid_cost"] <= 1e-12 * r["rigid_initial_cost"]
+    assert r["rigid_R_err"] <= 1e-6 and r["rigid_pos_err"] <= 1e-6
+    assert r["finite"] and r["handle_max_err"] <= 0.05 and r["cost"] < 1e-2 * r["initial_cost"]
+
+
+def test_volumetric_jacobian_matches_fd():
+    U = volumetric.grid((3, 4, 3))
+    handles = np.zeros((3, 4, 3), bool)
+    handles[:, 0, :] = True
+    plan = volumetric.make_plan(U, handles, U[handles] + 0.2)
+    rng = np.random.default_rng(4)
+    x = plan.x0 + rng.normal(scale=0.3, size=plan.n)
+    J = plan.jacobian(x).toarray()
+    rel_check(J, fd_jacobian(plan, x))
+    p = rng.normal(size=plan.n)
+    rel_check(plan.jtjp(x, p), J.T @ (J @ p), rel=1e-10)
+
+
+def test_robust_alignment_drops_outliers_and_fits_inliers():
+    r = robust.run(size=(10, 8))
+    assert r["outliers"] > 0 and r["converged"] and r["finite"]
+    assert r["outlier_weight_max"] <= 0.05 and r["inlier_weight_min"] >= 0.9
+    assert r["inlier_err_robust"] < 0.2 * r["inlier_err_plain"]
+
+
+def test_robust_alignment_jacobian_matches_fd():
+    V, edges, constraints, normals, _, _ = robust.make_data(4, 5, outlier_fraction=0.3)
+    plan = robust.make_plan(V, edges, constraints, normals)
+    rng = np.random.default_rng(5)
+    x = plan.x0 + rng.normal(scale=0.3, size=plan.n)
+    J = plan.jacobian(x).toarray()
+    rel_check(J, fd_jacobian(plan, x))
+    p = rng.normal(size=plan.n)
+    rel_check(plan.jtjp(x, p), J.T @ (J @ p), rel=1e-10)
