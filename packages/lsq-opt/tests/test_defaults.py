@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
-from lsq_opt import Array, Dim, Energy, Graph, SolverOptions, Unknown, compile_problem, solve
+from lsq_opt import Array, DenseProblem, Dim, Energy, Graph, SolverOptions, Unknown, compile_problem, solve
 from lsq_opt._solver.adaptive import FIRST_BUDGET, JacobiThenMultigrid
 from lsq_opt._solver.options import FORCING_INITIAL, FORCING_MAX, forcing_term
 from lsq_opt._solver.problem import resolve_preconditioner
@@ -153,3 +153,26 @@ def test_jacobi_then_multigrid_switches_on_hard_systems_and_backs_off_probing():
     auto.solve(apply_A, b, 1 / A.diagonal(), exact, max_iterations=500, tolerance=1e-10)
     assert len(applies) > 1 and len(built) == 3
     assert auto.describe() == "jacobi+multigrid (multigrid on 3 of 3 systems)"
+
+
+def test_lm_forcing_measures_the_undamped_model(monkeypatch):
+    """On a linear problem the undamped model g + J^T J s predicts the next gradient exactly, so
+    after a heavily damped first step the forcing term drops to its minimum (1e-8 in float64);
+    the damped PCG residual g + (J^T J + D) s would keep it near the first step's 0.1."""
+    import sys
+
+    lm = sys.modules["lsq_opt._solver.levenberg_marquardt"]
+    rng = np.random.default_rng(0)
+    A, b = rng.normal(size=(40, 10)), rng.normal(size=40)
+    problem = DenseProblem(lambda x: A @ x - b, lambda x: A, 10)
+    tolerances = []
+    real_pcg = lm.pcg
+
+    def recording_pcg(*args, **kw):
+        tolerances.append(kw["tolerance"])
+        return real_pcg(*args, **kw)
+
+    monkeypatch.setattr(lm, "pcg", recording_pcg)
+    res = solve(problem, np.zeros(10), initial_trust_region_radius=1e-2, max_iterations=3)
+    assert res.log[0].accepted and tolerances[0] == FORCING_INITIAL
+    assert tolerances[1] == 1e-8

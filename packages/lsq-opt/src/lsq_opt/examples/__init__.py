@@ -1,4 +1,4 @@
-"""End-to-end examples of :mod:`lsq_opt` on synthetic, seeded data (spec 3.1-3.6, 3.9, 3.12; AE-2, AE-3(a), AE-5, AE-12, AE-13).
+"""End-to-end examples of :mod:`lsq_opt` on synthetic, seeded data (spec 3.1-3.12; AE-2, AE-3(a), AE-5, AE-12, AE-13).
 
 Each module has ``run(size=..., verbose=False, out_dir=None) -> dict`` that builds the energy,
 solves it, checks it against an independent solution where one exists, and writes
