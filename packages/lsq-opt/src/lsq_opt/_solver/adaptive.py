@@ -3,9 +3,9 @@ linear systems where Jacobi is slow.
 
 A multigrid setup costs as much as tens of Jacobi-PCG iterations (J^T J assembly and the
 hierarchy, per non-linear iteration), so it pays only on hard systems: the first steps of a
-Poisson problem, a few early steps of ARAP, every step of an intrinsic-image decomposition; on
-the easy systems of smooth robust energies, flow or shape from shading it lost 1.5-10x
-(measured, see benchmarks/RESULTS.md). Each solve is a ski rental: Jacobi-PCG runs for as many
+Poisson problem, most steps of an intrinsic-image decomposition; on the easy systems of optical
+flow and of a Charbonnier TV denoising it lost 8x and 1.9x to plain Jacobi (measured, see
+benchmarks/RESULTS.md). Each solve is a ski rental: Jacobi-PCG runs for as many
 iterations as the last multigrid solve cost in time (``FIRST_BUDGET`` before any); only if that
 does not reach the tolerance is the hierarchy built and the system solved with it (from zero),
 so a solve costs at most about twice the cheaper of the two. After a solve that needed
@@ -26,6 +26,7 @@ __all__ = ["JacobiThenMultigrid", "FIRST_BUDGET"]
 
 #: Jacobi-PCG iterations tried before the first multigrid setup
 FIRST_BUDGET = 30
+#: the shortest later probe: a few Jacobi steps cost next to nothing and catch easy systems
 MIN_BUDGET = 5
 
 
