@@ -51,6 +51,18 @@ def test_edge_weighted_energy_residuals_jacobian_and_jtjp(kernels):
     assert np.allclose(plan2.residuals(x)[12:], 2 * plan.residuals(x)[12:])
 
 
+def test_terms_reading_different_slots_and_attributes_of_one_graph():
+    """The graph's bound slots are those of every term on it (the first term here reads neither
+    the attribute nor v1)."""
+    X = Unknown("X", N)
+    G = Graph("G", v0=N, v1=N, attrs={"w": 1})
+    e = Energy(2.0 * X(G.v0), G.w * (X(G.v0) + X(G.v1)))
+    w = np.array([2.0, 3.0])
+    plan = compile_problem(e, sizes={"N": 3}, graphs={"G": {"v0": V0[:2], "v1": V1[:2], "w": w}})
+    x = np.array([1.0, 2.0, 4.0])
+    np.testing.assert_allclose(plan.residuals(x), [2.0, 4.0, 2.0 * 3.0, 3.0 * 6.0], rtol=1e-15)
+
+
 def test_missing_attribute_names_graph_attribute_and_shape():
     g = bound(np.random.default_rng(0))
     del g["rest"]

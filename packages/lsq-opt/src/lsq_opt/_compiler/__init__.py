@@ -511,9 +511,11 @@ class Plan:
             return
         if g not in graphs:
             raise LsqCompileError(f"graph {g!r} is read by the energy but not bound (pass graphs={{{g!r}: {{slot: idx}}}})")
-        slot_dims = {}
-        for _, d in t.reads:
-            slot_dims[d.slot] = d.dims
+        slot_dims = {}  # the slots every term on this graph reads, not just this one's
+        for u in self.terms:
+            if u.is_graph and u.graph == g:
+                for _, d in u.reads:
+                    slot_dims[d.slot] = d.dims
         bound = graphs[g]
         out, E = {}, None
         for s, dims in slot_dims.items():
