@@ -6,7 +6,10 @@ import re
 
 import numpy as np
 import pytest
-from lsq_opt import Array, Dim, Energy, Graph, SolverOptions, Unknown, compile_problem, solve
+import scipy.sparse as sp
+import scipy.sparse.linalg as spla
+from lsq_opt import Array, DenseProblem, Dim, Energy, Graph, SolverOptions, Unknown, compile_problem, solve
+from lsq_opt._solver.adaptive import FIRST_BUDGET, JacobiThenMultigrid
 from lsq_opt._solver.options import FORCING_INITIAL, FORCING_MAX, forcing_term
 from lsq_opt._solver.problem import resolve_preconditioner
 
@@ -56,7 +59,7 @@ def test_defaults_are_ceres_like_and_paper_preset_is_fixed():
 
 def test_auto_preconditioner_multigrid_on_large_grids_jacobi_elsewhere():
     opts = SolverOptions()
-    assert resolve_preconditioner(smoothing_plan(80, 64), opts) == "multigrid"
+    assert resolve_preconditioner(smoothing_plan(80, 64), opts) == "jacobi+multigrid"
     assert resolve_preconditioner(smoothing_plan(40, 30), opts) == "jacobi"  # below 4096 unknowns
     X, A = Unknown("X", (N,)), Array("A", (N,))
     G = Graph("G", v0=N, v1=N)
@@ -102,3 +105,74 @@ def test_verbose_names_preconditioner_and_stop(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert "preconditioner jacobi" in lines[0]
     assert lines[-1].startswith("LM done: converged:")
+
+
+def laplacian_1d(n, shift):
+    return (sp.diags([-np.ones(n - 1), (2 + shift) * np.ones(n), -np.ones(n - 1)], [-1, 0, 1])).tocsr()
+
+
+def test_jacobi_then_multigrid_keeps_jacobi_on_easy_systems():
+    A = laplacian_1d(2000, shift=3.0)  # diagonally dominant: Jacobi-PCG converges in a few steps
+    b = np.random.default_rng(0).normal(size=2000)
+    auto = JacobiThenMultigrid()
+
+    def never():
+        raise AssertionError("multigrid built for an easy system")
+
+    for _ in range(3):
+        res = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), never, max_iterations=500, tolerance=1e-8)
+        assert res.reason == "tolerance" and res.iterations < FIRST_BUDGET
+    assert auto.describe() == "jacobi+multigrid (multigrid on 0 of 3 systems)"
+
+
+def test_jacobi_then_multigrid_switches_on_hard_systems_and_backs_off_probing():
+    A = laplacian_1d(2000, shift=1e-6)  # Jacobi-PCG needs ~n iterations
+    b = np.random.default_rng(0).normal(size=2000)
+    lu = spla.splu(A.tocsc())
+    applies, built = [], []
+
+    def apply_A(p):
+        applies.append(1)
+        return A @ p
+
+    def exact():
+        built.append(1)
+        return lu.solve
+
+    auto = JacobiThenMultigrid()
+    res = auto.solve(apply_A, b, 1 / A.diagonal(), exact, max_iterations=500, tolerance=1e-10)
+    assert res.reason == "tolerance" and len(built) == 1
+    assert np.linalg.norm(A @ res.x - b) <= 1e-8 * np.linalg.norm(b)
+    # the failed Jacobi probe (FIRST_BUDGET iterations) is counted in the solve's iterations
+    assert res.iterations == FIRST_BUDGET + 1 and res.iterations == len(applies)
+    # the next system goes to multigrid directly (no probe); the one after probes Jacobi again
+    applies.clear()
+    auto.solve(apply_A, b, 1 / A.diagonal(), exact, max_iterations=500, tolerance=1e-10)
+    assert len(applies) == 1 and len(built) == 2
+    applies.clear()
+    auto.solve(apply_A, b, 1 / A.diagonal(), exact, max_iterations=500, tolerance=1e-10)
+    assert len(applies) > 1 and len(built) == 3
+    assert auto.describe() == "jacobi+multigrid (multigrid on 3 of 3 systems)"
+
+
+def test_lm_forcing_measures_the_undamped_model(monkeypatch):
+    """On a linear problem the undamped model g + J^T J s predicts the next gradient exactly, so
+    after a heavily damped first step the forcing term drops to its minimum (1e-8 in float64);
+    the damped PCG residual g + (J^T J + D) s would keep it near the first step's 0.1."""
+    import sys
+
+    lm = sys.modules["lsq_opt._solver.levenberg_marquardt"]
+    rng = np.random.default_rng(0)
+    A, b = rng.normal(size=(40, 10)), rng.normal(size=40)
+    problem = DenseProblem(lambda x: A @ x - b, lambda x: A, 10)
+    tolerances = []
+    real_pcg = lm.pcg
+
+    def recording_pcg(*args, **kw):
+        tolerances.append(kw["tolerance"])
+        return real_pcg(*args, **kw)
+
+    monkeypatch.setattr(lm, "pcg", recording_pcg)
+    res = solve(problem, np.zeros(10), initial_trust_region_radius=1e-2, max_iterations=3)
+    assert res.log[0].accepted and tolerances[0] == FORCING_INITIAL
+    assert tolerances[1] == 1e-8

@@ -45,6 +45,8 @@ import scipy.sparse as sp
 from core_ad import sym
 
 from .._language import (
+    EDGE_SLOT,
+    edge_dim_name,
     VIEW_SUFFIX,
     BufferRef,
     Energy,
@@ -290,6 +292,7 @@ class Plan:
                 raise ValueError(f"size of dim {k!r} must be a positive integer, got {v!r}")
             self.sizes[k] = int(v)
         self._size_src = {k: "sizes" for k in self.sizes}
+        arrays, graphs = self._bind_edge_attributes(arrays, graphs)
         self._check_names(arrays, params, graphs, terms, ignore_unused)
         arrays = {k: v for k, v in arrays.items() if k in self.decls}
         # resolve sizes from bound arrays
@@ -382,6 +385,45 @@ class Plan:
         self._refresh_views(self._fixed)
 
     # ------------------------------------------------------------------ binding helpers
+    def _bind_edge_attributes(self, arrays, graphs):
+        """Edge attributes (``Graph(..., attrs=...)``) are bound inside their graph's dict; they
+        become arrays over the graph's edge index space, read through the hidden slot
+        ``EDGE_SLOT`` whose index of edge e is e. Returns the (arrays, graphs) to bind."""
+        attrs: dict[str, dict[str, str]] = {}  # graph -> {attribute: array name}
+        for name, (role, dims, _) in self.decls.items():
+            g = name.split(".", 1)[0]
+            if role == "array" and dims == (edge_dim_name(g),):
+                attrs.setdefault(g, {})[name[len(g) + 1:]] = name
+        if not attrs:
+            return arrays, graphs
+        arrays, graphs = dict(arrays), dict(graphs)
+        for g, names in attrs.items():
+            if g not in graphs:
+                raise LsqCompileError(f"graph {g!r} is read by the energy but not bound "
+                                      f"(pass graphs={{{g!r}: {{slot: idx, attribute: values}}}})")
+            bound = dict(graphs[g])
+            slots = [k for k in bound if k not in names]
+            if not slots:
+                raise LsqCompileError(f"graph {g!r}: no vertex slot is bound, only edge attributes {sorted(bound)}")
+            E = len(np.asarray(bound[slots[0]]))
+            for a, arr_name in names.items():
+                ch = self.decls[arr_name][2]
+                expected = (E,) if ch == 1 else (E, ch)
+                if a not in bound:
+                    raise LsqCompileError(
+                        f"graph {g!r}: edge attribute {a!r} is read by the energy but not bound (pass "
+                        f"graphs={{{g!r}: {{..., {a!r}: values of shape {expected}}}}})")
+                values = np.asarray(bound.pop(a))
+                if values.shape != expected:
+                    raise ValueError(
+                        f"graph {g!r}: edge attribute {a!r} has shape {values.shape}, expected "
+                        f"{expected} (one {'value' if ch == 1 else f'{ch}-vector'} per edge; slot "
+                        f"{slots[0]!r} has {E} edges)")
+                arrays[arr_name] = values
+            bound[EDGE_SLOT] = np.arange(E)
+            graphs[g] = bound
+        return arrays, graphs
+
     def _check_names(self, arrays, params, graphs, terms, ignore_unused):
         """Every name bound must be one the energy reads: a misspelled initial value would
         otherwise silently start from zeros."""
@@ -418,7 +460,7 @@ class Plan:
         if t.is_graph:
             where = f"edge {lane} of graph {t.graph!r}"
             slots = {s: int(np.asarray(idx)[lane]) if np.ndim(idx) == 1 else np.asarray(idx)[lane].tolist()
-                     for s, idx in self.graphs[t.graph].items()}
+                     for s, idx in self.graphs[t.graph].items() if s != EDGE_SLOT}
             where += f" (slots {slots})"
         else:
             pos = tuple(int(i) for i in np.unravel_index(lane, t.shape))
@@ -469,9 +511,11 @@ class Plan:
             return
         if g not in graphs:
             raise LsqCompileError(f"graph {g!r} is read by the energy but not bound (pass graphs={{{g!r}: {{slot: idx}}}})")
-        slot_dims = {}
-        for _, d in t.reads:
-            slot_dims[d.slot] = d.dims
+        slot_dims = {}  # the slots every term on this graph reads, not just this one's
+        for u in self.terms:
+            if u.is_graph and u.graph == g:
+                for _, d in u.reads:
+                    slot_dims[d.slot] = d.dims
         bound = graphs[g]
         out, E = {}, None
         for s, dims in slot_dims.items():

@@ -66,6 +66,7 @@ __all__ = [
     "Unknown",
     "Vec",
     "Vector",
+    "abs",
     "abs_",
     "atan2",
     "cos",
@@ -119,13 +120,28 @@ class GraphSlot:
         return f"{self.graph.name}.{self.name}"
 
 
-class Graph:
-    """``Graph(name, v0=dims, v1=dims, ...)`` (or ``Graph(name, ["v0", "v1"], dims)``): a set of
-    hyperedges; each slot holds, per edge, an index into ``dims``' index space (bound at
-    compile time as ``graphs={name: {slot: int_array}}``; for multi-dimensional index spaces
-    either flat row-major indices of shape (E,) or coordinates of shape (E, ndim))."""
+#: the hidden slot through which edge attributes are read: edge e reads attribute entry e
+EDGE_SLOT = "__edge"
 
-    def __init__(self, name: str, slots=None, dims=None, **slot_dims):
+
+def edge_dim_name(graph: str) -> str:
+    """The name of a graph's edge index space (the dim of its edge attributes)."""
+    return f"{graph}.edges"
+
+
+class Graph:
+    """``Graph(name, v0=dims, v1=dims, ..., attrs={"w": 1})`` (or ``Graph(name, ["v0", "v1"],
+    dims)``): a set of hyperedges; each slot holds, per edge, an index into ``dims``' index
+    space (bound at compile time as ``graphs={name: {slot: int_array}}``; for
+    multi-dimensional index spaces either flat row-major indices of shape (E,) or coordinates
+    of shape (E, ndim)).
+
+    ``attrs`` declares per-edge data, ``{attribute: channels}``: read in a residual as ``G.w``
+    (or ``G.attr("w")``; a :class:`Vec` for several channels) and bound next to the slots,
+    ``graphs={name: {"v0": ..., "v1": ..., "w": values}}`` with values of shape (E,) or
+    (E, channels)."""
+
+    def __init__(self, name: str, slots=None, dims=None, *, attrs=None, **slot_dims):
         if not isinstance(name, str) or not name:
             raise TypeError("Graph: name must be a non-empty string")
         self.name = name
@@ -140,15 +156,35 @@ class Graph:
         if not spec:
             raise TypeError(f"Graph {name!r}: needs at least one vertex slot")
         self.slots = {s: GraphSlot(self, s, d) for s, d in spec.items()}
+        self.attrs: dict[str, Array] = {}
+        edges = Dim(edge_dim_name(name))
+        self._edge_slot = GraphSlot(self, EDGE_SLOT, (edges,))
+        for a, ch in dict(attrs or {}).items():
+            if not isinstance(a, str) or not a.isidentifier() or a.startswith("__"):
+                raise TypeError(f"Graph {name!r}: invalid edge attribute name {a!r}")
+            if a in self.slots:
+                raise ValueError(f"Graph {name!r}: {a!r} is both a vertex slot and an edge attribute")
+            self.attrs[a] = Array(f"{name}.{a}", edges, ch)
+
+    def attr(self, name: str):
+        """The read of edge attribute ``name`` on the residual's edge (``G.w`` is the same)."""
+        if name not in self.attrs:
+            raise AttributeError(f"graph {self.name!r} has no edge attribute {name!r}; declared "
+                                 f"attributes: {sorted(self.attrs)} (Graph(..., attrs={{name: channels}}))")
+        return self.attrs[name](self._edge_slot)
 
     def __getattr__(self, item):
-        slots = self.__dict__.get("slots", {})
-        if item in slots:
-            return slots[item]
-        raise AttributeError(f"graph {self.__dict__.get('name')!r} has no vertex slot {item!r}")
+        d = self.__dict__
+        if item in d.get("slots", {}):
+            return d["slots"][item]
+        if item in d.get("attrs", {}):
+            return self.attr(item)
+        raise AttributeError(f"graph {d.get('name')!r} has no vertex slot or edge attribute {item!r}; "
+                             f"slots: {sorted(d.get('slots', {}))}, attributes: {sorted(d.get('attrs', {}))}")
 
     def __repr__(self):
-        return f"Graph({self.name!r}, slots={list(self.slots)})"
+        extra = f", attrs={ {a: v.channels for a, v in self.attrs.items()} }" if self.attrs else ""
+        return f"Graph({self.name!r}, slots={list(self.slots)}{extra})"
 
 
 class _ArrayDecl:
@@ -348,6 +384,26 @@ class Vec:
     def __neg__(self):
         return Vec([-a for a in self.items])
 
+    def __pow__(self, o):
+        return self._bin(o, lambda a, b: a ** b)
+
+    def __abs__(self):
+        return Vec([abs(a) for a in self.items])
+
+    # element-wise comparisons (bool Vecs for Select / All / Any); == and != stay eq / ne:
+    # core_ad expressions keep Python's == for structural equality
+    def __lt__(self, o):
+        return self._bin(o, lambda a, b: a < b)
+
+    def __le__(self, o):
+        return self._bin(o, lambda a, b: a <= b)
+
+    def __gt__(self, o):
+        return self._bin(o, lambda a, b: a > b)
+
+    def __ge__(self, o):
+        return self._bin(o, lambda a, b: a >= b)
+
     def scale(self, s):
         return Vec([_ex(s) * a for a in self.items])
 
@@ -399,6 +455,7 @@ cos = _lift(sym.cos)
 tan = _lift(sym.tan)
 atan2 = _lift(sym.arctan2)
 abs_ = _lift(sym.abs)
+abs = abs_  # noqa: A001 - lsq_opt.abs, the ordinary name (builtin abs() works on expressions too)
 
 
 def _cmp(f):

@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from .adaptive import JacobiThenMultigrid
 from .levenberg_marquardt import ForcingSequence, _emit, callback_stops, gradient_stop, start, stop_detail
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
@@ -31,6 +32,7 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
     initial_cost = cost
     log: list[IterationLog] = []
     preconditioner = resolve_preconditioner(problem, opts)
+    adaptive = JacobiThenMultigrid() if preconditioner == "jacobi+multigrid" else None
     forcing = ForcingSequence(opts, dt)
     numbers: dict = {}
     _emit(opts, f"GN ({dt.name}, preconditioner {preconditioner}): initial cost {cost:.10e}")
@@ -55,13 +57,18 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
             break
         it += 1
         t0 = time.perf_counter()
-        if preconditioner == "multigrid":
-            m_inv = multigrid_preconditioner(problem, x)
-        else:
-            m_inv = inverse_diagonal(diag, preconditioner)
         jtjp = jtjp_operator(problem, x)
-        res = pcg(jtjp, -g, m_inv, max_iterations=opts.pcg_cap(),
-                  tolerance=forcing.tolerance(), q_tolerance=None, residual_reset_period=0)
+        pcg_kw = dict(max_iterations=opts.pcg_cap(), tolerance=forcing.tolerance(), q_tolerance=None,
+                      residual_reset_period=0)
+        if adaptive is not None:
+            res = adaptive.solve(jtjp, -g, inverse_diagonal(diag, "jacobi"),
+                                 lambda: multigrid_preconditioner(problem, x), **pcg_kw)
+        else:
+            if preconditioner == "multigrid":
+                m_inv = multigrid_preconditioner(problem, x)
+            else:
+                m_inv = inverse_diagonal(diag, preconditioner)
+            res = pcg(jtjp, -g, m_inv, **pcg_kw)
         forcing.step_taken(float(np.linalg.norm(g)), res.residual_norm)
         delta = res.x
         step_norm = float(np.linalg.norm(delta))
@@ -101,6 +108,7 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
     result = SolveResult(x=x, cost=cost, initial_cost=initial_cost, iterations=it,
                          termination_reason=reason, method="gn", log=log,
                          wall_time=time.perf_counter() - t_start, dtype=dt.name,
-                         termination_detail=detail, preconditioner=preconditioner)
+                         termination_detail=detail,
+                         preconditioner=adaptive.describe() if adaptive else preconditioner)
     _emit(opts, f"GN done: {detail}; cost {initial_cost:.6e} -> {cost:.6e} in {it} iterations")
     return result

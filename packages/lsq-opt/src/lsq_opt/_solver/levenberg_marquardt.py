@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from .adaptive import JacobiThenMultigrid
 from .options import FORCING_INITIAL, SolverOptions, forcing_term
 from .pcg import inverse_diagonal, pcg
 from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, resolve_preconditioner
@@ -166,6 +167,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
     mu = float(opts.initial_trust_region_radius)
     nu = float(opts.radius_decrease_factor)
     preconditioner = resolve_preconditioner(problem, opts)
+    adaptive = JacobiThenMultigrid() if preconditioner == "jacobi+multigrid" else None
     forcing = ForcingSequence(opts, dt)
     q_tolerance = opts.lm_q_tolerance()
     pcg_cap = opts.pcg_cap()
@@ -205,11 +207,6 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
         t0 = time.perf_counter()
         mu_used = mu
         D = lm_damping(diag, s, mu, opts.min_lm_diagonal, opts.max_lm_diagonal)
-        if preconditioner == "multigrid":
-            m_inv = multigrid_preconditioner(problem, x, D)
-        else:
-            m_inv = inverse_diagonal(diag + D, preconditioner)
-
         jtjp = jtjp_operator(problem, x)
 
         def apply_A(p, D=D, jtjp=jtjp):
@@ -217,9 +214,17 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             out += D * p
             return out
 
-        res = pcg(apply_A, -g, m_inv, max_iterations=pcg_cap,
-                  tolerance=forcing.tolerance(), q_tolerance=q_tolerance,
-                  residual_reset_period=opts.residual_reset_period)
+        pcg_kw = dict(max_iterations=pcg_cap, tolerance=forcing.tolerance(), q_tolerance=q_tolerance,
+                      residual_reset_period=opts.residual_reset_period)
+        if adaptive is not None:
+            res = adaptive.solve(apply_A, -g, inverse_diagonal(diag + D, "jacobi"),
+                                 lambda D=D: multigrid_preconditioner(problem, x, D), **pcg_kw)
+        else:
+            if preconditioner == "multigrid":
+                m_inv = multigrid_preconditioner(problem, x, D)
+            else:
+                m_inv = inverse_diagonal(diag + D, preconditioner)
+            res = pcg(apply_A, -g, m_inv, **pcg_kw)
         delta = res.x
         step_norm = float(np.linalg.norm(delta))
         numbers["step_norm"] = step_norm
@@ -231,6 +236,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
                 stop_param = True
             else:
                 jd = np.asarray(jtjp(delta), dtype=dt)
+                model_grad_norm = float(np.linalg.norm(g + jd))  # forcing: the undamped model
                 dm = -(float(np.dot(g, delta)) + 0.5 * float(np.dot(delta, jd)))
                 x_trial = x + delta
                 trial_cost = float(problem.cost(x_trial))
@@ -248,7 +254,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             if dc <= opts.function_tolerance * cost_before:
                 reason = "function tolerance"
             mu, nu = lm_update_radius(mu, nu, rho, True, opts.max_trust_region_radius)
-            forcing.step_taken(float(np.linalg.norm(g)), res.residual_norm)
+            forcing.step_taken(float(np.linalg.norm(g)), model_grad_norm)
         else:
             mu, nu = lm_update_radius(mu, nu, rho, False, opts.max_trust_region_radius)
             if math.isfinite(dc) and abs(dc) <= opts.function_tolerance * cost_before:
@@ -275,6 +281,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
     result = SolveResult(x=x, cost=cost, initial_cost=initial_cost, iterations=it,
                          termination_reason=reason, method="lm", log=log,
                          wall_time=time.perf_counter() - t_start, dtype=dt.name,
-                         termination_detail=detail, preconditioner=preconditioner)
+                         termination_detail=detail,
+                         preconditioner=adaptive.describe() if adaptive else preconditioner)
     _emit(opts, f"LM done: {detail}; cost {initial_cost:.6e} -> {cost:.6e} in {it} iterations")
     return result

@@ -58,16 +58,17 @@ def call_linearize(problem: Any, x: np.ndarray) -> None:
 
 
 def resolve_preconditioner(problem: Any, opts) -> str:
-    """The preconditioner ``opts.preconditioner`` names; ``"auto"``: multigrid for an energy on
+    """The preconditioner ``opts.preconditioner`` names; ``"auto"``: ``"jacobi+multigrid"``
+    (:mod:`.adaptive`: Jacobi, multigrid for the systems where Jacobi is slow) for an energy on
     one grid (``problem.is_grid_energy``, with ``jtj_matrix`` and ``unknown_coords``) of at
-    least ``opts.multigrid_min_unknowns`` unknowns, where Jacobi-PCG needs a number of
+    least ``opts.multigrid_min_unknowns`` unknowns, where Jacobi-PCG can need a number of
     iterations growing with the grid diameter; Jacobi elsewhere (graphs, small problems)."""
     kind = opts.preconditioner
     if kind != "auto":
         return kind
     grid = (getattr(problem, "is_grid_energy", False) and hasattr(problem, "jtj_matrix")
             and hasattr(problem, "unknown_coords"))
-    return "multigrid" if grid and problem.n >= opts.multigrid_min_unknowns else "jacobi"
+    return "jacobi+multigrid" if grid and problem.n >= opts.multigrid_min_unknowns else "jacobi"
 
 
 def multigrid_preconditioner(problem: Any, x: np.ndarray, shift=None):

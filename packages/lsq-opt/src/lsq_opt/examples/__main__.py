@@ -10,10 +10,14 @@ from .nist import nist_table
 
 SIZES = {"laplacian": (64, 48), "poisson": (128, 128), "arap": (48, 32),
          "laplacian_mesh": (24, 16), "arap_mesh": (24, 16), "intrinsic": (24, 16),
-         "flow": (64, 48), "nist": None, "shading": (64, 48)}
+         "flow": (64, 48), "nist": None, "shading": (64, 48), "cotangent_mesh": (24, 16),
+         "embedded_deformation": (12, 8), "volumetric": (6, 21, 6),
+         "robust_alignment": (16, 12)}
 FULL_SIZES = {"laplacian": (64, 48), "poisson": (512, 512), "arap": (48, 32),
               "laplacian_mesh": (64, 32), "arap_mesh": (64, 32), "intrinsic": (96, 64),
-              "flow": (128, 96), "nist": None, "shading": (640, 480)}
+              "flow": (128, 96), "nist": None, "shading": (640, 480), "cotangent_mesh": (64, 48),
+         "embedded_deformation": (24, 16), "volumetric": (11, 41, 11),
+         "robust_alignment": (32, 24)}
 
 
 def _check(name, r):
@@ -37,6 +41,18 @@ def _check(name, r):
                 and r["rms_depth_err_refined"] < 0.75 * r["rms_depth_err_input"])
     if name == "nist":
         return r["finite"] and r["lm_matches_scipy"]
+    if name == "robust_alignment":
+        return (r["converged"] and r["outlier_weight_max"] <= 0.05 and r["inlier_weight_min"] >= 0.9
+                and r["inlier_err_robust"] < 0.2 * r["inlier_err_plain"])
+    if name == "volumetric":
+        return (r["rigid_cost"] <= 1e-12 * r["rigid_initial_cost"] and r["rigid_R_err"] <= 1e-6
+                and r["finite"] and r["handle_max_err"] <= 0.05)
+    if name == "cotangent_mesh":
+        return (r["max_abs_diff_direct"] <= 1e-9 and r["planar_drift_cotangent"] <= 1e-9
+                and r["rms_result"] < 0.5 * r["rms_noise"])
+    if name == "embedded_deformation":
+        return (r["rigid_cost"] <= 1e-12 * r["rigid_initial_cost"] and r["rigid_R_err"] <= 1e-6
+                and r["converged"] and r["handle_max_err"] <= 0.05 and r["orthonormality_err"] <= 0.25)
     return True
 
 
@@ -73,6 +89,18 @@ def main(argv=None) -> int:
         elif name == "shading":
             check = (f"rms depth error {r['rms_depth_err_input']:.2e} -> {r['rms_depth_err_refined']:.2e} "
                      f"(LM; GN {r['methods'].get('gn', {}).get('rms_depth_err_refined', float('nan')):.2e})")
+        elif name == "cotangent_mesh":
+            check = (f"max|x-spsolve| = {r['max_abs_diff_direct']:.1e}, planar drift cotangent "
+                     f"{r['planar_drift_cotangent']:.1e} vs uniform {r['planar_drift_uniform']:.1e}")
+        elif name == "robust_alignment":
+            check = (f"|w| outliers <= {r['outlier_weight_max']:.1e}, inliers >= {r['inlier_weight_min']:.2f}; "
+                     f"inlier plane dist {r['inlier_err_robust']:.1e} vs {r['inlier_err_plain']:.1e} fixed w")
+        elif name == "volumetric":
+            check = (f"rigid: max|R-R*| {r['rigid_R_err']:.1e}; bend: handle err {r['handle_max_err']:.1e}, "
+                     f"max edge stretch {r['edge_stretch_max']:.2f}")
+        elif name == "embedded_deformation":
+            check = (f"rigid: max|R-R*| {r['rigid_R_err']:.1e}; bend: handle err {r['handle_max_err']:.1e}, "
+                     f"max|R^T R - I| {r['orthonormality_err']:.2f}")
         elif name == "poisson":
             check = f"max|X-SuperLU|/range = {r['rel_err_direct']:.1e}"
         else:

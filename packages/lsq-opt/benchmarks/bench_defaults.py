@@ -1,0 +1,339 @@
+"""lsq_opt with DEFAULT settings (``solve(plan, plan.x0)``) against scipy and pyceres, side by side.
+
+Problems: every example energy (Poisson, ARAP image, ARAP mesh, shading, flow, intrinsic; the
+intrinsic energy with its IRLS weight inside the residual, see ``intrinsic_smooth_plan``) plus
+two non-linear energies of this benchmark's own:
+
+* TV denoising with a Charbonnier-type robust regulariser on a grid,
+  ``r_reg = sqrt(w) d (d^2 + eps^2)^(-1/4)`` on forward differences d (``r_reg^2 = w d^2 /
+  sqrt(d^2 + eps^2)``, ~ w |d| for |d| >> eps: a non-quadratic, edge-preserving penalty),
+  ``r_fit = X - noisy``;
+* a spring network (a jittered 2-D lattice graph with diagonals, both ends of the network
+  pinned and pulled apart) with a robust edge loss ``r = e (1 + (e/s)^2)^(-1/4)`` on the strain
+  ``e = |p_v0 - p_v1| - |q_v0 - q_v1|`` (q: the rest positions).
+
+Rule for "the same final cost": scipy.optimize.least_squares (trf, lsmr, the plan's sparse
+Jacobian, x_scale 1 and 'jac') is first run to convergence (ftol = xtol = gtol = 1e-12); its
+best final cost is c_S. The common target is T = max((1 + 1e-6) c_S, c_L), where c_L is the
+final cost of lsq_opt's default solve: T is the baseline's final cost within 1e-6 relative, or
+lsq's own final cost when lsq stops above that (the row is then flagged, and the baseline is
+timed only to lsq's cost). Times:
+
+* lsq_opt defaults: the wall time of the whole ``solve(plan, plan.x0)`` (its own stopping rule,
+  not stopped at T; the time at which it first reaches T is printed too);
+* baselines: time until the first residual evaluation (scipy) or iteration (pyceres, Ceres'
+  cumulative iteration time, the Python problem build excluded) at cost <= T;
+* hand-tuned lsq_opt: the configurations of bench_solvers.py (LM with PCG 10 / 50, GN with PCG
+  100 / 1000, multigrid on grid energies; fixed PCG caps, no function tolerance), each stopped
+  by a callback at T; the best of them is "hand-tuned".
+
+Medians of ``--repeats`` runs, cases alternated; all float64, one BLAS thread. pyceres (per
+residual-block Python cost functions, as in bench_solvers.py) runs where it imports and
+bench_solvers.py has cost functions for the energy (Poisson, ARAP image, ARAP mesh); elsewhere
+the skip and its reason are printed. Run from the repository root:
+
+    PYTHONPATH=packages/lsq-opt/src:packages/core-ad/src python packages/lsq-opt/benchmarks/bench_defaults.py
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_v, "1")
+
+import numpy as np  # noqa: E402
+import scipy  # noqa: E402
+from core_ad import benchmark as bench  # noqa: E402
+
+from lsq_opt import (Array, Dim, Dot, Energy, Graph, InBounds, Param, Select, Unknown, compile_problem,  # noqa: E402
+                     solve, sqrt)
+from lsq_opt.examples import flow, intrinsic, shading  # noqa: E402
+from lsq_opt.examples import mesh as mesh_example  # noqa: E402
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_solvers as bs  # noqa: E402
+
+HAND_BUDGET_MIN = 2.0  # s; a hand-tuned config gets max(this, 3 x the defaults' time) to reach T
+HAND_BUDGET = "max(2 s, 3 x defaults)"
+REL = 1e-6  # target = (1 + REL) x scipy's converged cost (or lsq's final cost if higher)
+
+
+# ============================================================================ own energies
+def tv_problem(N=128, seed=0):
+    """Charbonnier-type TV denoising of a noisy piecewise-smooth image (non-quadratic)."""
+    W, H = Dim("W"), Dim("H")
+    X, F = Unknown("X", (W, H)), Array("F", (W, H))
+    w, eps = Param("w_regSqrt"), Param("eps")
+    terms = [X(0, 0) - F(0, 0)]
+    for off in ((1, 0), (0, 1)):
+        d = X(0, 0) - X(*off)
+        terms.append(Select(InBounds(*off), w * d * (d * d + eps * eps) ** -0.25, 0))
+    rng = np.random.default_rng(seed)
+    ii, jj = np.meshgrid(np.linspace(0, 1, N), np.linspace(0, 1, N), indexing="ij")
+    clean = (0.5 * (ii > 0.3) + 0.3 * (((ii - .6) ** 2 + (jj - .5) ** 2) < .05)
+             + 0.2 * np.sin(4 * jj))
+    noisy = clean + rng.normal(scale=0.1, size=clean.shape)
+    plan = compile_problem(Energy(*terms), arrays={"F": noisy, "X": noisy.copy()},
+                           params={"w_regSqrt": np.sqrt(0.15), "eps": 0.02})
+    return plan
+
+
+def spring_problem(nx=40, ny=25, seed=0):
+    """A jittered lattice (grid edges + one diagonal per cell) pulled apart by its two pinned
+    ends; robust loss on each edge's strain."""
+    N = Dim("N")
+    P, Q = Unknown("P", N, 2), Array("Q", N, 2)
+    Pin = Array("Pin", N, 2)
+    w_fit, s = Param("w_fitSqrt"), Param("s")
+    G = Graph("G", ["v0", "v1"], N)
+    dp = P(G.v0) - P(G.v1)
+    dq = Q(G.v0) - Q(G.v1)
+    e = sqrt(dp[0] * dp[0] + dp[1] * dp[1]) - sqrt(dq[0] * dq[0] + dq[1] * dq[1])
+    robust = e * (1 + (e / s) * (e / s)) ** -0.25
+    pinned = Pin(0)[0] > -1e5
+    energy = Energy(Select(pinned, w_fit * (P(0) - Pin(0)), 0), robust)
+    rng = np.random.default_rng(seed)
+    ii, jj = np.meshgrid(np.arange(nx), np.arange(ny), indexing="ij")
+    idx = ii * ny + jj
+    q = np.stack([ii, jj], -1).reshape(-1, 2).astype(float) + rng.uniform(-.2, .2, (nx * ny, 2))
+    e0 = [idx[:-1, :].ravel(), idx[:, :-1].ravel(), idx[:-1, :-1].ravel()]
+    e1 = [idx[1:, :].ravel(), idx[:, 1:].ravel(), idx[1:, 1:].ravel()]
+    v0, v1 = np.concatenate(e0), np.concatenate(e1)
+    pin = np.full((nx * ny, 2), -1e6)
+    left, right = idx[0].ravel(), idx[-1].ravel()
+    pin[left] = q[left]
+    # right end: stretched by 30 %, sheared and bent upwards
+    pin[right] = q[right] + np.array([0.3 * nx, 0.15 * nx]) + np.stack([0 * right, 0.3 * (q[right, 1] - ny / 2)], -1)
+    p0 = q.copy()
+    p0[right] = pin[right]
+    plan = compile_problem(energy, arrays={"Q": q, "Pin": pin, "P": p0},
+                           params={"w_fitSqrt": 10.0, "s": 0.5}, graphs={"G": {"v0": v0, "v1": v1}})
+    return plan
+
+
+def intrinsic_smooth_plan(img, p_norm=0.8, eps=1e-2):
+    """The intrinsic example's energy and data (lsq_opt.examples.intrinsic) with the IRLS
+    weight made part of the residual, ``L_p(d) = d (||d||^2 + eps^2)^((p - 2)/4)``: its
+    constant views (``r.const()``) make the example's cost depend on the last linearisation,
+    which an outside solver never performs, so the two sides would minimise different things."""
+    W, H = Dim("W"), Dim("H")
+    r, s, i = Unknown("r", (W, H), 3), Unknown("s", (W, H)), Array("i", (W, H), 3)
+    w_fit, w_alb, w_shd = Param("w_fitSqrt"), Param("w_regSqrtAlbedo"), Param("w_regSqrtShading")
+    terms = [w_fit * (r(0, 0) + s(0, 0) - i(0, 0))]
+    for off in intrinsic.NBRS:
+        d = r(0, 0) - r(*off)
+        weight = (Dot(d, d) + eps * eps) ** ((p_norm - 2.0) / 4.0)
+        terms.append(Select(InBounds(*off), w_alb * d * weight, 0))
+        terms.append(Select(InBounds(*off), w_shd * (s(0, 0) - s(*off)), 0))
+    W_, H_ = img.shape[:2]
+    return compile_problem(Energy(*terms), arrays={"i": img, "r": img.copy(), "s": np.zeros((W_, H_))},
+                           params=intrinsic.PARAMS)
+
+
+# ============================================================================ example plans
+def example_problems(scale):
+    """name -> (plan builder, pyceres builder or None, grid energy?)."""
+    def sz(n):
+        return max(8, int(round(n * scale)))
+
+    def poisson():
+        energy, data = bs.poisson_problem(sz(256))
+        plan = compile_problem(energy, arrays=data)
+        return plan, (lambda: bs.build_ceres_poisson(plan, data))
+
+    def arap():
+        energy, data, params = bs.arap_problem(sz(64))
+        plan = compile_problem(energy, arrays=data, params=params)
+        return plan, (lambda: bs.build_ceres_arap(plan, data, params))
+
+    def arap_mesh():
+        plan, data, params = mesh_example.arap_plan(sz(32), sz(16))
+        return plan, (lambda: bs.build_ceres_arap_mesh(plan, data, params))
+
+    def shading_():
+        data, params, _ = shading.make_data((sz(96), sz(72)))
+        return compile_problem(shading.energy(), arrays=data, params=params), None
+
+    def flow_():
+        I, I_hat, dx, dy = flow.make_pair((sz(96), sz(72)))
+        plan = compile_problem(flow.energy(), arrays={"I": I, "I_hat": I_hat, "I_hat_dx": dx,
+                                                      "I_hat_dy": dy, "X": np.zeros(I.shape + (2,))},
+                               params={"w_fit": np.sqrt(50.0), "w_reg": np.sqrt(0.1)})
+        return plan, None
+
+    def intrinsic_():
+        img, _, _ = intrinsic.make_data((sz(48), sz(32)))
+        return intrinsic_smooth_plan(img), None
+
+    return {
+        "poisson": (poisson, True), "arap image": (arap, True), "arap mesh": (arap_mesh, False),
+        "shading": (shading_, True), "flow": (flow_, True), "intrinsic": (intrinsic_, True),
+        "tv charbonnier": (lambda: (tv_problem(sz(128)), None), True),
+        "spring network": (lambda: (spring_problem(sz(40), sz(25)), None), False),
+    }
+
+
+# ============================================================================ runners
+def scipy_run(plan, x0, x_scale, target=None, max_nfev=1000, tol=1e-12):
+    """(time to target or None, final cost, evaluations, wall time)."""
+    res, rec, wall = bs.scipy_trf(plan.residuals, plan.jacobian, x0, target=target, x_scale=x_scale,
+                                  ftol=tol, xtol=tol, gtol=tol, max_nfev=max_nfev)
+    reached = next((t for t, c in rec if target is not None and c <= target), None)
+    final = min(c for _, c in rec)
+    return reached, final, len(rec), wall
+
+
+def defaults_run(plan, target=None):
+    """solve(plan, plan.x0) with every default; a non-stopping callback records when it first
+    reaches the target."""
+    hit = {}
+    t0 = time.perf_counter()
+
+    def cb(entry, x):
+        if target is not None and "t" not in hit and entry.cost <= target:
+            hit["t"] = time.perf_counter() - t0
+
+    res = solve(plan, plan.x0, callback=cb)
+    return time.perf_counter() - t0, res, hit.get("t")
+
+
+def hand_configs(grid):
+    """bench_solvers.py's float64 configurations (fixed PCG caps, no function tolerance)."""
+    def cfg(label, method, pcg, **kw):
+        return label, method, dict(max_iterations=100000, pcg_max_iterations=pcg, function_tolerance=0.0,
+                                   preconditioner=kw.pop("preconditioner", "jacobi"), **kw)
+    out = [cfg("LM PCG 10", "lm", 10), cfg("LM PCG 50", "lm", 50), cfg("GN PCG 100", "gn", 100),
+           cfg("GN PCG 1000", "gn", 1000)]
+    if grid:
+        out += [cfg("LM multigrid PCG 3", "lm", 3, preconditioner="multigrid"),
+                cfg("GN multigrid PCG 8", "gn", 8, preconditioner="multigrid")]
+    return out
+
+
+def run_problem(name, builder, grid, args, have_ceres, why_ceres):
+    t0 = time.perf_counter()
+    plan, ceres_builder = builder()
+    x0 = plan.x0.copy()
+    plan.cost(x0)
+    plan.jtf(x0)
+    plan.jtjp(x0, x0)
+    t_compile = time.perf_counter() - t0
+    print(f"\n=== {name}: n = {plan.n} unknowns, m = {plan.m} residuals (compile {t_compile:.2f} s)")
+    # --- reference runs: scipy to convergence (both x_scale), lsq defaults (also the warm-up)
+    scales = {"scipy trf x_scale=1": 1.0, "scipy trf x_scale=jac": "jac"}
+    c_s, ref = np.inf, {}
+    for label, xs in scales.items():
+        _, final, nfev, wall = scipy_run(plan, x0, xs, max_nfev=args.max_nfev, tol=1e-10)
+        ref[label] = final
+        c_s = min(c_s, final)
+        print(f"  {label:24s} to convergence: cost {final:.10e}, {nfev} evaluations, {wall:.2f} s")
+    t_def, res, _ = defaults_run(plan)
+    c_l = res.cost
+    target = max((1 + REL) * c_s, c_l)
+    flagged = c_l > (1 + REL) * c_s
+    print(f"  lsq defaults: cost {c_l:.10e} ({(c_l - c_s) / c_s:+.2e} vs scipy), {res.iterations} its, "
+          f"{res.pcg_iterations} PCG, preconditioner {res.preconditioner}, "
+          f"stop: {res.termination_reason} ({res.termination_detail}), {t_def:.3f} s")
+    print(f"  target T = {target:.10e}" + ("  [lsq defaults stop ABOVE (1+1e-6) x scipy: timed to lsq's cost]"
+                                           if flagged else ""))
+
+    cases = {"lsq defaults": lambda: defaults_run(plan, target)}
+    for label, xs in scales.items():
+        cases[label] = (lambda xs=xs: scipy_run(plan, x0, xs, target=target, max_nfev=args.max_nfev)[0])
+    budget = max(HAND_BUDGET_MIN, 3.0 * t_def)
+    for label, method, kw in hand_configs(grid):
+        t, c, it, r = bs.lsq_time_to(plan, x0, method, target, budget=budget, **kw)
+        print(f"  hand-tuned warm-up {label:20s}: {'reached' if t is not None else 'NOT reached'} "
+              f"(cost {c:.8e}, {it} its, {r.pcg_iterations} PCG) t={bench.fmt_time(t)}")
+        if t is not None:
+            cases["lsq " + label] = (lambda method=method, kw=kw:
+                                     bs.lsq_time_to(plan, x0, method, target, budget=budget, **kw)[0])
+    times = {k: [] for k in cases}
+    reach = []
+    names = list(cases)
+    for r in range(args.repeats):
+        k = r % len(names)
+        for nm in names[k:] + names[:k]:
+            out = cases[nm]()
+            if nm == "lsq defaults":
+                times[nm].append(out[0])
+                reach.append(out[2])
+            else:
+                times[nm].append(out)
+    ceres = {}
+    if ceres_builder is None:
+        print("  pyceres: skipped (no pyceres cost functions for this energy in bench_solvers.py)")
+    elif not have_ceres:
+        print(f"  pyceres: skipped ({why_ceres})")
+    elif not args.no_ceres:
+        prob, _, const, _keep = ceres_builder()
+        summary, wall, t_tg = bs.ceres_solve(prob, target, const, max_iter=200)
+        ceres["pyceres SNC"] = t_tg
+        print(f"  pyceres SNC: final cost {summary.final_cost + const:.10e}, time to T "
+              f"{bench.fmt_time(t_tg)} (1 run; solve {wall:.2f} s)")
+    return dict(name=name, n=plan.n, times=times, reach=reach, ceres=ceres, flagged=flagged,
+                c_s=c_s, c_l=c_l, res=res)
+
+
+def summarize_row(r):
+    """Medians and (min, max) per case; the best baseline and the best hand-tuned config."""
+    def stats(ts):
+        ts = [t for t in ts if t is not None]
+        return (float(np.median(ts)), min(ts), max(ts)) if ts else None
+    t = {k: stats(v) for k, v in r["times"].items()}
+    t.update({k: (v, v, v) for k, v in r["ceres"].items() if v is not None})
+    t["lsq defaults to T"] = stats(r["reach"])
+    base = {k: v for k, v in t.items() if not k.startswith("lsq") and v is not None}
+    hand = {k: v for k, v in t.items() if k.startswith("lsq ") and not k.startswith("lsq defaults")
+            and v is not None}
+    bk = min(base, key=lambda k: base[k][0]) if base else None
+    hk = min(hand, key=lambda k: hand[k][0]) if hand else None
+    return t, bk, hk
+
+
+def fmt_range(st):
+    return "-" if st is None else f"{bench.fmt_time(st[0])} [{bench.fmt_time(st[1])}-{bench.fmt_time(st[2])}]"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--scale", type=float, default=1.0, help="scale every problem's size")
+    ap.add_argument("--max-nfev", type=int, default=1000)
+    ap.add_argument("--no-ceres", action="store_true")
+    ap.add_argument("--only", nargs="*", help="problem names (substrings)")
+    args = ap.parse_args()
+    have_ceres, why = bs.pyceres_available()
+    print(bench.machine_info(extra=f"scipy {scipy.__version__}; lsq_opt llvm, float64; pyceres "
+                             f"{'yes' if have_ceres else 'no (' + why + ')'}",
+                             modules=("numpy", "scipy", "core_ad", "lsq_opt", "pyceres")))
+    results = []
+    for name, (builder, grid) in example_problems(args.scale).items():
+        if args.only and not any(o in name for o in args.only):
+            continue
+        results.append(run_problem(name, builder, grid, args, have_ceres, why))
+    rows = []
+    for r in results:
+        t, bk, hk = summarize_row(r)
+        full, to_t = t["lsq defaults"], t["lsq defaults to T"]
+        base, hand = (t[bk] if bk else None), (t[hk] if hk else None)
+        rows.append([r["name"], r["n"], fmt_range(full) + (" (*)" if r["flagged"] else ""), fmt_range(to_t),
+                     f"{bk}: {fmt_range(base)}" if bk else "-",
+                     f"{base[0] / full[0]:.1f}x" if base else "-",
+                     f"{hk[4:]}: {fmt_range(hand)}" if hk else f"none within {HAND_BUDGET}",
+                     f"{hand[0] / full[0]:.2f} / {hand[0] / to_t[0]:.2f}" if hand and to_t else "-"])
+    print(f"\nMedians [min-max] of {args.repeats} runs. 'lsq defaults' = the whole solve(plan, plan.x0) "
+          "(its own stopping rule); 'to T' = when that run first reached T; baselines and hand-tuned = time "
+          f"to T = max((1 + {REL:g}) x scipy's converged cost, lsq defaults' final cost).\n"
+          "(*) lsq defaults stopped above (1 + 1e-6) x scipy's cost: everything is timed to lsq's cost.\n"
+          "speed-up = best baseline / lsq defaults (whole solve); hand-tuned ratio = best hand-tuned "
+          "time to T / lsq defaults (whole solve / to T); >= 0.67 means defaults within 1.5x.\n")
+    bench.print_table(["problem", "unknowns", "lsq defaults", "defaults to T", "best baseline",
+                       "speed-up", "best hand-tuned lsq (to T)", "hand-tuned / defaults"], rows)
+
+
+if __name__ == "__main__":
+    main()
