@@ -1,4 +1,5 @@
-"""The two set-up commands install every workspace package the apps need: a sibling left out
+"""The two set-up commands install every workspace package the apps need, in dependency order:
+a sibling left out
 would be looked up on PyPI on a fresh clone and not be found."""
 
 from __future__ import annotations
@@ -37,8 +38,15 @@ def _workspace_requirements(dist: str, dirs: dict[str, Path], seen: set[str]) ->
 def test_setup_commands_install_every_workspace_package_apps_needs(script):
     dirs = _package_dirs()
     assert all(name.startswith("difvis-") for name in dirs)
-    installed = set(re.findall(r"-e\s+\"?([\w./-]+?)(?:\[[^\]]*\])?\"?(?:\s|$)",
-                               (ROOT / script).read_text()))
+    order = re.findall(r"-e\s+\"?([\w./-]+?)(?:\[[^\]]*\])?\"?(?:\s|$)",
+                       (ROOT / script).read_text())
     needed = _workspace_requirements("difvis-apps", dirs, set())
-    missing = sorted(str(dirs[d]) for d in needed if str(dirs[d]) not in installed)
+    missing = sorted(str(dirs[d]) for d in needed if str(dirs[d]) not in order)
     assert not missing, f"{script} does not install {missing}"
+    # dependency order: pip does not find a sibling named after a package (with extras)
+    # that needs it
+    by_dir = {str(path): name for name, path in dirs.items()}
+    for i, path in enumerate(order):
+        later = {by_dir[p] for p in order[i + 1:]}
+        deps = _workspace_requirements(by_dir[path], dirs, set()) - {by_dir[path]}
+        assert not deps & later, f"{script} installs {path} before {sorted(deps & later)}"
