@@ -1,6 +1,6 @@
 """The two set-up commands install every workspace package the apps need, in dependency order:
-a sibling left out
-would be looked up on PyPI on a fresh clone and not be found."""
+a sibling left out (or named after a package that needs it) would be looked up on PyPI on a
+fresh clone and not be found."""
 
 from __future__ import annotations
 
