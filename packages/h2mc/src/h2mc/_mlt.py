@@ -114,7 +114,7 @@ class MLTResult:
 def render_mlt(scene, mutations_per_pixel=64, *, max_length=3, min_length=3, chains=256,
                large_step_prob=0.3, small_step="kelemen", s1=1.0 / 1024, s2=1.0 / 64,
                sigma2=1e-4, uniform_mixing=0.2, bootstrap_samples=1 << 16, direct_spp=16,
-               seed=0, checkpoints=(), path_space=None):
+               seed=0, checkpoints=(), path_space=None, progress=None):
     """Render ``scene`` (an edge_rt Scene) by PSSMLT (``small_step="kelemen"``) or with H2MC
     small steps (``"h2mc"``, prior *variance* ``sigma2``: the default is the reference
     renderer's sigma = 0.01; tune it for 50-70% small-step acceptance, 1e-3 on the Cornell
@@ -124,7 +124,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, max_length=3, min_length=3, cha
     ``checkpoints``: mutations-per-pixel values at which to keep a copy of the indirect image;
     ``direct_spp``: samples per pixel of edge_rt's path tracer for paths shorter than
     ``min_length`` (0: leave them out); ``path_space``: a prebuilt :class:`PathSpace` of the
-    scene (its kernels are compiled once; its lengths replace ``max_length`` / ``min_length``).
+    scene (its kernels are compiled once; its lengths replace ``max_length`` / ``min_length``);
+    ``progress``: called with the number of mutations done so far after every step.
     """
     if small_step not in SMALL_STEPS:
         raise MLTError(f"render_mlt: small_step must be one of {SMALL_STEPS}, got "
@@ -198,6 +199,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, max_length=3, min_length=3, cha
                 state.gaussian.put(moved, _gaussian(ps, y, py, moved, sigma2))
             if h2.any() and accept[h2].any():
                 state.gaussian.put(lanes[accept[h2]], gy.take(accept[h2]))
+        if progress is not None:
+            progress(step * C)
         if step in checkpoints:
             snapshots[checkpoints[step]] = _image(accum, boot.b, npix, step * C, w, h)
     indirect = _image(accum, boot.b, npix, steps * C, w, h)

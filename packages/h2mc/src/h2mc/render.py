@@ -1,0 +1,179 @@
+"""Render an edge_rt scene by MLT from the command line::
+
+    python -m h2mc.render cornell_box --method h2mc --time 60 --size 64 64 --out out/
+
+SCENE is a built-in scene name or a JSON scene dict (``edge_rt.from_dict``). ``--time``
+renders independent rounds (fresh seeds, one compiled PathSpace) until the wall-clock budget
+is spent and averages their images weighted by mutation count (each round's image is a mean
+over its own mutations); ``--mutations`` renders one round. Writes ``<scene>_<method>.exr``
+(linear) and ``.png`` (clamped to [0, 1], gamma 2.2) and prints acceptance per mutation type,
+mutations per second and mutations per pixel. Bad input: one line on stderr, exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+import edge_rt
+from edge_rt import SceneError, scenes
+
+from ._mlt import MLTError, MutationStats, render_mlt
+from ._pathspace import PathSpace, PathSpaceError
+from ._png import write_png
+
+BUILTIN = {"cornell_box": scenes.cornell_box, "textured_sphere": scenes.textured_sphere,
+           "closed_cube": scenes.closed_cube, "teapot_scene": scenes.teapot_scene}
+METHODS = {"h2mc": "h2mc", "pssmlt": "kelemen"}  # --method -> render_mlt's small_step
+
+
+class UsageError(Exception):
+    """Bad input: reported as one line, exit status 2."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message):  # one line instead of argparse's usage + error
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def _parser():
+    p = _Parser(prog="h2mc-render", description=__doc__.split("\n\n")[0])
+    p.add_argument("scene", help=f"built-in ({', '.join(BUILTIN)}) or a JSON scene file")
+    p.add_argument("--method", required=True, help="h2mc or pssmlt (mmlt: not built yet)")
+    budget = p.add_mutually_exclusive_group()
+    budget.add_argument("--time", type=float, help="wall-clock budget in seconds")
+    budget.add_argument("--mutations", type=float,
+                        help="mutations per pixel (default 64 unless --time)")
+    p.add_argument("--size", type=int, nargs=2, metavar=("W", "H"),
+                   help="image size (default: the scene's camera)")
+    p.add_argument("--max-length", type=int, default=3,
+                   help="longest path in segments (>= 3; default 3)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--chains", type=int, default=1024)
+    p.add_argument("--sigma2", type=float, default=1e-3,
+                   help="H2MC prior variance (tune for 50-70%% small-step acceptance)")
+    p.add_argument("--direct-spp", type=int, default=16,
+                   help="edge_rt path-tracer samples per pixel for direct lighting")
+    p.add_argument("--out", default=".", help="output folder (default: .)")
+    return p
+
+
+def load_scene(name, size):
+    """``(scene, stem)`` for a built-in name or a JSON file; ``size``: (W, H) or None."""
+    if size is not None and (size[0] < 1 or size[1] < 1):
+        raise UsageError(f"bad --size {size[0]} {size[1]}: width and height must be positive")
+    if name in BUILTIN:
+        return BUILTIN[name](*([tuple(size)] if size else [])), name
+    path = Path(name)
+    if path.suffix.lower() != ".json" or not path.is_file():
+        raise UsageError(f"unknown scene {name!r}: not a built-in ({', '.join(BUILTIN)}) "
+                         "nor an existing .json file")
+    try:
+        d = json.loads(path.read_text())
+        if size is not None:
+            d.setdefault("camera", {})["resolution"] = list(size)
+        for m in d.get("meshes", []):  # mesh files relative to the JSON file
+            if "file" in m:
+                m["file"] = str(path.parent / m["file"])
+        return edge_rt.from_dict(d), path.stem
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, SceneError) as e:
+        raise UsageError(f"bad scene file {name}: {e}") from e
+
+
+def render(scene, small_step, *, seconds=None, mutations_per_pixel=None, max_length=3,
+           seed=0, chains=1024, sigma2=1e-3, direct_spp=16):
+    """``(image, stats, mutations, chain_seconds, rounds)``: one round of
+    ``mutations_per_pixel``, or rounds until ``seconds`` of wall clock (after compiling the
+    kernels) are spent."""
+    ps = PathSpace(scene, max_length=max_length)
+    # compile the path kernels now, outside the budget and the mutations-per-second figure
+    u = np.random.default_rng(seed).random((256, ps.dim))
+    paths = ps.trace(u)
+    if small_step == "h2mc":
+        ps.log_f_star_derivatives(u, paths)
+    npix = ps.width * ps.height
+    kw = dict(chains=chains, small_step=small_step, sigma2=sigma2, path_space=ps)
+    indirect, direct, stats = 0.0, None, {}
+    mutations, chain_seconds, rounds = 0, 0.0, 0
+    t0 = time.perf_counter()
+    if seconds is None:
+        bar = tqdm(total=int(np.ceil(mutations_per_pixel * npix / chains)) * chains,
+                   unit="mut", unit_scale=True)
+    else:
+        bar = tqdm(total=seconds, unit="s", bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s")
+
+    def tick(done):  # after each step of the current round (tqdm limits the redraws)
+        bar.update((mutations + done if seconds is None
+                    else min(time.perf_counter() - t0, seconds)) - bar.n)
+
+    mpp, min_mpp = mutations_per_pixel or 1.0, chains / npix  # min_mpp: one step
+    with bar:
+        while True:
+            r = render_mlt(scene, mpp, seed=(seed, rounds), progress=tick,
+                           direct_spp=direct_spp if direct is None else 0, **kw)
+            direct = r.direct if direct is None else direct
+            indirect = indirect + r.indirect * r.mutations
+            for name, s in r.stats.items():
+                acc = stats.setdefault(name, MutationStats())
+                acc.proposed += s.proposed
+                acc.accepted += s.accepted
+            mutations += r.mutations
+            chain_seconds += r.seconds
+            rounds += 1
+            remaining = (seconds or 0.0) - (time.perf_counter() - t0)
+            if remaining <= 0:
+                break
+            # next round sized to the time left at this round's rate, growing at most 4x
+            mpp = float(np.clip(remaining / (r.seconds / mpp), min_mpp, 4 * mpp))
+    return indirect / mutations + direct, stats, mutations, chain_seconds, rounds
+
+
+def main(argv=None):
+    args = _parser().parse_args(argv)
+    try:
+        if args.method == "mmlt":
+            raise UsageError("--method mmlt: MMLT (multiplexed MLT) is not built yet; use "
+                             "--method h2mc or --method pssmlt")
+        if args.method not in METHODS:
+            raise UsageError(f"unknown --method {args.method!r}: use h2mc or pssmlt")
+        if args.time is not None and not args.time > 0:
+            raise UsageError(f"--time must be positive, got {args.time}")
+        if args.mutations is not None and not args.mutations > 0:
+            raise UsageError(f"--mutations must be positive, got {args.mutations}")
+        if args.chains < 1 or args.direct_spp < 0 or not args.sigma2 > 0:
+            raise UsageError("need --chains >= 1, --direct-spp >= 0 and --sigma2 > 0")
+        scene, stem = load_scene(args.scene, args.size)
+        mpp = None if args.time is not None else (args.mutations or 64.0)
+        image, stats, mutations, secs, rounds = render(
+            scene, METHODS[args.method], seconds=args.time, mutations_per_pixel=mpp,
+            max_length=args.max_length, seed=args.seed, chains=args.chains,
+            sigma2=args.sigma2, direct_spp=args.direct_spp)
+    except (UsageError, MLTError, PathSpaceError) as e:
+        print(f"h2mc-render: error: {e}", file=sys.stderr)
+        return 2
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    exr, png = out / f"{stem}_{args.method}.exr", out / f"{stem}_{args.method}.png"
+    edge_rt.write_exr(exr, image)
+    write_png(png, np.clip(image, 0.0, 1.0) ** (1 / 2.2))
+    h, w = image.shape[:2]
+    labels = {"large": "large", "small": METHODS[args.method],
+              "isotropic": "kelemen (uniform mixing)"}
+    print(f"{stem} {w}x{h}, {args.method}, paths of 3..{args.max_length} segments, "
+          f"{rounds} round(s)")
+    for name, s in stats.items():
+        print(f"acceptance {labels[name]}: {s.acceptance:.3f} ({s.accepted}/{s.proposed})")
+    print(f"mutations per second: {mutations / secs:.0f}")
+    print(f"mutations per pixel: {mutations / (w * h):.2f}")
+    print(f"wrote {exr} and {png}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,80 @@
+"""``python -m h2mc.render`` / ``h2mc-render``: tiny renders and bad input."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import edge_rt
+from h2mc import read_png_size
+from h2mc.render import main
+
+
+def _run(capsys, *argv):
+    try:
+        rc = main([str(a) for a in argv])
+    except SystemExit as e:  # argparse's own errors
+        rc = e.code
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+@pytest.mark.parametrize("method", ["pssmlt", "h2mc"])
+def test_tiny_render_writes_exr_and_png_and_prints_numbers(tmp_path, capsys, method):
+    rc, out, _ = _run(capsys, "cornell_box", "--method", method, "--size", 16, 12,
+                      "--mutations", 4, "--chains", 64, "--direct-spp", 2, "--out", tmp_path)
+    assert rc == 0
+    exr, png = tmp_path / f"cornell_box_{method}.exr", tmp_path / f"cornell_box_{method}.png"
+    image = edge_rt.read_exr(exr)
+    assert image.shape == (12, 16, 3) and np.isfinite(image).all() and image.mean() > 0
+    assert read_png_size(png) == (16, 12)
+    small = "kelemen" if method == "pssmlt" else "h2mc"
+    for label in ("large", small):
+        assert f"acceptance {label}: " in out
+    assert "mutations per second: " in out
+    assert "mutations per pixel: 4.00" in out  # 4 x 192 pixels = 12 steps x 64 chains
+
+
+def test_time_budget_runs_rounds_and_averages(tmp_path, capsys):
+    rc, out, _ = _run(capsys, "cornell_box", "--method", "pssmlt", "--size", 16, 12,
+                      "--time", 1.5, "--chains", 64, "--direct-spp", 1, "--out", tmp_path)
+    assert rc == 0
+    rounds = int(out.split(" round(s)")[0].rsplit(", ", 1)[1])
+    mpp = float(out.split("mutations per pixel: ")[1].split()[0])
+    assert rounds >= 2 and mpp > 4
+    assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_pssmlt.exr")).all()
+
+
+def _dark_scene(path):
+    quad = {"vertices": [[-1, -1, 0], [1, -1, 0], [1, 1, 0], [-1, 1, 0]],
+            "faces": [[0, 1, 2], [0, 2, 3]]}
+    path.write_text(json.dumps({"camera": {"position": [0, 0, 3], "target": [0, 0, 0]},
+                                "meshes": [quad]}))
+    return path
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["cornell_box", "--method", "mmlt"], "MMLT (multiplexed MLT) is not built yet"),
+    (["no_such_scene", "--method", "h2mc"], "unknown scene 'no_such_scene'"),
+    (["cornell_box", "--method", "h2mc", "--size", "0", "12"], "bad --size 0 12"),
+    (["cornell_box", "--method", "h2mc", "--size", "16"], "--size: expected 2 arguments"),
+    (["cornell_box", "--method", "h2mc", "--time", "-1"], "--time must be positive"),
+    (["textured_sphere", "--method", "h2mc"], "environment maps are not supported"),
+    (["DARK", "--method", "pssmlt"], "the scene has no light"),
+])
+def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
+    argv = [str(_dark_scene(tmp_path / "dark.json")) if a == "DARK" else a for a in argv]
+    rc, _, err = _run(capsys, *argv, "--out", tmp_path)
+    assert rc == 2
+    assert err.count("\n") == 1 and err.startswith("h2mc-render: error: ") and message in err
+    assert not list(tmp_path.glob("*.png"))
+
+
+def test_module_entry_point_exit_status():
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    p = subprocess.run([sys.executable, "-m", "h2mc.render", "cornell_box", "--method", "mmlt"],
+                       capture_output=True, text=True, env=env)
+    assert p.returncode == 2 and "MMLT" in p.stderr and p.stderr.count("\n") == 1
