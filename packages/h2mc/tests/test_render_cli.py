@@ -48,12 +48,24 @@ def test_time_budget_runs_rounds_and_averages(tmp_path, capsys):
     assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_pssmlt.exr")).all()
 
 
-def _dark_scene(path):
-    quad = {"vertices": [[-1, -1, 0], [1, -1, 0], [1, 1, 0], [-1, 1, 0]],
-            "faces": [[0, 1, 2], [0, 2, 3]]}
-    path.write_text(json.dumps({"camera": {"position": [0, 0, 3], "target": [0, 0, 0]},
-                                "meshes": [quad]}))
+def _json_scene(path, lit):
+    """A floor quad seen from above, lit (or not) by a small quad facing it."""
+    floor = {"vertices": [[-1, 0, -1], [-1, 0, 1], [1, 0, 1], [1, 0, -1]],
+             "faces": [[0, 1, 2], [0, 2, 3]]}
+    light = {"vertices": [[-0.2, 1, -0.2], [0.2, 1, -0.2], [0.2, 1, 0.2], [-0.2, 1, 0.2]],
+             "faces": [[0, 1, 2], [0, 2, 3]], "emission": [5, 5, 5]}
+    cam = {"position": [0, 2, 2.5], "target": [0, 0, 0], "resolution": [8, 8]}
+    path.write_text(json.dumps({"camera": cam, "meshes": [floor, light] if lit else [floor]}))
     return path
+
+
+def test_json_scene_with_size(tmp_path, capsys):
+    scene = _json_scene(tmp_path / "floor.json", lit=True)
+    rc, out, _ = _run(capsys, scene, "--method", "pssmlt", "--size", 12, 10, "--mutations", 2,
+                      "--chains", 32, "--max-length", 4, "--direct-spp", 1, "--out", tmp_path)
+    assert rc == 0, out
+    assert edge_rt.read_exr(tmp_path / "floor_pssmlt.exr").shape == (10, 12, 3)
+    assert "floor 12x10, pssmlt, paths of 3..4 segments" in out
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -64,9 +76,13 @@ def _dark_scene(path):
     (["cornell_box", "--method", "h2mc", "--time", "-1"], "--time must be positive"),
     (["textured_sphere", "--method", "h2mc"], "environment maps are not supported"),
     (["DARK", "--method", "pssmlt"], "the scene has no light"),
+    (["BROKEN", "--method", "pssmlt"], "bad scene file"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
-    argv = [str(_dark_scene(tmp_path / "dark.json")) if a == "DARK" else a for a in argv]
+    (tmp_path / "broken.json").write_text("{not json")
+    files = {"DARK": str(_json_scene(tmp_path / "dark.json", lit=False)),
+             "BROKEN": str(tmp_path / "broken.json")}
+    argv = [files.get(a, a) for a in argv]
     rc, _, err = _run(capsys, *argv, "--out", tmp_path)
     assert rc == 2
     assert err.count("\n") == 1 and err.startswith("h2mc-render: error: ") and message in err
