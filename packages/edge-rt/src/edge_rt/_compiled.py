@@ -56,7 +56,21 @@ class CompiledOp:
         self._function = _Function
 
     def __call__(self, *inputs: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        self._check(inputs)
         return self._function.apply(*inputs)
+
+    def _check(self, inputs):
+        """The kernel reads raw columns of one dtype: shapes and dtypes are checked here."""
+        if len(inputs) != len(self.input_widths):
+            raise ValueError(f"{self.build.__name__}: expected {len(self.input_widths)} inputs, "
+                             f"got {len(inputs)}")
+        n, dtype = inputs[0].shape[0], inputs[0].dtype
+        if dtype not in (torch.float32, torch.float64):
+            raise TypeError(f"{self.build.__name__}: inputs must be float32 or float64, got {dtype}")
+        for k, (x, w) in enumerate(zip(inputs, self.input_widths)):
+            if x.dim() != 2 or x.shape != (n, w) or x.dtype != dtype:
+                raise ValueError(f"{self.build.__name__}: input {k} must be ({n}, {w}) {dtype}, "
+                                 f"got {tuple(x.shape)} {x.dtype}")
 
     # -- kernels ----------------------------------------------------------------------------
     def _kernel(self, kind: str, dtype: str):

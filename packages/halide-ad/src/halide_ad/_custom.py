@@ -13,7 +13,7 @@ from core_ad import sym
 
 from . import _expr as E
 from ._buffer import Buffer
-from ._func import Func, FuncError, callee
+from ._func import Func, FuncError, callee, require_float_func
 
 __all__ = ["CustomDerivative", "custom_derivative"]
 
@@ -179,14 +179,7 @@ def custom_derivative(func, adjoint=None, tangent=None, inputs=None):
     definitions. ``propagate_adjoints`` / ``propagate_tangents`` use the rules whenever the
     pipeline contains ``func``; ``d[func]`` / ``t[func]`` are then the derivatives of its value
     (no per-update ones)."""
-    if not isinstance(func, Func):
-        raise FuncError(f"custom_derivative: expected a Func, got {type(func).__name__}")
-    func._require_defined()
-    if len(func.types()) != 1 or not func.type().is_float():
-        raise FuncError(
-            f"custom_derivative: {func.name()} must have one float value, it has"
-            f" {', '.join(str(t) for t in func.types())}"
-        )
+    require_float_func(func, "custom_derivative")
     if adjoint is None and tangent is None:
         raise FuncError(f"custom_derivative({func.name()}): give an adjoint, a tangent or both")
     for what, rule in (("adjoint", adjoint), ("tangent", tangent)):

@@ -29,7 +29,7 @@ from core_ad import sym
 from . import _boundary
 from . import _expr as E
 from ._buffer import Buffer
-from ._func import Func, FuncError
+from ._func import Func, FuncError, require_float_func, zero_func
 from ._graph import Graph
 from ._lower import root_regions
 from ._schedule import LoopLevel
@@ -198,9 +198,8 @@ class Derivative:
             if f is None:
                 if not key.type().is_float():
                     raise FuncError(f"Buffer {key.name()} is {key.type()}: it has no adjoint")
-                f = Func(f"{key.name()}_d")  # the loss does not depend on it: zeros
-                f[tuple(E.Var(f"_{k}") for k in range(key.dimensions()))] = \
-                    E.cast(key.type(), 0)
+                # the loss does not depend on it: zeros
+                f = zero_func(f"{key.name()}_d", key.dimensions(), key.type())
             return f
         if isinstance(key, E.Param):
             f = self._inputs.get(key.node)
@@ -524,14 +523,7 @@ def propagate_adjoints(output, adjoint=None):
     ``propagate_adjoints(func, adjoint)`` with ``adjoint`` a numpy array / Buffer of the
     output's shape (numpy order), holding dL/d func over the region it covers.
     Regions are inferred from the current Buffer sizes and Param values."""
-    if not isinstance(output, Func):
-        raise FuncError(f"propagate_adjoints: expected a Func, got {type(output).__name__}")
-    output._require_defined()
-    if len(output.types()) != 1 or not output.type().is_float():
-        raise FuncError(
-            f"propagate_adjoints: {output.name()} must have one float value, it has"
-            f" {', '.join(str(t) for t in output.types())}"
-        )
+    require_float_func(output, "propagate_adjoints")
     t = output.type()
     n = output.dimensions()
     if adjoint is None:

@@ -696,3 +696,22 @@ class Func(_Scheduling):
 
     def loop_nest(self) -> str:
         return self._pipeline().loop_nest()
+
+
+def require_float_func(func, who: str) -> None:
+    """``func`` must be a defined Func with one float value (what derivatives act on)."""
+    if not isinstance(func, Func):
+        raise FuncError(f"{who}: expected a Func, got {type(func).__name__}")
+    func._require_defined()
+    if len(func.types()) != 1 or not func.type().is_float():
+        raise FuncError(
+            f"{who}: {func.name()} must have one float value, it has"
+            f" {', '.join(str(t) for t in func.types())}"
+        )
+
+
+def zero_func(name: str, dims: int, value_type) -> "Func":
+    """A ``dims``-dimensional Func that is 0 of ``value_type`` everywhere."""
+    f = Func(name)
+    f[tuple(E.Var(f"_{k}") for k in range(dims))] = E.cast(value_type, 0)
+    return f

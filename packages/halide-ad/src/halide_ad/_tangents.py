@@ -26,15 +26,9 @@ from core_ad import sym
 from . import _expr as E
 from ._buffer import Buffer
 from ._derivative import _AllRootGraph, stage_copy
-from ._func import Func, FuncError
+from ._func import Func, FuncError, require_float_func, zero_func
 
 __all__ = ["Tangents", "propagate_tangents"]
-
-
-def _zero_func(name, dims, t):
-    f = Func(name)
-    f[tuple(E.Var(f"_{k}") for k in range(dims))] = E.cast(t, 0)
-    return f
 
 
 def _call(fid, args, dtype, index=0):
@@ -69,7 +63,7 @@ class Tangents:
             if f is None:
                 if not key.type().is_float():
                     raise FuncError(f"Buffer {key.name()} is {key.type()}: it has no tangent")
-                f = _zero_func(f"{key.name()}_t", key.dimensions(), key.type())
+                f = zero_func(f"{key.name()}_t", key.dimensions(), key.type())
             return f
         if isinstance(key, E.Param):
             f = self._given.get(key.node)
@@ -94,7 +88,7 @@ class Tangents:
             raise FuncError(f"Func {f.name()} has {n} update(s); no tangent for update {index}")
         entry = self._funcs[f.fid]
         if entry is None:
-            return _zero_func(f"{f.name()}_t", f.dimensions(), f.type())
+            return zero_func(f"{f.name()}_t", f.dimensions(), f.type())
         tan, pair = entry
         if j == n:
             return tan
@@ -299,7 +293,7 @@ class _Forward:
             elif self.funcs.get(obj.fid) is not None:
                 tan = self.funcs[obj.fid][0]
             else:
-                tan = _zero_func(f"{obj.name()}_t", obj.dimensions(), obj.type())
+                tan = zero_func(f"{obj.name()}_t", obj.dimensions(), obj.type())
             ins[obj] = tan
         tan = custom.tangent(ins)
         custom.check_func("tangent", tan, f.dimensions(), f"Func {f.name()}")
@@ -313,12 +307,5 @@ def propagate_tangents(output, tangents):
     Funcs of their dimensions, and float Params to numbers (or Params); inputs left out have
     zero tangents. Returns :class:`Tangents`: ``propagate_tangents(f, {a: v})[f]`` is the Func
     ``J_a f . v``, to be realised (and scheduled) over any region ``f`` can be realised on."""
-    if not isinstance(output, Func):
-        raise FuncError(f"propagate_tangents: expected a Func, got {type(output).__name__}")
-    output._require_defined()
-    if len(output.types()) != 1 or not output.type().is_float():
-        raise FuncError(
-            f"propagate_tangents: {output.name()} must have one float value, it has"
-            f" {', '.join(str(t) for t in output.types())}"
-        )
+    require_float_func(output, "propagate_tangents")
     return _Forward(output, tangents).run()
