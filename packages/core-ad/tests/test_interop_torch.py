@@ -121,7 +121,8 @@ def test_broadcast_scalar_parameter_gets_the_sum_over_lanes():
     close(P.grad, (X * torch.cos(1.3 * X)).sum())
     # torch's engine would also sum an expandable gradient itself: check that the Function's
     # own backward returns the reduced one
-    node = f(X, P).grad_fn
+    out = f(X, P)  # kept alive: torch may free a node's saved tensors with its output
+    node = out.grad_fn
     with torch.no_grad():
         _, gx, gp = node.apply(torch.ones(5, dtype=F64))
     assert gx is None and gp.shape == ()  # X does not require grad
@@ -158,7 +159,8 @@ def test_integer_input_and_mixed_dtypes():
     assert S.grad.dtype == torch.float32
     close(S.grad, X.detach().sum().float(), rtol=1e-6)
     # the Function's backward itself returns float32 (not relying on the engine's cast)
-    node = f(X, N, S).grad_fn
+    out = f(X, N, S)  # kept alive, as above
+    node = out.grad_fn
     with torch.no_grad():
         _, gx, gn, gs = node.apply(torch.ones(4, dtype=F64))
     assert gx.dtype == F64 and gn is None and gs.dtype == torch.float32

@@ -239,8 +239,19 @@ def _template(prim: Primitive, arg_dtypes, out_dtype):
 
 
 def _cast(name: str, have: np.dtype, want) -> str:
-    if want is None or np.dtype(want) == have:
+    """``name`` (of dtype ``have``) converted to ``want`` with numpy's ``astype`` values on
+    x86, as the LLVM backend gives them: a plain C cast, except float -> integer, where C
+    leaves NaN and out-of-range values undefined and the device saturates (NaN -> 0, so a
+    NaN-derived index would silently read element 0); the preamble's ``core_ad_cvtt*``
+    give x86's integer indefinite (the minimum integer) there, which bounds checks catch."""
+    if want is None or np.dtype(want) == np.dtype(have):
         return name
+    have, want = np.dtype(have), np.dtype(want)
+    if have.kind == "f" and want.kind in "iu":
+        bits = 8 * want.itemsize
+        if bits < 32:  # through int32, then truncated (numpy's astype does the same)
+            return f"(({c_type(want)})core_ad_cvtt32({name}))"
+        return f"core_ad_cvtt{'u' if want.kind == 'u' else ''}{bits}({name})"
     return f"(({c_type(want)}){name})"
 
 
@@ -267,7 +278,7 @@ def spell(prim: Primitive, operands, arg_dtypes, out_dtype) -> str:
             " lane_gather / lane_scatter_add are supported in generated kernels"
         )
     if prim is R.cast_p or prim is R.convert_p:
-        return f"(({c_type(out_dtype)})({operands[0]}))"
+        return _cast(f"({operands[0]})", arg_dtypes[0], out_dtype)
     template, want = _template(prim, arg_dtypes, out_dtype)
     ops = [_cast(o, d, w) for o, d, w in zip(operands, arg_dtypes, want)]
     if "{" not in template and (prim.variadic or template.strip() in _JOIN_OPS):

@@ -86,6 +86,26 @@ __device__ __forceinline__ float core_ad_mod(float a, float b) {
 __device__ __forceinline__ double core_ad_mod(double a, double b) {
     double m; core_ad_fdivmod(a, b, &m); return m;
 }
+// float -> integer with x86's cvttsd2si values (numpy's on x86, the LLVM backend's): truncate
+// toward zero; NaN and out-of-range give the minimum integer. Unsigned targets split at
+// 2^(bits-1) as x86 compilers do. float operands widen to double exactly.
+__device__ __forceinline__ int core_ad_cvtt32(double v) {
+    return (v >= -2147483648.0 && v < 2147483648.0) ? (int)v : (int)(-2147483647 - 1);
+}
+__device__ __forceinline__ long long core_ad_cvtt64(double v) {
+    return (v >= -9223372036854775808.0 && v < 9223372036854775808.0)
+               ? (long long)v : (long long)(-9223372036854775807LL - 1);
+}
+__device__ __forceinline__ unsigned int core_ad_cvttu32(double v) {
+    return !(v >= 2147483648.0) ? (unsigned int)core_ad_cvtt32(v)
+                                : (unsigned int)core_ad_cvtt32(v - 2147483648.0) ^ 0x80000000u;
+}
+__device__ __forceinline__ unsigned long long core_ad_cvttu64(double v) {
+    return !(v >= 9223372036854775808.0)
+               ? (unsigned long long)core_ad_cvtt64(v)
+               : (unsigned long long)core_ad_cvtt64(v - 9223372036854775808.0)
+                     ^ 0x8000000000000000ULL;
+}
 __device__ __forceinline__ void core_ad_atomic_add(float* p, float v) { atomicAdd(p, v); }
 __device__ __forceinline__ void core_ad_atomic_add(double* p, double v) { atomicAdd(p, v); }
 __device__ __forceinline__ void core_ad_atomic_add(int* p, int v) { atomicAdd(p, v); }
