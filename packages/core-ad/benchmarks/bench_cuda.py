@@ -158,8 +158,16 @@ def main() -> int:
         want, cases = eigh_cases(cp, torch, args.eigh_batch, size, args.seed)
         first = {}
         print(f"\nbatched eigh, {args.eigh_batch} float64 matrices of size {size}")
-        for case, fn in cases.items():
-            t, got = bench.time_first_call(fn)
+        for case, fn in list(cases.items()):
+            try:
+                t, got = bench.time_first_call(fn)
+            except RuntimeError as err:  # a peer's failure (seen: torch's batched cuSOLVER
+                if case == "core_ad jacobi":  # syevj, CUSOLVER_STATUS_INTERNAL_ERROR) is noted
+                    raise
+                notes.append(f"{case} failed at {args.eigh_batch} x {size}^2"
+                             f" ({bench.error_reason(err)}); not timed")
+                del cases[case]
+                continue
             first[case] = t
             d = float(np.max(np.abs(got - want)))
             print(f"  {case:18s} max abs diff of eigenvalues vs numpy {d:.1e}")

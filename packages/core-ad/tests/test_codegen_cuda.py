@@ -99,6 +99,22 @@ def _lane_values(leaf, rng, n, prim):
     return rng.permutation(base).astype(dt)
 
 
+CAST_TARGETS = ["int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64"]
+
+
+def _cast_values(dtype):
+    """Lanes for float -> integer casts: NaN, infinities, the int32 / int64 / uint limits and
+    values beyond them, negative values for unsigned targets, fractions of both signs."""
+    edges = [2.0 ** 31, -2.0 ** 31, 2.0 ** 31 - 1, -2.0 ** 31 - 1, 2.0 ** 32 + 5, 3e9, -3e9,
+             2.0 ** 63, -2.0 ** 63, 2.0 ** 64, 1e30, -1e30, 300.5, -129.75, 65535.9, 70000.0]
+
+    def make(rng):
+        base = SPECIAL + edges + list(rng.normal(size=24) * 1e3)
+        return [rng.permutation(np.array(base)).astype(dtype)]
+
+    return make
+
+
 def _values_for(inputs, prim=None, n=64):
     def make(rng):
         out = []
@@ -245,6 +261,10 @@ def cases() -> dict:
     out["verts"] = Case("verts", [sym.gather(b, i), sym.scatter_add(b, i, 1.0)], [b, i], None)
     x, y = sym.var("x"), sym.var("y")
     out["mixed_shapes"] = Case("mixed_shapes", [x * y + 1.0, sym.const(2.0), x], [x, y], None)
+    for dt in FLOATS:  # float -> every integer width, on values C leaves undefined too
+        x = sym.var("x", dt)
+        key = f"casts_{dt}"
+        out[key] = Case(key, [sym.astype(x, t) for t in CAST_TARGETS], [x], _cast_values(dt))
     x = sym.var("x", "float32")
     out["grid_stride"] = Case("grid_stride", [x * 2.0], [x], None)
     for dt in FLOATS:
@@ -521,6 +541,26 @@ def test_host_random_dags_match_numpy(host):
     _check_dags(host)
 
 
+def _check_casts(run):
+    """float -> integer casts give the LLVM backend's values (numpy's on x86: truncation, and
+    NaN / out of range -> the minimum integer, before narrowing), never the device's
+    saturation: a NaN-derived index must fail the bounds check, not read element 0."""
+    for dt in FLOATS:
+        c = cases()[f"casts_{dt}"]
+        (x,) = c.values(np.random.default_rng(3))
+        want = sym.compile(c.outputs, c.inputs, backend="llvm")(x)
+        got = run(c, [x])
+        for t, g, w in zip(CAST_TARGETS, got, want):
+            np.testing.assert_array_equal(g, w, err_msg=f"{dt} -> {t}")
+        nan = np.isnan(x)
+        assert (got[CAST_TARGETS.index("int32")][nan] == np.iinfo(np.int32).min).all()
+        assert (got[CAST_TARGETS.index("int64")][nan] == np.iinfo(np.int64).min).all()
+
+
+def test_host_float_to_integer_casts(host):
+    _check_casts(host)
+
+
 def test_host_constants(host):
     for dt in FLOATS:
         c = cases()[f"consts_{dt}"]
@@ -674,6 +714,11 @@ def test_gpu_every_primitive_matches_numpy(gpu):
 @pytest.mark.gpu
 def test_gpu_random_dags_match_numpy(gpu):
     _check_dags(gpu)
+
+
+@pytest.mark.gpu
+def test_gpu_float_to_integer_casts(gpu):
+    _check_casts(gpu)
 
 
 @pytest.mark.gpu
