@@ -52,7 +52,9 @@ def torch_function(outputs, inputs, *, backend=None):
     tuple of tensors (a list of outputs). Each tensor must be a dense CPU tensor of exactly its
     var's dtype; the tensors broadcast together into the lane shape. In backward the compiled
     VJP runs on the saved inputs and the incoming gradients, broadcast inputs get the sum over
-    their lanes, inputs that do not require grad get ``None``.
+    their lanes, inputs that do not require grad get ``None``. With ``backend="cuda"`` the
+    tensors are CUDA tensors on one device and the kernel and its VJP run there (CuPy, memory
+    shared through DLPack).
     """
     from ._interop.torch_bridge import torch_function as _tf
 

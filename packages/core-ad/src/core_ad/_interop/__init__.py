@@ -151,33 +151,34 @@ def lane_shape(kernel: SymKernel, shapes) -> tuple:
         ) from None
 
 
-def run_lanes(kernel: SymKernel, fn, arrays) -> tuple:
+def run_lanes(kernel: SymKernel, fn, arrays, xp=np) -> tuple:
     """``fn(*arrays)`` for a compiled kernel ``fn``, whatever its backend.
 
     The bridges accept inputs of any shapes that broadcast together (numpy rules); the
-    backends differ (numpy broadcasts, LLVM takes 1-D arrays of N lanes or 0-d scalars, exact
-    dtypes, contiguous). So the lanes are flattened here: an input of the full lane shape is
-    passed as a 1-D view (no copy when it is contiguous), a one-element input or a stride-0
-    expansion of one value as a 0-d scalar, and only an input that is broadcast along some
-    but not all axes (a ``(3, 1)`` against a ``(4,)``) is materialised (a copy). Each output
-    is reshaped (a view) to the lane shape.
+    backends differ (numpy broadcasts, LLVM and CUDA take 1-D arrays of N lanes or 0-d
+    scalars, exact dtypes, contiguous). So the lanes are flattened here: an input of the full
+    lane shape is passed as a 1-D view (no copy when it is contiguous), a one-element input or
+    a stride-0 expansion of one value as a 0-d scalar, and only an input that is broadcast
+    along some but not all axes (a ``(3, 1)`` against a ``(4,)``) is materialised (a copy).
+    Each output is reshaped (a view) to the lane shape. ``xp``: the array module of
+    ``arrays`` (numpy, or CuPy for the cuda backend).
     """
-    lane = lane_shape(kernel, [np.shape(a) for a in arrays])
+    lane = lane_shape(kernel, [a.shape for a in arrays])
     flat = []
     for a in arrays:
-        a = np.asarray(a)
+        a = xp.asarray(a)
         if a.ndim == 0:
             pass
         elif a.size > 1 and not any(a.strides):  # an expanded scalar (e.g. d(sum)/d(out))
-            a = np.array(a.flat[0], dtype=a.dtype)
+            a = xp.asarray(a[(0,) * a.ndim], dtype=a.dtype)
         elif a.shape == lane:
-            a = np.ascontiguousarray(a).reshape(-1)
+            a = xp.ascontiguousarray(a).reshape(-1)
         elif a.size == 1:
             a = a.reshape(())
         else:
-            a = np.ascontiguousarray(np.broadcast_to(a, lane)).reshape(-1)
+            a = xp.ascontiguousarray(xp.broadcast_to(a, lane)).reshape(-1)
         flat.append(a)
-    return tuple(np.asarray(o).reshape(lane) for o in fn(*flat))
+    return tuple(xp.asarray(o).reshape(lane) for o in fn(*flat))
 
 
 def reduce_axes(shape, target) -> tuple:

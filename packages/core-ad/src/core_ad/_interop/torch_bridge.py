@@ -14,6 +14,10 @@ instead, without materialising it. An input broadcast along some but not all lan
 ``(3, 1)`` against a ``(4,)``) is materialised to the lane shape (one copy): the kernels take
 flat lanes (see :func:`core_ad._interop.run_lanes`).
 
+CUDA tensors: with ``torch_function(..., backend="cuda")`` the kernel and its VJP run on the
+tensors' device. Tensors and CuPy arrays exchange memory through DLPack (no copies, and DLPack
+orders torch's and CuPy's streams); the lanes are flattened as on the CPU.
+
 Torch is imported inside functions only (the ``autograd.Function`` subclass is created on first
 use), so importing this module does not import torch.
 """
@@ -66,6 +70,37 @@ def _as_numpy(t):
     return t.numpy()
 
 
+def _as_device_array(t):
+    """A validated CUDA tensor as a CuPy array sharing its memory (DLPack); a non-contiguous
+    one is first made contiguous (one copy), and a stride-0 expansion of one value stays a
+    stride-0 view of that value (never materialised)."""
+    import cupy
+
+    t = t.detach()
+    if t.is_conj():
+        t = t.resolve_conj()
+    if t.is_neg():
+        t = t.resolve_neg()
+    if t.dim() > 0 and not any(t.stride()):
+        one = cupy.from_dlpack(t.as_strided((), (), t.storage_offset()))
+        return cupy.broadcast_to(one, tuple(t.shape))
+    if not t.is_contiguous():
+        t = t.contiguous()  # documented copy: compiled kernels get dense arrays
+    return cupy.from_dlpack(t)
+
+
+def _forward_on_device(tf, tensors) -> tuple:
+    """The cuda backend's forward: CuPy views of the tensors, the kernel on their device,
+    the outputs handed back to torch without a copy."""
+    import cupy
+    import torch
+
+    arrays = [_as_device_array(t) for t in tensors]
+    with cupy.cuda.Device(tensors[0].device.index):
+        outs = run_lanes(tf.kernel, tf.compiled_forward, arrays, xp=cupy)
+    return tuple(torch.from_dlpack(o) for o in outs)
+
+
 @functools.cache
 def _autograd_function_cls():
     import torch
@@ -75,6 +110,8 @@ def _autograd_function_cls():
 
         @staticmethod
         def forward(tf, *tensors):
+            if tf.kernel.backend == "cuda":
+                return _forward_on_device(tf, tensors)
             arrays = [_as_numpy(t) for t in tensors]
             outs = run_lanes(tf.kernel, tf.compiled_forward, arrays)
             results = []
@@ -105,7 +142,8 @@ def _autograd_function_cls():
             for i in k.diff_outputs:
                 g = grads[i]
                 if g is None:  # only if materialize_grads were turned off
-                    g = torch.zeros((), dtype=_torch_dtype(k.out_dtypes[i]))
+                    g = torch.zeros((), dtype=_torch_dtype(k.out_dtypes[i]),
+                                    device=tensors[0].device if tensors else None)
                 cots.append(g)
             # the VJP kernel is itself a TorchFunction: differentiable when create_graph=True
             lane_grads = tf.vjp_function._apply(*tensors, *cots)
@@ -179,6 +217,8 @@ class TorchFunction:
         k = self.kernel
         if len(tensors) != k.n_inputs:
             raise k.arity_error(len(tensors))
+        on_device = k.backend == "cuda"
+        device = None
         for j, (t, v) in enumerate(zip(tensors, k.inputs)):
             what = f"{k.where}: input {j} ({v.name!r})"
             if not isinstance(t, torch.Tensor):
@@ -186,11 +226,23 @@ class TorchFunction:
                     f"{what} must be a torch.Tensor, got {type(t).__name__}; wrap it, e.g."
                     f" torch.tensor(value, dtype={_torch_dtype(v.dtype)})"
                 )
-            if t.device.type != "cpu":
+            if on_device:
+                if t.device.type != "cuda":
+                    raise ValueError(
+                        f"{what} is on device {t.device}; this kernel was compiled for the"
+                        " 'cuda' backend and takes CUDA tensors: move it with .cuda()"
+                    )
+                if device is not None and t.device != device:
+                    raise ValueError(
+                        f"{what} is on {t.device} but input 0 is on {device}: every input of"
+                        " a 'cuda' kernel must be on the same device"
+                    )
+                device = t.device
+            elif t.device.type != "cpu":
                 raise ValueError(
-                    f"{what} is on device {t.device}; the compiled kernel runs on the CPU."
-                    " CUDA tensors need the 'cuda' backend of sym.compile, which is not"
-                    " available yet: move the tensor with .cpu()"
+                    f"{what} is on device {t.device}; this kernel runs on the CPU. CUDA"
+                    " tensors need the 'cuda' backend (torch_function(..., backend='cuda')),"
+                    " or move the tensor with .cpu()"
                 )
             if t.layout != torch.strided:
                 raise TypeError(f"{what} has layout {t.layout}; only dense (strided) tensors")
