@@ -27,6 +27,7 @@ the graph holds are folded into edge weights and never stored.
 
 from __future__ import annotations
 
+import os
 import threading
 import weakref
 from contextlib import contextmanager
@@ -35,6 +36,7 @@ import numpy as np
 
 _state = threading.local()
 MAX_PENDING_NODES = 4000
+SCALAR_LANES = 16  # arrays with fewer lanes are evaluated by scalar (not vector) kernels
 
 
 class Pending:
@@ -70,8 +72,13 @@ class Scope:
         return v
 
 
+# A thread that has not called set_lazy: ``CORE_AD_LAZY=1`` in the environment (read at import)
+# turns lazy mode on everywhere -- how the whole suite is run in lazy mode.
+DEFAULT_LAZY = os.environ.get("CORE_AD_LAZY", "0").strip().lower() in ("1", "true", "yes", "on")
+
+
 def is_lazy() -> bool:
-    return getattr(_state, "lazy", False)
+    return getattr(_state, "lazy", DEFAULT_LAZY)
 
 
 def set_lazy(flag: bool = True) -> bool:
@@ -258,7 +265,9 @@ def evaluate_scope(scope: Scope | None = None):
 
         misses = KERNELS.misses
         try:
-            fn = sym.compile(outs, leaves)
+            # a few lanes gain nothing from vector code, whose staged tail costs compile time
+            # per output (a tape of scalar intermediates has thousands of outputs)
+            fn = sym.compile(outs, leaves, vectorize=int(np.prod(shape)) >= SCALAR_LANES)
         except Exception as e:  # a lowering problem: name the user's line of the first op
             raise type(e)(f"{e} (lazy evaluation of the operation at"
                           f" {arrays[0]._value.where})") from e

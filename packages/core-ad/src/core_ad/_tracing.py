@@ -618,7 +618,9 @@ def _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumul
             ):
                 node._args = None
                 node._freed = True
-    # after freeing: a lazy evaluation then stores only what is still referenced
+    # after freeing (and dropping the sweep's own references to the nodes): a lazy evaluation
+    # then stores only what is still referenced
+    order = reach = None
     with _grad_mode(create_graph):
         for node, ct in deferred:
             _accumulate(node, ct, create_graph)

@@ -313,12 +313,19 @@ class Emitter:
         vals = self.emit_program(prog, env)
         return vals[0] if single else vals
 
-    def emit_program(self, prog: Program, env: dict) -> list:
-        """Emit a :func:`~core_ad.sym.cse` program; returns one value per output."""
+    def emit_program(self, prog: Program, env: dict, on_output=None) -> list:
+        """Emit a :func:`~core_ad.sym.cse` program; returns one value per output.
+        ``on_output(k, value)``, if given, is called for output ``k`` as soon as its value is
+        emitted (storing it there keeps it from staying live to the end of the program)."""
         env = dict(env)
         self._infer_width(env)
         values: dict[int, object] = {}
         nodes = [n for _, n in prog.assignments]
+        names = dict(prog.assignments)
+        outputs_of: dict[int, list] = {}
+        if on_output is not None:
+            for k, o in enumerate(prog.outputs):
+                outputs_of.setdefault(id(names[o]), []).append(k)
         order, via = _schedule(nodes)
         for n in order:
             if isinstance(n, Leaf):
@@ -334,7 +341,8 @@ class Emitter:
                                                n.args[i].dtype, n.dtype)
                 else:
                     values[id(n)] = self.apply(n, args)
-        names = dict((name, n) for name, n in prog.assignments)
+            for k in outputs_of.get(id(n), ()):
+                on_output(k, values[id(n)])
         return [values[id(names[o])] for o in prog.outputs]
 
     def apply(self, node: Apply, args: list):

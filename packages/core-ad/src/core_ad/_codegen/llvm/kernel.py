@@ -32,7 +32,7 @@ from llvmlite import ir
 from ..._sym.buffers import is_buffer, is_scatter
 from ..._sym.expr import Apply
 from ..._sym.program import Program
-from .builder import vector_loop
+from .builder import loop, vector_loop
 from .emitter import BufferArg, Emitter, Unsupported, llvm_type, lowering_for
 from .vecmath import VecMath
 
@@ -159,10 +159,11 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
 
         em = Emitter(b, w, math=math, buffers=buffers, scatter_targets=targets,
                      on_bounds_error=on_error, atomic_scatter=atomic)
-        vals = em.emit_program(prog, env)
-        for k, (r, v) in enumerate(zip(roots, vals)):
-            if not is_scatter(r):
-                _store(b, (out_over or {}).get(k, out_ptrs[k]), i, v, r.dtype, w, em)
+        def store(k, v):  # as soon as the value exists: it need not stay live to the end
+            if not is_scatter(roots[k]):
+                _store(b, (out_over or {}).get(k, out_ptrs[k]), i, v, roots[k].dtype, w, em)
+
+        em.emit_program(prog, env, on_output=store)
         if not checked:
             checked.extend(em.checked)
 
@@ -257,12 +258,13 @@ def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, 
     i.add_incoming(b.add(i, _I64(W)), latch)
     b.branch(head)
 
+    # the real lanes of the tail back to the outputs: one loop over them for all outputs (a
+    # branch per output and lane would give kernels with many outputs thousands of blocks)
     b.position_at_end(unstage)
-    for k, _r in enumerate(roots):
-        for lane in range(W):
-            dst = b.add(i, _I64(lane))
-            with b.if_then(b.icmp_signed("<", dst, end)):
-                b.store(b.load(b.gep(stage_out[k], [_I64(lane)])), b.gep(out_ptrs[k], [dst]))
+    with loop(b, _I64(0), b.sub(end, i), 1, "tail.lane") as lane:
+        dst = b.add(i, lane)
+        for k in range(len(roots)):
+            b.store(b.load(b.gep(stage_out[k], [lane])), b.gep(out_ptrs[k], [dst]))
     b.branch(exit_ok)
 
 
