@@ -62,6 +62,24 @@ def setup_core(x):
     }, lambda: vg(x)
 
 
+def setup_core_lazy(x):
+    """The same traced code in lazy mode: the elementwise primal, its partials and the adjoint
+    arithmetic fused into compiled kernels (first calls compile; timed apart)."""
+    vg = ad.value_and_grad(f_core)
+
+    def primal():
+        with ad.lazy():
+            return float(f_core(x))
+
+    def value_and_grad():
+        with ad.lazy():
+            v, g = vg(x)
+            return float(v), np.asarray(g)
+
+    cases = {"core_ad lazy primal": primal, "core_ad lazy value_and_grad": value_and_grad}
+    return cases, value_and_grad, bench.time_first_calls(cases)
+
+
 def _torch_cases(xt, f_primal, f_grad):
     """Primal (no grad) and forward + ``autograd.grad`` of the torch function(s)."""
     import torch
@@ -150,6 +168,10 @@ def main(argv=None):
     c, chk = setup_core(x)
     cases.update(c)
     checks["core_ad"] = chk
+    c, chk, ct = setup_core_lazy(x)
+    cases.update(c)
+    checks["core_ad lazy"] = chk
+    compile_times.update(ct)
     if torch is not None:
         c, chk = setup_torch_eager(x)
         cases.update(c)
@@ -173,7 +195,8 @@ def main(argv=None):
     print("correctness (primal and value against numpy; gradient against the closed form,"
           " normwise max|a-b|/max|b|):")
     ok = True
-    primal_of = {"core_ad": "core_ad primal", "torch eager": "torch eager primal",
+    primal_of = {"core_ad": "core_ad primal", "core_ad lazy": "core_ad lazy primal",
+                 "torch eager": "torch eager primal",
                  "torch.compile": "torch.compile primal", "jax.jit": "jax.jit primal"}
     for name, fn in checks.items():
         vp = float(bench.to_numpy(cases[primal_of[name]]()))
@@ -192,6 +215,7 @@ def main(argv=None):
 
     systems = [
         ("core_ad", "core_ad primal", "core_ad value_and_grad"),
+        ("core_ad lazy", "core_ad lazy primal", "core_ad lazy value_and_grad"),
         ("torch eager", "torch eager primal", "torch eager fwd+bwd"),
         ("torch.compile", "torch.compile primal", "torch.compile fwd+bwd"),
         ("jax.jit", "jax.jit primal", "jax.jit value_and_grad"),
