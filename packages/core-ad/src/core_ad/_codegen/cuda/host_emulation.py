@@ -234,7 +234,8 @@ class HostDeviceArray(NDArrayOperatorsMixin):
 _FUNCTIONS = ("zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empty_like",
               "arange", "indices", "stack", "concatenate", "where", "broadcast_to", "dot",
               "sqrt", "abs", "maximum", "minimum", "isfinite", "sum", "ascontiguousarray",
-              "array_equal", "flatnonzero", "logical_and", "logical_or", "logical_not")
+              "array_equal", "flatnonzero", "logical_and", "logical_or", "logical_not",
+              "multiply", "add")
 _DTYPES = ("bool_", "int32", "int64", "uint64", "float32", "float64")
 
 
