@@ -367,6 +367,56 @@ def test_host_gn_takes_the_oracle_iterates(host_cupy, name):
     check_lm_iterates(name, "float64", method="gn")
 
 
+def test_host_device_loop_moves_no_vector_per_iteration(host_cupy, monkeypatch):
+    """In the all-device loop n-vectors cross between host and device only when a solve starts
+    and ends (x0, the fixed values and free-index map, the result), never per PCG or LM
+    iteration: their number does not grow with the iterations."""
+    from core_ad._codegen.cuda.host_emulation import HostDeviceArray
+
+    dev, _ = plans("arap_image", "float64")
+    moved = []
+    upload, download = host_cupy.asarray, HostDeviceArray.get
+
+    def counting_upload(a, dtype=None):
+        if not isinstance(a, HostDeviceArray) and np.size(a) >= dev.n:
+            moved.append(("upload", np.shape(a)))
+        return upload(a, dtype)
+
+    def counting_download(a):
+        if a.size >= dev.n:
+            moved.append(("download", a.shape))
+        return download(a)
+
+    monkeypatch.setattr(host_cupy, "asarray", counting_upload)
+    monkeypatch.setattr(HostDeviceArray, "get", counting_download)
+    fixed = dict(pcg_max_iterations=20, function_tolerance=0.0, gradient_tolerance=0.0,
+                 parameter_tolerance=0.0)
+    solve(dev, dev.x0, max_iterations=1, **fixed)  # the data arrays' device mirrors, once
+    counts = {}
+    for iterations in (1, 5):
+        moved.clear()
+        res = solve(dev, dev.x0, max_iterations=iterations, **fixed)
+        counts[iterations] = (list(moved), res.pcg_iterations)
+    assert counts[5][1] >= counts[1][1] + 20, counts
+    assert counts[5][0] == counts[1][0] and len(counts[1][0]) <= 4, counts
+
+
+def test_host_device_loop_bad_input(host_cupy):
+    dev, ref = plans("laplacian", "float64")
+    with pytest.raises(ValueError, match="cannot precondition the all-device solver loop"):
+        solve(dev, dev.x0, preconditioner="multigrid")
+    with pytest.raises(ValueError, match="x0 has length"):
+        solve(dev, dev.x0[:-1])
+    prob = dev.device_problem()
+    with pytest.raises(TypeError, match=r"must be a device array of shape"):
+        prob.linearize(dev.x0)  # a numpy vector
+    with pytest.raises(TypeError, match=r"must be a device array of shape"):
+        prob.cost(host_cupy.asarray(dev.x0.astype(np.float32)))
+    # the host protocol and a multigrid preconditioner: still available without the device loop
+    res = solve(dev, dev.x0, preconditioner="multigrid", device_loop=False, max_iterations=2)
+    assert res.preconditioner == "multigrid" and res.cost < res.initial_cost
+
+
 def test_host_data_and_param_changes_reach_the_device(host_cupy):
     dev, ref = plans("laplacian", "float64")
     x = ref.x0 + 0.1
@@ -416,6 +466,27 @@ def test_gpu_products_equal_the_numpy_oracle(cupy_dev, name, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", [*PROBLEMS, "arap_mesh_self_loop"])
+def test_gpu_device_problem_products_equal_the_numpy_oracle(cupy_dev, name, dtype):
+    check_device_products(name, dtype, cupy_dev)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device_loop", [True, False], ids=["device_loop", "host_protocol"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh", "intrinsic"])
-def test_gpu_lm_takes_the_oracle_iterates(cupy_dev, name, dtype):
-    check_lm_iterates(name, dtype)
+def test_gpu_lm_takes_the_oracle_iterates(cupy_dev, name, dtype, device_loop):
+    check_lm_iterates(name, dtype, device_loop=device_loop)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["laplacian", "arap_mesh"])
+def test_gpu_gn_takes_the_oracle_iterates(cupy_dev, name):
+    check_lm_iterates(name, "float64", method="gn")
+
+
+@pytest.mark.gpu
+def test_gpu_device_loop_multigrid_is_refused(cupy_dev):
+    dev, _ = plans("laplacian", "float64")
+    with pytest.raises(ValueError, match="cannot precondition the all-device solver loop"):
+        solve(dev, dev.x0, preconditioner="jacobi+multigrid")
