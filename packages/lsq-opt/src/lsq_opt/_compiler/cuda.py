@@ -352,6 +352,11 @@ class DeviceProblem:
         self._lin = [self.plan._eval_term(t, full, True) for t in self.plan.terms]
         self._lin_x, self._grad = x, None
 
+    @property
+    def linearization(self):
+        """Per term (F, D) of the last linearisation, on the device (None before any)."""
+        return self._lin
+
     def _linearized(self, x):
         """F and J at x, with the constant views as they are (as the Plan's products)."""
         if x is not self._lin_x:
