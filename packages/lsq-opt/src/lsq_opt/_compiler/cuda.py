@@ -210,17 +210,16 @@ class ProductKernels:
                 w.line(f"const long long c{j} = (lane / {strides[j]}LL) % {t.shape[j]}LL;")
         for r, (_, d) in enumerate(t.ureads):
             base, C = plan._uoff[d.name], plan._ushape[d.name][-1]
-            w.line(f"long long u{r} = -1;")
             if t.is_graph:
                 entry = f"{base}LL + G{t.index}_{d.slot}[lane] * {C}LL + {d.channel}LL"
-                w.line(f"u{r} = {col.format(entry)};")
+                w.line(f"const long long u{r} = {col.format(entry)};")
                 continue
             shift = sum(o * st for o, st in zip(d.offset, strides))
-            entry = f"{base}LL + (lane + ({shift}LL)) * {C}LL + {d.channel}LL"
+            entry = col.format(f"{base}LL + (lane + ({shift}LL)) * {C}LL + {d.channel}LL")
             inside = [f"c{j} + ({o}LL) >= 0 && c{j} + ({o}LL) < {t.shape[j]}LL"
                       for j, o in enumerate(d.offset) if o]
-            statement = f"u{r} = {col.format(entry)};"
-            w.line(f"if ({' && '.join(inside)}) {statement}" if inside else statement)
+            w.line(f"const long long u{r} = ({' && '.join(inside)}) ? {entry} : -1LL;" if inside
+                   else f"const long long u{r} = {entry};")
 
     def _term_body(self, w, t, kind):
         T, K, R, L = self.ctype, t.K, t.R, t.L
