@@ -15,9 +15,10 @@ Per problem and dtype (float64, float32), alternated, median of ``--repeats``:
 
 * a fixed-length LM solve (``--lm-iterations``, PCG ``--pcg`` iterations, Jacobi; no early
   stop): CPU fused and the cuda all-device loop (the default for a cuda plan), warm-up then
-  median of 3; the cuda host protocol (``device_loop=False``, 0.3-1.1 s per solve on an H100
+  median of ``--solve-repeats``; the cuda host protocol (``device_loop=False``, 0.3-1.1 s per solve on an H100
   at the default sizes) once, to keep the run short -- its kernels are warm from the product
-  timings. Wall time and final cost.
+  timings. Wall time, final cost, and the relative difference of the final costs to the CPU's
+  (the same iterates up to rounding: float64 about 1e-12).
 
 Ratio columns: CPU fused time / cuda device time (> 1: the GPU is faster), and cuda host /
 cuda device (what the all-device loop saves over the host protocol).
@@ -48,8 +49,8 @@ from lsq_opt._compiler.cuda import require_device  # noqa: E402
 
 COLUMNS = ("cpu fused", "cuda host", "cuda device")
 # label: (plan, solve options, timed runs after one warm-up; 1: no warm-up)
-SOLVES = {"cpu fused": ("cpu fused", {}, 3), "cuda device": ("cuda", {}, 3),
-          "cuda host": ("cuda", {"device_loop": False}, 1)}
+SOLVES = {"cpu fused": ("cpu fused", {}, None), "cuda device": ("cuda", {}, None),
+          "cuda host": ("cuda", {"device_loop": False}, 1)}  # None: --solve-repeats
 
 
 def problems(args):
@@ -125,6 +126,7 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--lm-iterations", type=int, default=10)
     ap.add_argument("--pcg", type=int, default=50)
+    ap.add_argument("--solve-repeats", type=int, default=5)
     args = ap.parse_args(argv)
     try:
         cupy, _ = require_device()
@@ -182,12 +184,15 @@ def main(argv=None):
             solves = {}
             for label, (plan_key, kw_solve, n_runs) in SOLVES.items():
                 plan = plans[plan_key]
+                n_runs = n_runs or args.solve_repeats
                 if n_runs > 1:
                     lm_solve(plan, plan.x0, args, **kw_solve)  # warm-up
                 runs = [lm_solve(plan, plan.x0, args, **kw_solve) for _ in range(n_runs)]
                 solves[label] = (sorted(t for t, _ in runs)[n_runs // 2], runs[0][1])
+            cpu_cost = solves["cpu fused"][1].cost
             print(f"  LM {args.lm_iterations} iterations (PCG {args.pcg}): " + ", ".join(
-                f"{label} {bench.fmt_time(t)} (cost {r.cost:.6e}, {r.pcg_iterations} PCG)"
+                f"{label} {bench.fmt_time(t)} (cost {r.cost:.6e}, rel. diff "
+                f"{abs(r.cost - cpu_cost) / abs(cpu_cost):.1e}, {r.pcg_iterations} PCG)"
                 for label, (t, r) in solves.items()))
             t = {label: v[0] for label, v in solves.items()}
             rows.append([pname, dt, f"LM solve ({args.lm_iterations} it)"]
@@ -197,7 +202,8 @@ def main(argv=None):
     print()
     bench.print_table(["problem", "dtype", "operation", *COLUMNS, "cpu fused / device",
                        "host / device"], rows,
-                      title=f"median of {args.repeats} (LM solve: median of 3; cuda host: one run)")
+                      title=f"median of {args.repeats} (LM solve: median of {args.solve_repeats}; "
+                            "cuda host: one run)")
     print(f"\ntotal {time.perf_counter() - t_run:.1f} s")
     return 0
 
