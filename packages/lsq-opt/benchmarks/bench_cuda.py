@@ -189,10 +189,10 @@ def main(argv=None):
                     lm_solve(plan, plan.x0, args, **kw_solve)  # warm-up
                 runs = [lm_solve(plan, plan.x0, args, **kw_solve) for _ in range(n_runs)]
                 solves[label] = (sorted(t for t, _ in runs)[n_runs // 2], runs[0][1])
-            cpu_cost = solves["cpu fused"][1].cost
+            cost_scale = max(abs(solves["cpu fused"][1].cost), 1e-300)
             print(f"  LM {args.lm_iterations} iterations (PCG {args.pcg}): " + ", ".join(
                 f"{label} {bench.fmt_time(t)} (cost {r.cost:.6e}, rel. diff "
-                f"{abs(r.cost - cpu_cost) / abs(cpu_cost):.1e}, {r.pcg_iterations} PCG)"
+                f"{abs(r.cost - solves['cpu fused'][1].cost) / cost_scale:.1e}, {r.pcg_iterations} PCG)"
                 for label, (t, r) in solves.items()))
             t = {label: v[0] for label, v in solves.items()}
             rows.append([pname, dt, f"LM solve ({args.lm_iterations} it)"]
