@@ -129,7 +129,7 @@ def main(argv=None):
     ap.add_argument("--solve-repeats", type=int, default=5)
     args = ap.parse_args(argv)
     try:
-        cupy, _ = require_device()
+        cupy = require_device()
     except LsqCompileError as e:
         print(f"bench_cuda: skipped: {e}")
         return 0

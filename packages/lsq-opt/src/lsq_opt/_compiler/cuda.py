@@ -45,13 +45,12 @@ __all__ = ["DeviceMemory", "DeviceProblem", "ProductKernels", "lane_kernel", "re
 
 
 def require_device():
-    """``(cupy, cupyx)``, or :class:`LsqCompileError` naming what is missing (CuPy, or a
+    """The ``cupy`` module, or :class:`LsqCompileError` naming what is missing (CuPy, or a
     usable CUDA device)."""
     from . import LsqCompileError
 
     try:
         import cupy
-        import cupyx
     except ImportError as e:
         raise LsqCompileError(
             "backend='cuda' needs CuPy and a CUDA device (pip install cupy-cuda12x); importing "
@@ -62,7 +61,7 @@ def require_device():
         raise LsqCompileError(f"backend='cuda': CuPy imports but finds no usable CUDA device ({e})") from None
     if n < 1:
         raise LsqCompileError("backend='cuda': CuPy imports but there is no CUDA device")
-    return cupy, cupyx
+    return cupy
 
 
 def lane_kernel(outputs, leaves, name):
@@ -80,7 +79,7 @@ class DeviceMemory:
     uploaded on first use and again whenever the plan holds a new host array under its name."""
 
     def __init__(self, plan):
-        cupy, _ = require_device()
+        cupy = require_device()
         self.plan = plan
         self.xp = cupy
         self.upload = cupy.asarray
