@@ -170,8 +170,8 @@ class ProductKernels:
                            f"term {t.index}: J entries (K={t.K}, R={t.R}, L={t.L})"))
             if kind == "grad":
                 params.append((f"const {T}* __restrict__ F{t.index}", f"term {t.index}: residuals (K, L)"))
-            for slot in self._graph_slots(t):
-                params.append((f"const long long* __restrict__ G{t.index}_{slot}",
+            for k, slot in enumerate(self._graph_slots(t)):  # slot names need not be C names
+                params.append((f"const long long* __restrict__ G{t.index}_{k}",
                                f"graph {t.graph!r} slot {slot!r}: vertex per edge"))
         if kind == "jtjp":
             params.append((f"const {T}* __restrict__ p", "the direction, free unknowns"))
@@ -202,6 +202,7 @@ class ProductKernels:
     def _unknown_entries(self, w, t):
         """``long long u{r}``: the free unknown of read r at this lane, -1 for none."""
         plan = self.plan
+        slots = self._graph_slots(t)
         col = "col[{}]" if self.col is not None else "({})"
         if not t.is_graph:
             strides = [math.prod(t.shape[j + 1:]) for j in range(len(t.shape))]
@@ -210,7 +211,7 @@ class ProductKernels:
         for r, (_, d) in enumerate(t.ureads):
             base, C = plan._uoff[d.name], plan._ushape[d.name][-1]
             if t.is_graph:
-                entry = f"{base}LL + G{t.index}_{d.slot}[lane] * {C}LL + {d.channel}LL"
+                entry = f"{base}LL + G{t.index}_{slots.index(d.slot)}[lane] * {C}LL + {d.channel}LL"
                 w.line(f"const long long u{r} = {col.format(entry)};")
                 continue
             shift = sum(o * st for o, st in zip(d.offset, strides))
