@@ -40,7 +40,7 @@ import pytest
 from core_ad._codegen.cuda import launcher
 from lsq_opt import LsqCompileError, compile_problem, solve
 from lsq_opt._compiler import _Term
-from lsq_opt.examples import arap, flow, intrinsic, laplacian, mesh
+from lsq_opt.examples import arap, cotangent, flow, intrinsic, laplacian, mesh
 
 NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
@@ -250,9 +250,25 @@ def arap_mesh_self_loop_problem():
     return energy, dict(kw, graphs=graphs)
 
 
+def cotangent_problem():
+    """A graph energy with edge attributes and excluded (boundary) vertices: the fused kernels
+    map graph reads through the free-unknown map."""
+    V, tris, boundary = cotangent.lattice_mesh(6, 5)
+    v0, v1, w = cotangent.cotangent_weights(V, tris)
+    return cotangent.energy(), dict(arrays={"A": V, "X": V, "Boundary": boundary},
+                                    params={"w_fit": 0.3, "w_reg": 1.0},
+                                    graphs={"Edges": {"v0": v0, "v1": v1, "w": w}})
+
+
+# energies whose device-problem products are checked besides PROBLEMS
+DEVICE_PRODUCT_PROBLEMS = {"arap_mesh_self_loop": arap_mesh_self_loop_problem,
+                           "cotangent": cotangent_problem}
+
+
 def check_device_products(name, dtype, xp):
     """The all-device problem's products equal the numpy oracle's (device vectors in and out)."""
-    energy, kw = arap_mesh_self_loop_problem() if name == "arap_mesh_self_loop" else problem(name)
+    builder = DEVICE_PRODUCT_PROBLEMS.get(name)
+    energy, kw = builder() if builder else problem(name)
     dev = compile_problem(energy, dtype=dtype, backend="cuda", **kw)
     ref = compile_problem(energy, dtype=dtype, backend="numpy", **kw)
     prob = dev.device_problem()
@@ -340,7 +356,7 @@ def test_host_products_equal_the_numpy_oracle(host_cupy, name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", [*PROBLEMS, "arap_mesh_self_loop"])
+@pytest.mark.parametrize("name", [*PROBLEMS, *DEVICE_PRODUCT_PROBLEMS])
 def test_host_device_problem_products_equal_the_numpy_oracle(host_cupy, name, dtype):
     prob = check_device_products(name, dtype, host_cupy)
     x = prob._lin_x
@@ -466,7 +482,7 @@ def test_gpu_products_equal_the_numpy_oracle(cupy_dev, name, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("name", [*PROBLEMS, "arap_mesh_self_loop"])
+@pytest.mark.parametrize("name", [*PROBLEMS, *DEVICE_PRODUCT_PROBLEMS])
 def test_gpu_device_problem_products_equal_the_numpy_oracle(cupy_dev, name, dtype):
     check_device_products(name, dtype, cupy_dev)
 
