@@ -277,9 +277,10 @@ class ProductKernels:
             grid = min((self.lanes + BLOCK - 1) // BLOCK, MAX_GRID)
             codegen.cuda_kernel(source, f"lsq_{kind}")((grid,), (BLOCK,), tuple(args))
 
-    def jtjp(self, lin, p):
-        """J^T J p (free unknowns) for the linearisation ``lin`` (per term (F, D))."""
-        out = self.xp.zeros(self.plan.n, self.plan.dtype)
+    def jtjp(self, lin, p, diagonal=None):
+        """J^T J p (free unknowns) for the linearisation ``lin`` (per term (F, D)), plus
+        ``diagonal * p`` when given (LM's damping: the kernel accumulates onto it)."""
+        out = self.xp.zeros(self.plan.n, self.plan.dtype) if diagonal is None else diagonal * p
         self._launch("jtjp", self.jtjp_source, self._args("jtjp", lin, p, (out,)))
         return out
 
@@ -390,6 +391,11 @@ class DeviceProblem:
 
     def jtjp(self, x, p):
         return self.products.jtjp(self._linearized(x), p)
+
+    def damped_jtjp_linearized(self, p, diagonal):
+        """``J^T J p + diagonal * p`` at the x of the last :meth:`linearize` (LM's PCG operator,
+        one kernel launch after the product ``diagonal * p``)."""
+        return self.products.jtjp(self._lin, p, diagonal)
 
     def describe_nonfinite(self, x) -> str:
         return self.plan.describe_nonfinite(x.get())

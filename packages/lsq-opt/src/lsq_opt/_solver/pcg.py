@@ -146,14 +146,12 @@ def pcg(
             i -= 1
             break
         alpha = dt.type(rho_old / alpha_den)
-        xp.multiply(p, alpha, out=tmp)
-        x += tmp
+        ops.axpy(alpha, p, x, tmp)
         if residual_reset_period and i % residual_reset_period == 0:
             r = b - xp.asarray(apply_A(x), dtype=dt)
             n_apply += 1
         else:
-            xp.multiply(q, alpha, out=tmp)
-            r -= tmp
+            ops.axpy(-alpha, q, r, tmp)
         precond(r, z)
         dots = [ops.dot(z, r), ops.dot(r, r)]
         if q_tolerance is not None:
@@ -162,8 +160,7 @@ def pcg(
         rho_new, rr, *q_dot = ops.scalars(*dots)
         rho_new = dt.type(rho_new)
         beta = dt.type(rho_new / rho_old) if rho_old > 0 else dt.type(0)
-        p *= beta
-        p += z
+        ops.scale_add(beta, p, z)
         rho_old = rho_new
         r_norm = math.sqrt(float(rr))
         if not np.isfinite(r_norm):

@@ -106,7 +106,9 @@ def _add_to_diagonal(A, shift):
 def jtjp_operator(problem: Any, x: np.ndarray):
     """``p -> J(x)^T J(x) p`` for the PCG loop. A problem with a ``linearize`` hook may also
     define ``jtjp_linearized(p)`` (J^T J p at the x of the last ``linearize`` call, skipping the
-    per-call check that x is still the linearisation point); it is used when present."""
+    per-call check that x is still the linearisation point); it is used when present. (LM also
+    uses ``damped_jtjp_linearized(p, D)`` = J^T J p + D p where a problem defines it: the cuda
+    device problem, which adds the damping inside its product kernel.)"""
     fast = getattr(problem, "jtjp_linearized", None)
     if fast is not None and getattr(problem, "linearize", None) is not None:
         return fast

@@ -307,6 +307,10 @@ def _scatter_add(a, slices, value):
               _to_host_operand(value, "cupyx.scatter_add"))
 
 
+# numpy scalar kernel arguments -> their C types (CuPy passes numpy scalars by value)
+_SCALAR_ARGS = {np.int64: ctypes.c_longlong, np.float32: ctypes.c_float, np.float64: ctypes.c_double}
+
+
 def stand_in_cupy(host: HostKernels, block: int = launcher.BLOCK):
     """``(cupy, cupyx)`` stand-in modules over :class:`HostDeviceArray`, whose ``RawKernel``
     runs ``host``'s compiled kernels (every launch must use blocks of ``block`` threads).
@@ -339,11 +343,12 @@ def stand_in_cupy(host: HostKernels, block: int = launcher.BLOCK):
             for a in args:
                 if isinstance(a, HostDeviceArray):
                     conv.append(ctypes.c_void_p(a.host.ctypes.data))
-                elif isinstance(a, np.int64):
-                    conv.append(ctypes.c_longlong(int(a)))
+                elif type(a) in _SCALAR_ARGS:
+                    conv.append(_SCALAR_ARGS[type(a)](a.item()))
                 else:
                     raise TypeError(f"{self.name}: kernel argument of type {type(a).__name__};"
-                                    " expected device arrays and numpy.int64 scalars")
+                                    " expected device arrays and numpy.int64 / float32 / float64"
+                                    " scalars (passed by value, as CuPy does)")
             cp.launches += 1
             host.launch(self.f, grid[0], block, conv)
 
