@@ -13,12 +13,14 @@ through CuPy, and the all-device solver loop.
   a thread per residual lane of every term reads the direction at its unknown reads (stencil
   offsets with bounds checks, graph slots through their index arrays), forms ``J p`` for its
   channels and scatters ``J^T`` of it with atomic adds, directly on the vector of free unknowns
-  (excluded entries map to no column). Atomic float sums make the products' rounding
+  (excluded entries map to no column); LM's damping ``D p`` is the output's starting value
+  (``DeviceProblem.damped_jtjp_linearized``). Atomic float sums make the products' rounding
   order-dependent on a device (tests compare at 1e-12 relative in float64).
 * :class:`DeviceProblem` (``Plan.device_problem()``): the ``LeastSquaresProblem`` protocol over
   CuPy vectors, which :func:`lsq_opt.solve` uses by default for a cuda plan
   (``device_loop=True``): the GN / LM / PCG code of :mod:`lsq_opt._solver` runs with every
-  vector (x, r, z, p, Ap, diag, D, F, J) on the device; the host sees only the scalars the
+  vector (x, r, z, p, Ap, diag, D, F, J) on the device (PCG's vector updates are generated
+  kernels too, :mod:`lsq_opt._solver.vectors`); the host sees only the scalars the
   control flow needs (per PCG iteration two small transfers: ``p.Ap``, then ``z.r``, ``r.r``
   and the Q dot together; per non-linear iteration the costs, norms and max-norms). Multigrid
   preconditioners are host-only (scipy): "auto" picks Jacobi there, and asking for multigrid
