@@ -48,9 +48,9 @@ from lsq_opt import LsqCompileError, compile_problem, solve  # noqa: E402
 from lsq_opt._compiler.cuda import require_device  # noqa: E402
 
 COLUMNS = ("cpu fused", "cuda host", "cuda device")
-# label: (plan, solve options, timed runs after one warm-up; 1: no warm-up)
-SOLVES = {"cpu fused": ("cpu fused", {}, None), "cuda device": ("cuda", {}, None),
-          "cuda host": ("cuda", {"device_loop": False}, 1)}  # None: --solve-repeats
+# label: (plan, solve options, warm-up and --solve-repeats runs; False: one cold run)
+SOLVES = {"cpu fused": ("cpu fused", {}, True), "cuda device": ("cuda", {}, True),
+          "cuda host": ("cuda", {"device_loop": False}, False)}
 
 
 def problems(args):
@@ -182,10 +182,10 @@ def main(argv=None):
                             + [f"{m['cpu fused'] / m['cuda device']:.2f}x",
                                f"{m['cuda host'] / m['cuda device']:.2f}x"])
             solves = {}
-            for label, (plan_key, kw_solve, n_runs) in SOLVES.items():
+            for label, (plan_key, kw_solve, repeated) in SOLVES.items():
                 plan = plans[plan_key]
-                n_runs = n_runs or args.solve_repeats
-                if n_runs > 1:
+                n_runs = args.solve_repeats if repeated else 1
+                if repeated:
                     lm_solve(plan, plan.x0, args, **kw_solve)  # warm-up
                 runs = [lm_solve(plan, plan.x0, args, **kw_solve) for _ in range(n_runs)]
                 solves[label] = (sorted(t for t, _ in runs)[n_runs // 2], runs[0][1])
