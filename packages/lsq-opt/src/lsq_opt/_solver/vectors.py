@@ -22,7 +22,9 @@ __all__ = ["VectorOps", "vector_ops"]
 
 
 class VectorOps:
-    """Dots, norms and host transfers for vectors of the array module ``xp``."""
+    """Vector updates, dots, norms and host transfers for vectors of the array module ``xp``.
+    The host updates round as numpy's two-step operations did; a device may contract
+    ``a * x + y`` into one fused multiply-add (a rounding-level difference)."""
 
     def __init__(self, xp):
         self.xp = xp
