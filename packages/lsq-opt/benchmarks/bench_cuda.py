@@ -164,12 +164,14 @@ def main(argv=None):
                   + ", ".join(f"{k} {v:.2f} s" for k, v in t_compile.items()))
             for plan in plans.values():
                 plan.linearize(x)
-            g_ref = ref.jtf(x)
-            scale = float(np.abs(g_ref).max())
-            g_dev = prob.products.grad(prob.linearization)[0].get()
-            print(f"  max |jtf - cpu fused| / max|jtf|: cuda host "
-                  f"{float(np.abs(plans['cuda'].jtf(x) - g_ref).max()) / scale:.1e}, cuda device "
-                  f"{float(np.abs(g_dev - g_ref).max()) / scale:.1e}")
+            for what, want, host, device in (
+                    ("jtf", ref.jtf(x), plans["cuda"].jtf(x), prob.products.grad(prob.linearization)[0]),
+                    ("jtjp", ref.jtjp_linearized(p), plans["cuda"].jtjp_linearized(p),
+                     prob.jtjp_linearized(cupy.asarray(p)))):
+                scale = float(np.abs(want).max())
+                print(f"  max |{what} - cpu fused| / max|{what}|: cuda host "
+                      f"{float(np.abs(host - want).max()) / scale:.1e}, cuda device "
+                      f"{float(np.abs(device.get() - want).max()) / scale:.1e}")
             med = {}
             for label in COLUMNS:
                 if label != "cuda device":
