@@ -95,3 +95,35 @@ def test_nvcc_compiles_the_written_kernel(tmp_path):
                         str(tmp_path / "k.ptx")], capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     assert "atom.global.add.f64" in (tmp_path / "k.ptx").read_text()
+
+
+def scale_source(ctype: str) -> str:
+    w = codegen.CudaWriter()
+    with w.kernel("scale", [("const long long n", ""), (f"const {ctype} a", "by value"),
+                            (f"{ctype}* __restrict__ y", "")]):
+        with w.grid_stride_loop("i", "n"):
+            w.line("y[i] *= a;")
+    return w.source()
+
+
+def test_stand_in_cupy_compiles_run_time_kernels_and_passes_float_scalars(tmp_path):
+    """A kernel generated after the unit was built (compile_missing), launched through the
+    stand-in RawKernel with numpy float scalars by value, as CuPy passes them."""
+    if shutil.which("g++") is None:
+        pytest.skip("g++ is not on PATH")
+    from core_ad._codegen.cuda.host_emulation import stand_in_cupy
+
+    strict = tmp_path / "strict"
+    strict.mkdir()
+    with pytest.raises(KeyError, match="not in the host library"):
+        HostKernels([], strict).function("scale", scale_source("double"))
+    cp, _ = stand_in_cupy(HostKernels([], tmp_path, compile_missing=True))
+    for dtype, ctype in ((np.float64, "double"), (np.float32, "float")):
+        y = cp.asarray(np.arange(5, dtype=dtype))
+        cp.RawKernel(scale_source(ctype), "scale")((1,), (256,), (np.int64(5), dtype(2.5), y))
+        np.testing.assert_array_equal(cp.asnumpy(y), np.arange(5, dtype=dtype) * dtype(2.5))
+    with pytest.raises(TypeError, match="numpy.int64 / float32 / float64"):
+        cp.RawKernel(scale_source("double"), "scale")((1,), (256,), (np.int64(5), 2.5, y))
+    a = cp.zeros(3, np.float64)
+    cp.add.at(a, cp.asarray(np.array([0, 2, 0])), cp.asarray(np.array([1.0, 2.0, 3.0])))
+    np.testing.assert_array_equal(cp.asnumpy(a), [4.0, 0.0, 2.0])  # repeated indices add

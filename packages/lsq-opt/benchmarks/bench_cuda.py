@@ -1,19 +1,27 @@
-"""lsq_opt's cuda backend next to the CPU paths, on the three problems of ``bench_solvers.py``
+"""lsq_opt's cuda backend next to the CPU default, on the three problems of ``bench_solvers.py``
 (Poisson 512^2, ARAP image 128^2, ARAP mesh 64 x 32 tube; same builders and data).
 
-Per problem and dtype (float64, float32), alternated and median of ``--repeats``:
+Per problem and dtype (float64, float32), alternated, median of ``--repeats``:
 
-* products at one linearisation point: ``linearize`` (the lane kernels ``fj`` and the cache),
-  ``jtf`` + ``jtj_diag``, ``jtjp_linearized`` (one PCG operator application), ``cost`` at a
-  trial point -- for the fused LLVM kernels (the CPU default), the numpy lanes composition, and
-  the cuda backend (the same lanes composition on CuPy arrays, core_ad's CUDA lane kernels);
+* products at one linearisation point -- ``linearize`` (the lane kernels ``fj`` and the
+  cache), ``jtf + diag``, ``jtjp`` (one PCG operator application), ``cost`` at a trial point:
+
+  - ``cpu fused``: the fused LLVM kernels (the CPU default);
+  - ``cuda host``: the cuda plan's numpy protocol (upload x / p, the lanes composition on
+    CuPy arrays, download the result: what ``solve(..., device_loop=False)`` pays per call);
+  - ``cuda device``: the all-device problem (``plan.device_problem()``: device vectors in and
+    out, one fused kernel for ``jtjp`` and one for ``jtf + diag``), synchronised after each
+    call so that the time is the device's;
+
 * a fixed-length LM solve (``--lm-iterations``, PCG ``--pcg`` iterations, Jacobi; no early
-  stop) with the fused CPU kernels and with the cuda backend: wall time and final cost.
+  stop): CPU fused and the cuda all-device loop (the default for a cuda plan), warm-up then
+  median of ``--solve-repeats``; the cuda host protocol (``device_loop=False``, 0.3-1.1 s per solve on an H100
+  at the default sizes) once, to keep the run short -- its kernels are warm from the product
+  timings. Wall time, final cost, and the relative difference of the final costs to the CPU's
+  (the same iterates up to rounding: float64 about 1e-12).
 
-Every product crosses the host-side ``LeastSquaresProblem`` protocol (numpy in / out), so each
-cuda call includes one upload and one download of a vector and a synchronisation: the numbers
-are those of the cuda backend as the solvers use it, not of the kernels alone. The ratio
-column is CPU fused time / cuda time (> 1: the GPU is faster).
+Ratio columns: CPU fused time / cuda device time (> 1: the GPU is faster), and cuda host /
+cuda device (what the all-device loop saves over the host protocol).
 
 Without CuPy or a CUDA device the script prints why and exits 0. Run from the repository root:
 
@@ -39,9 +47,10 @@ from bench_solvers import arap_problem, mesh_example, poisson_problem  # noqa: E
 from lsq_opt import LsqCompileError, compile_problem, solve  # noqa: E402
 from lsq_opt._compiler.cuda import require_device  # noqa: E402
 
-BACKENDS = {"cpu fused": dict(backend="llvm", kernels="fused"),
-            "cpu lanes (numpy)": dict(backend="numpy", kernels="lanes"),
-            "cuda": dict(backend="cuda")}
+COLUMNS = ("cpu fused", "cuda host", "cuda device")
+# label: (plan, solve options, warm-up and --solve-repeats runs; False: one cold run)
+SOLVES = {"cpu fused": ("cpu fused", {}, True), "cuda device": ("cuda", {}, True),
+          "cuda host": ("cuda", {"device_loop": False}, False)}
 
 
 def problems(args):
@@ -62,7 +71,8 @@ def problems(args):
     return out
 
 
-def product_cases(plan, x, p):
+def host_cases(plan, x, p):
+    """The products through the plan's numpy protocol (cpu fused, or cuda host)."""
     x_trial = x + 1e-3 * p
 
     def fresh_linearize():
@@ -77,10 +87,31 @@ def product_cases(plan, x, p):
             "cost(trial)": lambda: plan.cost(x_trial)}
 
 
-def lm_solve(plan, x0, args):
+def device_cases(cupy, plan, x, p):
+    """The products of the all-device problem, each followed by a device synchronisation."""
+    prob = plan.device_problem()
+    xd, pd = cupy.asarray(x), cupy.asarray(p)
+    xd_trial = xd + 1e-3 * pd
+    prob.linearize(xd)
+    sync = cupy.cuda.Device().synchronize
+
+    def timed(fn):
+        def run():
+            fn()
+            sync()
+        return run
+
+    return {"linearize": timed(lambda: prob.linearize(xd)),
+            "jtf + diag": timed(lambda: prob.products.grad(prob.linearization)),
+            "jtjp": timed(lambda: prob.jtjp_linearized(pd)),
+            "cost(trial)": timed(lambda: prob.cost(xd_trial))}, prob
+
+
+def lm_solve(plan, x0, args, **kw):
     t0 = time.perf_counter()
     r = solve(plan, x0, method="lm", max_iterations=args.lm_iterations, pcg_max_iterations=args.pcg,
-              function_tolerance=0.0, gradient_tolerance=0.0, parameter_tolerance=0.0)
+              function_tolerance=0.0, gradient_tolerance=0.0, parameter_tolerance=0.0,
+              preconditioner="jacobi", **kw)
     return time.perf_counter() - t0, r
 
 
@@ -95,9 +126,10 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=7)
     ap.add_argument("--lm-iterations", type=int, default=10)
     ap.add_argument("--pcg", type=int, default=50)
+    ap.add_argument("--solve-repeats", type=int, default=5)
     args = ap.parse_args(argv)
     try:
-        cupy, _ = require_device()
+        cupy = require_device()
     except LsqCompileError as e:
         print(f"bench_cuda: skipped: {e}")
         return 0
@@ -105,11 +137,13 @@ def main(argv=None):
     name = dev["name"].decode() if isinstance(dev["name"], bytes) else dev["name"]
     print(bench.machine_info(extra=f"GPU {name}; cupy {cupy.__version__}",
                              modules=("numpy", "cupy", "core_ad", "lsq_opt")))
+    t_run = time.perf_counter()
     rows = []
     for pname, (energy, kw) in problems(args).items():
         for dt in args.dtypes:
             plans, t_compile = {}, {}
-            for label, bk in BACKENDS.items():
+            for label, bk in (("cpu fused", dict(backend="llvm", kernels="fused")),
+                              ("cuda", dict(backend="cuda"))):
                 t0 = time.perf_counter()
                 plan = compile_problem(energy, dtype=dt, **bk, **kw)
                 plan.linearize(plan.x0)  # first evaluation: LLVM JIT / NVRTC compiles
@@ -120,38 +154,59 @@ def main(argv=None):
             rng = np.random.default_rng(0)
             x = (ref.x0 + 0.01 * rng.standard_normal(ref.n)).astype(dt)
             p = rng.standard_normal(ref.n).astype(dt)
+            t0 = time.perf_counter()
+            cases = {"cpu fused": host_cases(ref, x, p), "cuda host": host_cases(plans["cuda"], x, p)}
+            cases["cuda device"], prob = device_cases(cupy, plans["cuda"], x, p)
+            cases["cuda device"]["jtjp"]()  # NVRTC compiles the fused kernels
+            cases["cuda device"]["jtf + diag"]()
+            t_compile["cuda fused products"] = time.perf_counter() - t0
             print(f"\n{pname}, {dt}: n = {ref.n}, m = {ref.m}; compile + first evaluation: "
                   + ", ".join(f"{k} {v:.2f} s" for k, v in t_compile.items()))
             for plan in plans.values():
                 plan.linearize(x)
-            g = {k: pl.jtf(x) for k, pl in plans.items()}
-            scale = float(np.abs(g["cpu fused"]).max())
-            print("  max |jtf - cpu fused| / max|jtf|: " + ", ".join(
-                f"{k} {float(np.abs(v - g['cpu fused']).max()) / scale:.1e}" for k, v in g.items()
-                if k != "cpu fused"))
+            for what, want, host, device in (
+                    ("jtf", ref.jtf(x), plans["cuda"].jtf(x), prob.products.grad(prob.linearization)[0]),
+                    ("jtjp", ref.jtjp_linearized(p), plans["cuda"].jtjp_linearized(p),
+                     prob.jtjp_linearized(cupy.asarray(p)))):
+                scale = float(np.abs(want).max())
+                print(f"  max |{what} - cpu fused| / max|{what}|: cuda host "
+                      f"{float(np.abs(host - want).max()) / scale:.1e}, cuda device "
+                      f"{float(np.abs(device.get() - want).max()) / scale:.1e}")
             med = {}
-            for label, plan in plans.items():
-                plan.linearize(x)
-                res = bench.compare(product_cases(plan, x, p), repeats=args.repeats)
+            for label in COLUMNS:
+                if label != "cuda device":
+                    (ref if label == "cpu fused" else plans["cuda"]).linearize(x)
+                res = bench.compare(cases[label], repeats=args.repeats)
                 med[label] = {k: v["median"] for k, v in res.items()}
             for op in med["cpu fused"]:
-                rows.append([pname, dt, op] + [bench.fmt_time(med[b][op]) for b in BACKENDS]
-                            + [f"{med['cpu fused'][op] / med['cuda'][op]:.2f}x"])
+                m = {c: med[c][op] for c in COLUMNS}
+                rows.append([pname, dt, op] + [bench.fmt_time(m[c]) for c in COLUMNS]
+                            + [f"{m['cpu fused'] / m['cuda device']:.2f}x",
+                               f"{m['cuda host'] / m['cuda device']:.2f}x"])
             solves = {}
-            for label in ("cpu fused", "cuda"):
-                lm_solve(plans[label], plans[label].x0, args)  # warm-up
-                runs = [lm_solve(plans[label], plans[label].x0, args) for _ in range(3)]
-                solves[label] = (sorted(t for t, _ in runs)[1], runs[0][1])
-            (tc, rc), (tg, rg) = solves["cpu fused"], solves["cuda"]
-            print(f"  LM {args.lm_iterations} iterations (PCG {args.pcg}): cpu fused"
-                  f" {bench.fmt_time(tc)} "
-                  f"(cost {rc.cost:.6e}, {rc.pcg_iterations} PCG), cuda {bench.fmt_time(tg)} "
-                  f"(cost {rg.cost:.6e}, {rg.pcg_iterations} PCG)")
-            rows.append([pname, dt, f"LM solve ({args.lm_iterations} it)", bench.fmt_time(tc),
-                         "-", bench.fmt_time(tg), f"{tc / tg:.2f}x"])
+            for label, (plan_key, kw_solve, repeated) in SOLVES.items():
+                plan = plans[plan_key]
+                n_runs = args.solve_repeats if repeated else 1
+                if repeated:
+                    lm_solve(plan, plan.x0, args, **kw_solve)  # warm-up
+                runs = [lm_solve(plan, plan.x0, args, **kw_solve) for _ in range(n_runs)]
+                solves[label] = (sorted(t for t, _ in runs)[n_runs // 2], runs[0][1])
+            cost_scale = max(abs(solves["cpu fused"][1].cost), 1e-300)
+            print(f"  LM {args.lm_iterations} iterations (PCG {args.pcg}): " + ", ".join(
+                f"{label} {bench.fmt_time(t)} (cost {r.cost:.6e}, rel. diff "
+                f"{abs(r.cost - solves['cpu fused'][1].cost) / cost_scale:.1e}, {r.pcg_iterations} PCG)"
+                for label, (t, r) in solves.items()))
+            t = {label: v[0] for label, v in solves.items()}
+            rows.append([pname, dt, f"LM solve ({args.lm_iterations} it)"]
+                        + [bench.fmt_time(t[c]) for c in COLUMNS]
+                        + [f"{t['cpu fused'] / t['cuda device']:.2f}x",
+                           f"{t['cuda host'] / t['cuda device']:.2f}x"])
     print()
-    bench.print_table(["problem", "dtype", "operation", *BACKENDS, "cpu fused / cuda"], rows,
-                      title=f"median of {args.repeats} (LM solve: median of 3)")
+    bench.print_table(["problem", "dtype", "operation", *COLUMNS, "cpu fused / device",
+                       "host / device"], rows,
+                      title=f"median of {args.repeats} (LM solve: median of {args.solve_repeats}; "
+                            "cuda host: one run)")
+    print(f"\ntotal {time.perf_counter() - t_run:.1f} s")
     return 0
 
 

@@ -12,13 +12,19 @@ in core_ad's four tiers (``packages/core-ad/tests/test_codegen_cuda.py``), which
   ``cupy`` / ``cupyx`` whose arrays refuse to mix with numpy arrays -- so the whole cuda Plan
   (device mirrors, the lanes composition over ``xp``, uploads / downloads) runs as on a GPU.
   Its cost, residuals, J^T F, diag(J^T J), J^T J p and J equal the numpy-oracle Plan's
-  (``backend="numpy"``), and a short LM solve takes the same iterates.
+  (``backend="numpy"``); so do those of its ``device_problem()`` (the all-device loop's
+  problem: device vectors in and out, the fused ``jtjp`` / ``grad`` kernels, generated per
+  plan and compiled for the host on first launch); short LM and GN solves take the oracle's
+  iterates both with the all-device loop (the default) and over the host protocol
+  (``device_loop=False``), and the device loop moves no n-vector between host and device
+  inside its PCG iterations.
 * **gpu** (``@pytest.mark.gpu``: CuPy and a CUDA device): the same checks on the device.
 
 Tolerances (relative to the largest entry of the oracle's vector): float64 1e-12, float32 1e-4
-(float32 transcendentals differ by a few ulp between glibc / CUDA and numpy, and J^T J p sums
-many of them). LM iterates: 1e-9 / 1e-3 relative after 4 iterations (a PCG loop amplifies the
-rounding differences of its products).
+(float32 transcendentals differ by a few ulp between glibc / CUDA and numpy, J^T J p sums
+many of them, and the fused kernels' atomic sums run in a device-chosen order). LM / GN
+iterates: 1e-9 / 1e-3 relative after 4 iterations (a PCG loop amplifies the rounding
+differences of its products); final costs 1e-12 / 1e-5 relative.
 """
 
 from __future__ import annotations
@@ -34,7 +40,7 @@ import pytest
 from core_ad._codegen.cuda import launcher
 from lsq_opt import LsqCompileError, compile_problem, solve
 from lsq_opt._compiler import _Term
-from lsq_opt.examples import arap, flow, intrinsic, laplacian, mesh
+from lsq_opt.examples import arap, cotangent, flow, intrinsic, laplacian, mesh
 
 NVCC = shutil.which("nvcc")
 GXX = shutil.which("g++")
@@ -235,13 +241,70 @@ def check_products(name, dtype):
     return dev, ref
 
 
-def check_lm_iterates(name, dtype, iterations=4):
+def arap_mesh_self_loop_problem():
+    """The ARAP mesh with a self-loop edge: two reads of one unknown channel through different
+    slots hit one vertex, whose diag(J^T J) entry adds their partials before squaring."""
+    energy, kw = problem("arap_mesh")
+    G = kw["graphs"]["G"]
+    graphs = {"G": {"v0": np.append(G["v0"], 3), "v1": np.append(G["v1"], 3)}}
+    return energy, dict(kw, graphs=graphs)
+
+
+def cotangent_problem():
+    """A graph energy with edge attributes and excluded (boundary) vertices: the fused kernels
+    map graph reads through the free-unknown map."""
+    V, tris, boundary = cotangent.lattice_mesh(6, 5)
+    v0, v1, w = cotangent.cotangent_weights(V, tris)
+    return cotangent.energy(), dict(arrays={"A": V, "X": V, "Boundary": boundary},
+                                    params={"w_fit": 0.3, "w_reg": 1.0},
+                                    graphs={"Edges": {"v0": v0, "v1": v1, "w": w}})
+
+
+# energies whose device-problem products are checked besides PROBLEMS
+DEVICE_PRODUCT_PROBLEMS = {"arap_mesh_self_loop": arap_mesh_self_loop_problem,
+                           "cotangent": cotangent_problem}
+
+
+def check_device_products(name, dtype, xp):
+    """The all-device problem's products equal the numpy oracle's (device vectors in and out)."""
+    builder = DEVICE_PRODUCT_PROBLEMS.get(name)
+    energy, kw = builder() if builder else problem(name)
+    dev = compile_problem(energy, dtype=dtype, backend="cuda", **kw)
+    ref = compile_problem(energy, dtype=dtype, backend="numpy", **kw)
+    prob = dev.device_problem()
+    assert prob.xp is xp and prob.n == ref.n and ref.device_problem() is None
+    rng = np.random.default_rng(7)
+    x = (ref.x0 + 0.05 * rng.standard_normal(ref.n)).astype(dtype)
+    p = rng.standard_normal(ref.n).astype(dtype)
+    xd, pd = xp.asarray(x), xp.asarray(p)
+    ref.linearize(x)
+    prob.linearize(xd)
+    label = f"{name} {dtype} device problem"
+    for what, got, want in (("jtf", prob.jtf(xd), ref.jtf(x)),
+                            ("jtj_diag", prob.jtj_diag(xd), ref.jtj_diag(x)),
+                            ("jtjp", prob.jtjp_linearized(pd), ref.jtjp_linearized(p)),
+                            ("residuals", prob.residuals(xd), ref.residuals(x))):
+        assert isinstance(got, xp.ndarray) and got.dtype == np.dtype(dtype), (label, what)
+        _close(got.get(), want, dtype, f"{label}: {what}")
+    _close(prob.cost(xd), ref.cost(x), dtype, f"{label}: cost")
+    damping = rng.random(ref.n).astype(dtype)
+    _close(prob.damped_jtjp_linearized(pd, xp.asarray(damping)).get(),
+           ref.jtjp_linearized(p) + damping * p, dtype, f"{label}: J^T J p + D p")
+    x2 = (x * 1.01).astype(dtype)  # a new point: jtjp(x, p) linearises there first
+    _close(prob.jtjp(xp.asarray(x2), pd).get(), ref.jtjp(x2, p), dtype, f"{label}: jtjp(x, p)")
+    assert np.abs(ref.jtj_diag(x)).max() > 0 and np.abs(ref.jtjp(x, p)).max() > 0
+    return prob
+
+
+def check_lm_iterates(name, dtype, iterations=4, method="lm", device_loop=True):
+    """A short solve of the cuda plan (all-device loop, or the host protocol) takes the numpy
+    oracle's iterates, steps and PCG iteration counts."""
     dev, ref = plans(name, dtype)
     runs = []
     for plan in (dev, ref):
         xs = []
-        res = solve(plan, plan.x0, method="lm", max_iterations=iterations,
-                    pcg_max_iterations=20, callback=lambda entry, x: xs.append(np.copy(x)))
+        res = solve(plan, plan.x0, method=method, max_iterations=iterations, pcg_max_iterations=20,
+                    device_loop=device_loop, callback=lambda entry, x: xs.append(np.copy(x)))
         runs.append((res, xs))
     (rd, xd), (rr, xr) = runs
     assert len(xd) == len(xr) >= 2, (len(xd), len(xr))
@@ -250,9 +313,11 @@ def check_lm_iterates(name, dtype, iterations=4):
         scale = max(float(np.max(np.abs(b))), 1.0)
         np.testing.assert_allclose(a, b, rtol=0, atol=tol * scale, err_msg=f"{name} {dtype} it {k}")
     assert [e.accepted for e in rd.log] == [e.accepted for e in rr.log]
-    assert rd.cost < rd.initial_cost
-    np.testing.assert_allclose(rd.cost, rr.cost, rtol=tol)
+    assert isinstance(rd.x, np.ndarray) and rd.x.dtype == np.dtype(dtype)
+    assert rd.cost < rd.initial_cost and rd.preconditioner == rr.preconditioner == "jacobi"
+    np.testing.assert_allclose(rd.cost, rr.cost, rtol=1e-12 if dtype == "float64" else 1e-5)
     assert [e.pcg_iterations for e in rd.log] == [e.pcg_iterations for e in rr.log]
+    return dev
 
 
 # --------------------------------------------------------------------------------------------
@@ -261,11 +326,13 @@ def check_lm_iterates(name, dtype, iterations=4):
 
 @pytest.fixture(scope="module")
 def host_kernels(tmp_path_factory):
+    """The term kernels in one unit; the fused product kernels (generated per bound plan) are
+    compiled when first launched."""
     if GXX is None:
         pytest.skip("g++ is not available")
     from core_ad._codegen.cuda.host_emulation import HostKernels
 
-    return HostKernels(kernel_list(), tmp_path_factory.mktemp("lsq_cuda_host"))
+    return HostKernels(kernel_list(), tmp_path_factory.mktemp("lsq_cuda_host"), compile_missing=True)
 
 
 @pytest.fixture
@@ -292,9 +359,84 @@ def test_host_products_equal_the_numpy_oracle(host_cupy, name, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", [*PROBLEMS, *DEVICE_PRODUCT_PROBLEMS])
+def test_host_device_problem_products_equal_the_numpy_oracle(host_cupy, name, dtype):
+    prob = check_device_products(name, dtype, host_cupy)
+    x = prob._lin_x
+    p = host_cupy.ones(prob.n, np.dtype(dtype))
+    launches = host_cupy.launches
+    prob.jtjp_linearized(p)
+    assert host_cupy.launches - launches == 1, "J^T J p is one kernel launch"
+    prob.linearize(x)
+    launches = host_cupy.launches
+    prob.jtf(x), prob.jtj_diag(x)
+    assert host_cupy.launches - launches == 1, "J^T F and diag(J^T J) are one kernel launch"
+    assert {"lsq_jtjp", "lsq_grad"} <= set(host_cupy.built)
+
+
+@pytest.mark.parametrize("device_loop", [True, False], ids=["device_loop", "host_protocol"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh", "intrinsic"])
-def test_host_lm_takes_the_oracle_iterates(host_cupy, name, dtype):
-    check_lm_iterates(name, dtype)
+def test_host_lm_takes_the_oracle_iterates(host_cupy, name, dtype, device_loop):
+    check_lm_iterates(name, dtype, device_loop=device_loop)
+    # the device loop's PCG vector updates are generated kernels; the host protocol's are numpy
+    updates = {"lsq_axpy", "lsq_scale_add"} & set(host_cupy.built)
+    assert updates == ({"lsq_axpy", "lsq_scale_add"} if device_loop else set())
+
+
+@pytest.mark.parametrize("name", ["laplacian", "arap_mesh"])
+def test_host_gn_takes_the_oracle_iterates(host_cupy, name):
+    check_lm_iterates(name, "float64", method="gn")
+
+
+def test_host_device_loop_moves_no_vector_per_iteration(host_cupy, monkeypatch):
+    """In the all-device loop n-vectors cross between host and device only when a solve starts
+    and ends (x0, the fixed values and free-index map, the result), never per PCG or LM
+    iteration: their number does not grow with the iterations."""
+    from core_ad._codegen.cuda.host_emulation import HostDeviceArray
+
+    dev, _ = plans("arap_image", "float64")
+    moved = []
+    upload, download = host_cupy.asarray, HostDeviceArray.get
+
+    def counting_upload(a, dtype=None):
+        if not isinstance(a, HostDeviceArray) and np.size(a) >= dev.n:
+            moved.append(("upload", np.shape(a)))
+        return upload(a, dtype)
+
+    def counting_download(a):
+        if a.size >= dev.n:
+            moved.append(("download", a.shape))
+        return download(a)
+
+    monkeypatch.setattr(host_cupy, "asarray", counting_upload)
+    monkeypatch.setattr(HostDeviceArray, "get", counting_download)
+    fixed = dict(pcg_max_iterations=20, function_tolerance=0.0, gradient_tolerance=0.0,
+                 parameter_tolerance=0.0)
+    solve(dev, dev.x0, max_iterations=1, **fixed)  # the data arrays' device mirrors, once
+    counts = {}
+    for iterations in (1, 5):
+        moved.clear()
+        res = solve(dev, dev.x0, max_iterations=iterations, **fixed)
+        counts[iterations] = (list(moved), res.pcg_iterations)
+    assert counts[5][1] >= counts[1][1] + 20, counts
+    assert counts[5][0] == counts[1][0] and len(counts[1][0]) <= 4, counts
+
+
+def test_host_device_loop_bad_input(host_cupy):
+    dev, ref = plans("laplacian", "float64")
+    with pytest.raises(ValueError, match="cannot precondition the all-device solver loop"):
+        solve(dev, dev.x0, preconditioner="multigrid")
+    with pytest.raises(ValueError, match="x0 has length"):
+        solve(dev, dev.x0[:-1])
+    prob = dev.device_problem()
+    with pytest.raises(TypeError, match=r"must be a device array of shape"):
+        prob.linearize(dev.x0)  # a numpy vector
+    with pytest.raises(TypeError, match=r"must be a device array of shape"):
+        prob.cost(host_cupy.asarray(dev.x0.astype(np.float32)))
+    # the host protocol and a multigrid preconditioner: still available without the device loop
+    res = solve(dev, dev.x0, preconditioner="multigrid", device_loop=False, max_iterations=2)
+    assert res.preconditioner == "multigrid" and res.cost < res.initial_cost
 
 
 def test_host_data_and_param_changes_reach_the_device(host_cupy):
@@ -346,6 +488,27 @@ def test_gpu_products_equal_the_numpy_oracle(cupy_dev, name, dtype):
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", [*PROBLEMS, *DEVICE_PRODUCT_PROBLEMS])
+def test_gpu_device_problem_products_equal_the_numpy_oracle(cupy_dev, name, dtype):
+    check_device_products(name, dtype, cupy_dev)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("device_loop", [True, False], ids=["device_loop", "host_protocol"])
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh", "intrinsic"])
-def test_gpu_lm_takes_the_oracle_iterates(cupy_dev, name, dtype):
-    check_lm_iterates(name, dtype)
+def test_gpu_lm_takes_the_oracle_iterates(cupy_dev, name, dtype, device_loop):
+    check_lm_iterates(name, dtype, device_loop=device_loop)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", ["laplacian", "arap_mesh"])
+def test_gpu_gn_takes_the_oracle_iterates(cupy_dev, name):
+    check_lm_iterates(name, "float64", method="gn")
+
+
+@pytest.mark.gpu
+def test_gpu_device_loop_multigrid_is_refused(cupy_dev):
+    dev, _ = plans("laplacian", "float64")
+    with pytest.raises(ValueError, match="cannot precondition the all-device solver loop"):
+        solve(dev, dev.x0, preconditioner="jacobi+multigrid")

@@ -28,8 +28,10 @@ o_r -- one shifted slice-add per (term, channel, read), no atomics. Graph terms 
 ``np.add.at``.
 
 The composition is written over an array module ``xp`` (``Plan._memory``: the plan's numpy
-arrays, or for ``backend="cuda"`` their CuPy mirrors on the device, with ``cupyx.scatter_add``;
-see :mod:`lsq_opt._compiler.cuda`); the solver protocol stays numpy in / numpy out.
+arrays, or for ``backend="cuda"`` their CuPy mirrors on the device, with ``cupy.add.at``;
+see :mod:`lsq_opt._compiler.cuda`); the Plan's solver protocol stays numpy in / numpy out. A
+cuda plan also offers ``device_problem()``: the protocol over device vectors, with fused product
+kernels, which the solvers' all-device loop runs on.
 
 Exclude (spec 2.6 [REC]): excluded unknowns are fixed (not in x); the energy is unchanged.
 """
@@ -283,6 +285,7 @@ class Plan:
         self.energy, self.terms, self.dtype, self.backend = energy, terms, dtype, backend
         self.kernels = "lanes"
         self._fused = None
+        self._products = None  # the cuda backend's fused product kernels, built on first use
         self._memory = _HostMemory(self)  # where the lanes composition's arrays live
         self._pver = self._dver = 0
         self.decls = _collect_decls(terms, energy.excludes)
@@ -762,6 +765,17 @@ class Plan:
                         same = idx == idx2
                         if same.any():
                             mem.scatter_add(gu, idx[same], 2 * D[k, r][same] * D[k, r2][same])
+
+    def device_problem(self):
+        """For ``backend="cuda"``: this plan as a ``LeastSquaresProblem`` over device (CuPy)
+        vectors, the problem of the solvers' all-device loop
+        (:class:`~lsq_opt._compiler.cuda.DeviceProblem`; :func:`lsq_opt.solve` uses it unless
+        ``device_loop=False``). None for the host backends."""
+        if self.backend != "cuda":
+            return None
+        from .cuda import DeviceProblem
+
+        return DeviceProblem(self)
 
     # ------------------------------------------------------------------ fused kernels
     @property

@@ -22,13 +22,16 @@ from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
 from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, resolve_preconditioner
 from .report import IterationLog, SolveResult
+from .vectors import vector_ops
 
 __all__ = ["gauss_newton"]
 
 
 def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResult:
     t_start = time.perf_counter()
-    dt, x, cost = start(problem, x0)
+    ops = vector_ops(problem)
+    xp = ops.xp
+    dt, x, cost = start(problem, x0, ops)
     initial_cost = cost
     log: list[IterationLog] = []
     preconditioner = resolve_preconditioner(problem, opts)
@@ -46,20 +49,22 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
         call_linearize(problem, x)
         if getattr(problem, "linearize_changes_cost", False):
             cost = float(problem.cost(x))  # IRLS weights / constant views moved with x
-        g = np.asarray(problem.jtf(x), dtype=dt).reshape(-1)
-        diag = np.asarray(problem.jtj_diag(x), dtype=dt).reshape(-1)
+        g = xp.asarray(problem.jtf(x), dtype=dt).reshape(-1)
+        diag = xp.asarray(problem.jtj_diag(x), dtype=dt).reshape(-1)
         if "g0max" not in numbers:
-            numbers["g0max"] = float(np.max(np.abs(g))) if g.size and np.all(np.isfinite(g)) else 0.0
-        reason, gmax = gradient_stop(g, diag, opts, numbers["g0max"])
+            g0max = float(ops.scalars(ops.max_abs(g))[0]) if g.size else 0.0
+            numbers["g0max"] = g0max if math.isfinite(g0max) else 0.0
+        reason, gmax = gradient_stop(g, diag, opts, numbers["g0max"], ops)
         numbers["gmax"] = gmax
-        forcing.new_gradient(float(np.linalg.norm(g)))
+        g_norm = ops.norm(g)
+        forcing.new_gradient(g_norm)
         if reason is not None:
             break
         it += 1
         t0 = time.perf_counter()
         jtjp = jtjp_operator(problem, x)
         pcg_kw = dict(max_iterations=opts.pcg_cap(), tolerance=forcing.tolerance(), q_tolerance=None,
-                      residual_reset_period=0)
+                      residual_reset_period=0, ops=ops)
         if adaptive is not None:
             res = adaptive.solve(jtjp, -g, inverse_diagonal(diag, "jacobi"),
                                  lambda: multigrid_preconditioner(problem, x), **pcg_kw)
@@ -67,21 +72,22 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
             if preconditioner == "multigrid":
                 m_inv = multigrid_preconditioner(problem, x)
             else:
-                m_inv = inverse_diagonal(diag, preconditioner)
+                m_inv = inverse_diagonal(diag, preconditioner, xp=xp)
             res = pcg(jtjp, -g, m_inv, **pcg_kw)
-        forcing.step_taken(float(np.linalg.norm(g)), res.residual_norm)
+        forcing.step_taken(g_norm, res.residual_norm)
         delta = res.x
-        step_norm = float(np.linalg.norm(delta))
+        step_norm = ops.norm(delta)
         numbers["step_norm"] = step_norm
         dm = dc = rho = trial_cost = float("nan")
         accepted = False
         if not math.isfinite(step_norm):
             reason = f"diverged: non-finite step at iteration {it}"
-        elif step_norm <= opts.parameter_tolerance * (float(np.linalg.norm(x)) + opts.parameter_tolerance):
+        elif step_norm <= opts.parameter_tolerance * (ops.norm(x) + opts.parameter_tolerance):
             reason = "parameter tolerance"
         else:
-            jd = np.asarray(jtjp(delta), dtype=dt)
-            dm = -(float(np.dot(g, delta)) + 0.5 * float(np.dot(delta, jd)))
+            jd = xp.asarray(jtjp(delta), dtype=dt)
+            g_delta, delta_jd = ops.scalars(xp.dot(g, delta), xp.dot(delta, jd))
+            dm = -(float(g_delta) + 0.5 * float(delta_jd))
             x_trial = x + delta
             trial_cost = float(problem.cost(x_trial))
             if not math.isfinite(trial_cost):
@@ -102,10 +108,10 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
             wall_time=time.perf_counter() - t0)
         log.append(entry)
         _emit(opts, entry.line())
-        if callback_stops(opts, entry, x) and reason is None:
+        if callback_stops(opts, entry, x, ops) and reason is None:
             reason = "user callback"
     detail = stop_detail(reason, opts, **numbers)
-    result = SolveResult(x=x, cost=cost, initial_cost=initial_cost, iterations=it,
+    result = SolveResult(x=ops.to_host(x), cost=cost, initial_cost=initial_cost, iterations=it,
                          termination_reason=reason, method="gn", log=log,
                          wall_time=time.perf_counter() - t_start, dtype=dt.name,
                          termination_detail=detail,

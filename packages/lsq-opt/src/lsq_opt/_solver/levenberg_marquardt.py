@@ -43,13 +43,15 @@ from .options import FORCING_INITIAL, SolverOptions, forcing_term
 from .pcg import inverse_diagonal, pcg
 from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, resolve_preconditioner
 from .report import IterationLog, SolveResult
+from .vectors import VectorOps, vector_ops
 
 __all__ = ["levenberg_marquardt", "lm_damping", "lm_step_accepted", "lm_update_radius"]
 
 
 def lm_damping(diag, scale, mu, min_lm_diagonal, max_lm_diagonal):
-    """Rule 3: ``D = clamp(diag, min*scale, max*scale) / mu`` (in the dtype of ``diag``)."""
-    diag = np.asarray(diag)
+    """Rule 3: ``D = clamp(diag, min*scale, max*scale) / mu`` (in the dtype of ``diag``; numpy
+    or device arrays, through their ufuncs)."""
+    diag = diag if hasattr(diag, "dtype") else np.asarray(diag)
     dt = diag.dtype.type
     lo = dt(min_lm_diagonal) * scale
     hi = dt(max_lm_diagonal) * scale
@@ -80,23 +82,28 @@ def _emit(opts: SolverOptions, line: str) -> None:
         opts.progress(line)
 
 
-def gradient_stop(g: np.ndarray, diag: np.ndarray, opts: SolverOptions, g0max: float | None = None):
+def gradient_stop(g: np.ndarray, diag: np.ndarray, opts: SolverOptions, g0max: float | None = None,
+                  ops: VectorOps | None = None):
     """Shared by both methods at a linearisation: ``(reason to stop or None, max |g|)``; the
     reasons are a non-finite gradient or diagonal, and the gradient tolerance (relative to
-    ``g0max``, the gradient's max-norm at the start point)."""
-    if not (np.all(np.isfinite(g)) and np.all(np.isfinite(diag))):
+    ``g0max``, the gradient's max-norm at the start point). ``max |g|`` and ``max |diag|`` are
+    fetched together; either is finite exactly when every entry is."""
+    ops = VectorOps(np) if ops is None else ops
+    gmax, dmax = (float(v) for v in ops.scalars(ops.max_abs(g), ops.max_abs(diag))) if g.size \
+        else (0.0, 0.0)
+    if not (math.isfinite(gmax) and math.isfinite(dmax)):
         return "diverged: non-finite gradient or J^T J diagonal at the current iterate", math.inf
-    gmax = float(np.max(np.abs(g))) if g.size else 0.0
     scale = gmax if g0max is None else g0max
     return ("gradient tolerance" if gmax <= opts.gradient_tolerance * scale or gmax == 0.0 else None), gmax
 
 
-def start(problem: Any, x0: np.ndarray) -> tuple[np.dtype, np.ndarray, float]:
-    """Shared by both methods: ``(dtype, x, cost)`` at the start point, or a ValueError for a
-    wrong-length ``x0`` or a non-finite initial cost (naming the first non-finite residual where
-    the problem can say which, ``problem.describe_nonfinite(x)``)."""
+def start(problem: Any, x0: np.ndarray, ops: VectorOps) -> tuple[np.dtype, np.ndarray, float]:
+    """Shared by both methods: ``(dtype, x, cost)`` at the start point (x a copy of ``x0`` in
+    the problem's array module), or a ValueError for a wrong-length ``x0`` or a non-finite
+    initial cost (naming the first non-finite residual where the problem can say which,
+    ``problem.describe_nonfinite(x)``)."""
     dt = np.dtype(problem.dtype)
-    x = np.array(x0, dtype=dt).reshape(-1)
+    x = ops.vector(x0, dt)
     if x.shape[0] != problem.n:
         raise ValueError(f"x0 has length {x.shape[0]}, expected problem.n = {problem.n}")
     cost = float(problem.cost(x))
@@ -154,14 +161,17 @@ class ForcingSequence:
             self.eta = forcing_term(self.eta, g_norm, self.prev[0], self.prev[1], self.minimum)
 
 
-def callback_stops(opts: SolverOptions, entry: IterationLog, x: np.ndarray) -> bool:
-    """The callback's result taken by truth value (``np.True_``, 1, ... stop; None continues)."""
-    return opts.callback is not None and bool(opts.callback(entry, x))
+def callback_stops(opts: SolverOptions, entry: IterationLog, x, ops: VectorOps) -> bool:
+    """The callback's result taken by truth value (``np.True_``, 1, ... stop; None continues).
+    It receives x as a numpy array (device vectors are downloaded for it)."""
+    return opts.callback is not None and bool(opts.callback(entry, ops.to_host(x)))
 
 
 def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResult:
     t_start = time.perf_counter()
-    dt, x, cost = start(problem, x0)
+    ops = vector_ops(problem)
+    xp = ops.xp
+    dt, x, cost = start(problem, x0, ops)
     initial_cost = cost
     log: list[IterationLog] = []
     mu = float(opts.initial_trust_region_radius)
@@ -179,16 +189,17 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
         call_linearize(problem, x)
         if reweights:  # IRLS weights / constant views moved with x: the energy changed
             cost = float(problem.cost(x))
-        g = np.asarray(problem.jtf(x), dtype=dt).reshape(-1)
-        d = np.asarray(problem.jtj_diag(x), dtype=dt).reshape(-1)
+        g = xp.asarray(problem.jtf(x), dtype=dt).reshape(-1)
+        d = xp.asarray(problem.jtj_diag(x), dtype=dt).reshape(-1)
         return g, d
 
     g, diag = linearize()
-    g0max = float(np.max(np.abs(g))) if g.size and np.all(np.isfinite(g)) else 0.0
+    g0max = float(ops.scalars(ops.max_abs(g))[0]) if g.size else 0.0
+    g0max = g0max if math.isfinite(g0max) else 0.0
     if opts.jacobi_scaling:
-        s = (dt.type(1) + np.sqrt(np.maximum(diag, 0))) ** 2  # rule 2, first iteration only
+        s = (dt.type(1) + xp.sqrt(xp.maximum(diag, 0))) ** 2  # rule 2, first iteration only
     else:
-        s = np.ones_like(diag)
+        s = xp.ones_like(diag)
     _emit(opts, f"LM ({dt.name}, preconditioner {preconditioner}): initial cost {cost:.10e}")
     _emit(opts, IterationLog.header())
 
@@ -196,7 +207,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
     numbers: dict = {"g0max": g0max}
     it = 0
     while reason is None:
-        reason, gmax = gradient_stop(g, diag, opts, g0max)
+        reason, gmax = gradient_stop(g, diag, opts, g0max, ops)
         numbers["gmax"] = gmax
         if reason is not None:
             break
@@ -208,14 +219,17 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
         mu_used = mu
         D = lm_damping(diag, s, mu, opts.min_lm_diagonal, opts.max_lm_diagonal)
         jtjp = jtjp_operator(problem, x)
+        damped = getattr(problem, "damped_jtjp_linearized", None)
 
         def apply_A(p, D=D, jtjp=jtjp):
-            out = np.asarray(jtjp(p), dtype=dt)
+            if damped is not None:  # the damping added inside the product (fewer launches)
+                return damped(p, D)
+            out = xp.asarray(jtjp(p), dtype=dt)
             out += D * p
             return out
 
         pcg_kw = dict(max_iterations=pcg_cap, tolerance=forcing.tolerance(), q_tolerance=q_tolerance,
-                      residual_reset_period=opts.residual_reset_period)
+                      residual_reset_period=opts.residual_reset_period, ops=ops)
         if adaptive is not None:
             res = adaptive.solve(apply_A, -g, inverse_diagonal(diag + D, "jacobi"),
                                  lambda D=D: multigrid_preconditioner(problem, x, D), **pcg_kw)
@@ -223,21 +237,22 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             if preconditioner == "multigrid":
                 m_inv = multigrid_preconditioner(problem, x, D)
             else:
-                m_inv = inverse_diagonal(diag + D, preconditioner)
+                m_inv = inverse_diagonal(diag + D, preconditioner, xp=xp)
             res = pcg(apply_A, -g, m_inv, **pcg_kw)
         delta = res.x
-        step_norm = float(np.linalg.norm(delta))
+        step_norm = ops.norm(delta)
         numbers["step_norm"] = step_norm
         dm = dc = rho = float("nan")
         trial_cost = float("nan")
         stop_param = False
         if math.isfinite(step_norm):
-            if step_norm <= opts.parameter_tolerance * (float(np.linalg.norm(x)) + opts.parameter_tolerance):
+            if step_norm <= opts.parameter_tolerance * (ops.norm(x) + opts.parameter_tolerance):
                 stop_param = True
             else:
-                jd = np.asarray(jtjp(delta), dtype=dt)
-                model_grad_norm = float(np.linalg.norm(g + jd))  # forcing: the undamped model
-                dm = -(float(np.dot(g, delta)) + 0.5 * float(np.dot(delta, jd)))
+                jd = xp.asarray(jtjp(delta), dtype=dt)
+                model_grad_norm = ops.norm(g + jd)  # forcing: the undamped model
+                g_delta, delta_jd = ops.scalars(xp.dot(g, delta), xp.dot(delta, jd))
+                dm = -(float(g_delta) + 0.5 * float(delta_jd))
                 x_trial = x + delta
                 trial_cost = float(problem.cost(x_trial))
                 dc = cost - trial_cost if math.isfinite(trial_cost) else float("-inf")
@@ -254,7 +269,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             if dc <= opts.function_tolerance * cost_before:
                 reason = "function tolerance"
             mu, nu = lm_update_radius(mu, nu, rho, True, opts.max_trust_region_radius)
-            forcing.step_taken(float(np.linalg.norm(g)), model_grad_norm)
+            forcing.step_taken(ops.norm(g), model_grad_norm)
         else:
             mu, nu = lm_update_radius(mu, nu, rho, False, opts.max_trust_region_radius)
             if math.isfinite(dc) and abs(dc) <= opts.function_tolerance * cost_before:
@@ -271,14 +286,14 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             wall_time=time.perf_counter() - t0)
         log.append(entry)
         _emit(opts, entry.line())
-        if callback_stops(opts, entry, x) and reason is None:
+        if callback_stops(opts, entry, x, ops) and reason is None:
             reason = "user callback"
         if accepted and reason is None:
             g, diag = linearize()
-            forcing.new_gradient(float(np.linalg.norm(g)))
+            forcing.new_gradient(ops.norm(g))
 
     detail = stop_detail(reason, opts, **numbers)
-    result = SolveResult(x=x, cost=cost, initial_cost=initial_cost, iterations=it,
+    result = SolveResult(x=ops.to_host(x), cost=cost, initial_cost=initial_cost, iterations=it,
                          termination_reason=reason, method="lm", log=log,
                          wall_time=time.perf_counter() - t_start, dtype=dt.name,
                          termination_detail=detail,

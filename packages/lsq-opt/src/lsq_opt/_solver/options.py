@@ -34,11 +34,20 @@ preconditioner             "auto"           "jacobi+multigrid" for energies on o
                                             unknowns: Jacobi-PCG, and a multigrid V-cycle
                                             only for the systems where Jacobi is slow (its
                                             setup costs tens of Jacobi iterations; see
-                                            :mod:`.adaptive`); "jacobi" elsewhere
+                                            :mod:`.adaptive`); "jacobi" elsewhere, and in
+                                            the cuda backend's device loop (multigrid is
+                                            host-only: asking for it there is an error)
 multigrid_min_unknowns     4096
 initial_trust_region_radius 1e8             LM mu_0 (lambda = 1/mu): start close to a
                                             Gauss-Newton step (Ceres and the paper: 1e4);
                                             rejected steps shrink it
+device_loop                True             a cuda plan (``backend="cuda"``): GN / LM / PCG
+                                            with every vector on the device, the host
+                                            fetching only control scalars (see
+                                            :mod:`lsq_opt._compiler.cuda`); False: the
+                                            solvers on the plan's numpy protocol (an upload
+                                            and a download per product). No effect on the
+                                            host backends
 =========================  ===============  ================================================
 """
 from __future__ import annotations
@@ -80,6 +89,7 @@ class SolverOptions:
     verbose: bool = False  # print one flushed line per iteration and the reason the solve stopped
     progress: Callable[[str], Any] | None = None  # receives each formatted progress line
     callback: Callable[..., Any] | None = None  # callback(entry, x); a true result stops ("user callback")
+    device_loop: bool = True  # a cuda plan: the whole solve on the device (False: host protocol)
 
     @classmethod
     def paper(cls, **kw: Any) -> "SolverOptions":

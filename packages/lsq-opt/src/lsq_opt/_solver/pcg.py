@@ -2,7 +2,10 @@
 
 Solves ``A delta = b`` for SPD ``A`` given only ``apply_A(p)`` (matrix-free), starting from
 ``delta = 0``, with a diagonal (Jacobi) preconditioner ``M^-1`` given as a vector.  All work
-vectors stay in the dtype of ``b``.
+vectors stay in the dtype of ``b`` and in its array module (``ops``, :mod:`.vectors`: numpy, or
+CuPy for the cuda backend's all-device loop, where one iteration fetches its scalars in two
+transfers: ``p.q`` for the step, then ``z.r``, ``r.r`` (and ``delta.(r + b)`` for the Q test)
+together).
 
 Loop (spec §4.4, 1-based iteration counter i)::
 
@@ -33,15 +36,16 @@ from typing import Callable
 
 import numpy as np
 
-from ._dot import dot
+from .vectors import VectorOps
 
 __all__ = ["PCGResult", "pcg", "inverse_diagonal", "PRECONDITIONERS"]
 
 PRECONDITIONERS = ("jacobi", "none", "ceres", "modified_ceres", "epsilon", "multigrid")
 
 
-def inverse_diagonal(diag: np.ndarray, kind: str = "jacobi", epsilon: float = 1e-12) -> np.ndarray:
-    """The Jacobi preconditioner ``M^-1`` from the diagonal of the system matrix (spec §4.4, §10.6).
+def inverse_diagonal(diag, kind: str = "jacobi", epsilon: float = 1e-12, xp=np):
+    """The Jacobi preconditioner ``M^-1`` from the diagonal of the system matrix (spec §4.4, §10.6),
+    an array of the array module ``xp`` (numpy, or CuPy for device vectors).
 
     * ``"jacobi"`` (default, the paper's form): ``1/d``, with ``1`` where ``d == 0`` (zero guard
       for unknowns that no residual touches) or ``d`` is not finite/positive.
@@ -50,28 +54,26 @@ def inverse_diagonal(diag: np.ndarray, kind: str = "jacobi", epsilon: float = 1e
     * ``"modified_ceres"``: ``1/(1 + d)``.
     * ``"epsilon"``: ``1/(epsilon + d)``.
     """
-    d = np.asarray(diag)
+    d = xp.asarray(diag)
     one = d.dtype.type(1)
     if kind == "jacobi":
-        ok = np.isfinite(d) & (d > 0)
-        out = np.ones_like(d)
-        out[ok] = one / d[ok]
-        return out
+        ok = xp.isfinite(d) & (d > 0)
+        return xp.where(ok, one / xp.where(ok, d, one), one).astype(d.dtype, copy=False)
     if kind == "none":
-        return np.ones_like(d)
+        return xp.ones_like(d)
     if kind == "ceres":
-        s = one + np.sqrt(np.maximum(d, 0))
+        s = one + xp.sqrt(xp.maximum(d, 0))
         return one / (s * s)
     if kind == "modified_ceres":
-        return one / (one + np.maximum(d, 0))
+        return one / (one + xp.maximum(d, 0))
     if kind == "epsilon":
-        return one / (d.dtype.type(epsilon) + np.maximum(d, 0))
+        return one / (d.dtype.type(epsilon) + xp.maximum(d, 0))
     raise ValueError(f"unknown preconditioner {kind!r}; expected one of {PRECONDITIONERS}")
 
 
 @dataclass
 class PCGResult:
-    x: np.ndarray  # the step delta
+    x: np.ndarray  # the step delta (an array of the module of b)
     iterations: int  # PCG iterations performed
     reason: str  # "tolerance" | "q tolerance" | "max iterations" | "breakdown" | "zero rhs" | "non-finite"
     residual_norm: float  # ||r|| of the (recursively updated or reset) residual at exit
@@ -89,6 +91,7 @@ def pcg(
     tolerance: float = 1e-10,
     q_tolerance: float | None = None,
     residual_reset_period: int = 0,
+    ops: VectorOps | None = None,
 ) -> PCGResult:
     """Solve ``A x = b`` by PCG from ``x = 0`` (see the module docstring for the exact loop).
 
@@ -97,29 +100,32 @@ def pcg(
     ``tolerance``: relative residual ``||r|| / ||b||`` stop (0 disables).
     ``q_tolerance``: Nash-Sofer / Ceres early exit (None disables; LM uses 1e-4).
     ``residual_reset_period``: recompute ``r = b - A x`` every that many iterations (0 disables).
+    ``ops``: the vectors' array module (:class:`.vectors.VectorOps`; default numpy).
     """
-    b = np.asarray(b)
+    ops = VectorOps(np) if ops is None else ops
+    xp = ops.xp
+    b = xp.asarray(b)
     dt = b.dtype
-    x = np.zeros_like(b)
-    b_norm = float(np.linalg.norm(b))
+    x = xp.zeros_like(b)
+    b_norm = ops.norm(b)
     if b_norm == 0.0:
         return PCGResult(x, 0, "zero rhs", 0.0, 0.0, 0)
-    if not np.isfinite(b_norm):
+    if not math.isfinite(b_norm):
         return PCGResult(x, 0, "non-finite", float("nan"), b_norm, 0)
     if callable(m_inv):  # a preconditioner operator (e.g. a multigrid V-cycle)
         def precond(v, out):
             out[...] = m_inv(v)
     else:
-        minv = np.ones_like(b) if m_inv is None else np.asarray(m_inv, dtype=dt)
+        minv = xp.ones_like(b) if m_inv is None else xp.asarray(m_inv, dtype=dt)
 
         def precond(v, out):
-            np.multiply(minv, v, out=out)
+            xp.multiply(minv, v, out=out)
     r = b.copy()
-    z = np.empty_like(b)
+    z = xp.empty_like(b)
     precond(r, z)
     p = z.copy()
-    tmp = np.empty_like(b)
-    rho_old = dt.type(dot(r, z))
+    tmp = xp.empty_like(b)
+    rho_old = dt.type(ops.scalars(ops.dot(r, z))[0])
     Q_prev = 0.0
     q_hist: list = []
     n_apply = 0
@@ -128,9 +134,9 @@ def pcg(
     r_norm = b_norm
     while i < max_iterations:
         i += 1
-        q = np.asarray(apply_A(p), dtype=dt)
+        q = xp.asarray(apply_A(p), dtype=dt)
         n_apply += 1
-        alpha_den = dt.type(dot(p, q))
+        alpha_den = dt.type(ops.scalars(ops.dot(p, q))[0])
         if not np.isfinite(alpha_den):
             reason = "non-finite"
             i -= 1
@@ -140,21 +146,23 @@ def pcg(
             i -= 1
             break
         alpha = dt.type(rho_old / alpha_den)
-        np.multiply(p, alpha, out=tmp)
-        x += tmp
+        ops.axpy(alpha, p, x, tmp)
         if residual_reset_period and i % residual_reset_period == 0:
-            r = b - np.asarray(apply_A(x), dtype=dt)
+            r = b - xp.asarray(apply_A(x), dtype=dt)
             n_apply += 1
         else:
-            np.multiply(q, alpha, out=tmp)
-            r -= tmp
+            ops.axpy(-alpha, q, r, tmp)
         precond(r, z)
-        rho_new = dt.type(dot(z, r))
+        dots = [ops.dot(z, r), ops.dot(r, r)]
+        if q_tolerance is not None:
+            xp.add(r, b, out=tmp)
+            dots.append(ops.dot(x, tmp))
+        rho_new, rr, *q_dot = ops.scalars(*dots)
+        rho_new = dt.type(rho_new)
         beta = dt.type(rho_new / rho_old) if rho_old > 0 else dt.type(0)
-        p *= beta
-        p += z
+        ops.scale_add(beta, p, z)
         rho_old = rho_new
-        r_norm = math.sqrt(float(dot(r, r)))
+        r_norm = math.sqrt(float(rr))
         if not np.isfinite(r_norm):
             reason = "non-finite"
             break
@@ -162,8 +170,7 @@ def pcg(
             reason = "tolerance"
             break
         if q_tolerance is not None:
-            np.add(r, b, out=tmp)
-            Q = 0.5 * float(dot(x, tmp))
+            Q = 0.5 * float(q_dot[0])
             q_hist.append(Q)
             if Q != 0.0 and i * (Q - Q_prev) / Q < q_tolerance:
                 reason = "q tolerance"

@@ -62,8 +62,14 @@ def resolve_preconditioner(problem: Any, opts) -> str:
     (:mod:`.adaptive`: Jacobi, multigrid for the systems where Jacobi is slow) for an energy on
     one grid (``problem.is_grid_energy``, with ``jtj_matrix`` and ``unknown_coords``) of at
     least ``opts.multigrid_min_unknowns`` unknowns, where Jacobi-PCG can need a number of
-    iterations growing with the grid diameter; Jacobi elsewhere (graphs, small problems)."""
+    iterations growing with the grid diameter; Jacobi elsewhere (graphs, small problems, and
+    device problems: the cuda backend's all-device loop, whose vectors multigrid cannot take)."""
     kind = opts.preconditioner
+    if kind in ("multigrid", "jacobi+multigrid") and getattr(problem, "xp", np) is not np:
+        raise ValueError(
+            f"preconditioner={kind!r} builds its hierarchy on the host (scipy) and cannot precondition "
+            "the all-device solver loop of the cuda backend; use 'jacobi' (what 'auto' picks there), "
+            "'none', 'ceres', 'modified_ceres' or 'epsilon', or solve(..., device_loop=False)")
     if kind != "auto":
         return kind
     grid = (getattr(problem, "is_grid_energy", False) and hasattr(problem, "jtj_matrix")
@@ -100,7 +106,9 @@ def _add_to_diagonal(A, shift):
 def jtjp_operator(problem: Any, x: np.ndarray):
     """``p -> J(x)^T J(x) p`` for the PCG loop. A problem with a ``linearize`` hook may also
     define ``jtjp_linearized(p)`` (J^T J p at the x of the last ``linearize`` call, skipping the
-    per-call check that x is still the linearisation point); it is used when present."""
+    per-call check that x is still the linearisation point); it is used when present. (LM also
+    uses ``damped_jtjp_linearized(p, D)`` = J^T J p + D p where a problem defines it: the cuda
+    device problem, which adds the damping inside its product kernel.)"""
     fast = getattr(problem, "jtjp_linearized", None)
     if fast is not None and getattr(problem, "linearize", None) is not None:
         return fast

@@ -26,7 +26,12 @@ def solve(problem: Any, x0: np.ndarray, method: str = "lm", *, options: SolverOp
     ``max_lm_diagonal`` (aliases ``min_diagonal`` / ``max_diagonal``), ``min_relative_decrease``,
     ``jacobi_scaling``, ``preconditioner`` ("jacobi" | "none" | "ceres" | "modified_ceres" |
     "epsilon"), ``verbose``, ``progress`` (callable receiving each progress line), ``callback``
-    (``callback(entry, x)``; returning True stops with "user callback").
+    (``callback(entry, x)``; returning True stops with "user callback"), ``device_loop``.
+
+    A cuda plan (``compile_problem(..., backend="cuda")``) is solved on the device: the same
+    GN / LM / PCG code runs over its ``device_problem()`` with every vector in device memory
+    (``device_loop=False``: over the plan's numpy protocol instead). ``x0`` may be a numpy or
+    a device array; ``result.x`` and the callback's x are numpy arrays either way.
 
     Work vectors are kept in ``problem.dtype``.  Raises ``ValueError`` if the initial cost is not
     finite.  The returned ``x`` is always finite-cost (the last accepted iterate).
@@ -36,8 +41,16 @@ def solve(problem: Any, x0: np.ndarray, method: str = "lm", *, options: SolverOp
     elif kwargs:
         options = SolverOptions.from_kwargs(**{**options.__dict__, **kwargs})
     m = method.lower()
-    if m in ("lm", "levenberg-marquardt", "levenberg_marquardt"):
-        return levenberg_marquardt(problem, x0, options)
-    if m in ("gn", "gauss-newton", "gauss_newton"):
-        return gauss_newton(problem, x0, options)
-    raise ValueError(f"unknown method {method!r}; expected 'lm' or 'gn'")
+    methods = {"lm": levenberg_marquardt, "levenberg-marquardt": levenberg_marquardt,
+               "levenberg_marquardt": levenberg_marquardt, "gn": gauss_newton,
+               "gauss-newton": gauss_newton, "gauss_newton": gauss_newton}
+    if m not in methods:
+        raise ValueError(f"unknown method {method!r}; expected 'lm' or 'gn'")
+    device = problem.device_problem() if options.device_loop and hasattr(problem, "device_problem") \
+        else None
+    if device is None:
+        return methods[m](problem, x0, options)
+    try:
+        return methods[m](device, x0, options)
+    finally:
+        device.finish()

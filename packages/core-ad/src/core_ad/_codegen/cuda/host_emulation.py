@@ -82,40 +82,61 @@ def translation_unit(kernels) -> tuple[str, dict]:
 class HostKernels:
     """``kernels`` (``(name, source)`` pairs) compiled for the CPU in one translation unit with
     :data:`SHIM` (``g++ -O1 -ffp-contract=off``: no FMA contraction, so float arithmetic
-    matches numpy's exactly). ``function(name, source)`` is the ctypes function of a kernel.
+    matches numpy's exactly). ``function(name, source)`` is the ctypes function of a kernel;
+    with ``compile_missing=True`` a kernel not in the unit is compiled on first request into
+    a unit of its own (for kernels generated at run time, e.g. per bound problem).
     RuntimeError if ``g++`` is missing or fails."""
 
-    def __init__(self, kernels, directory, flags=("-O1",)):
-        gxx = shutil.which("g++")
-        if gxx is None:
+    def __init__(self, kernels, directory, flags=("-O1",), compile_missing=False):
+        self.gxx = shutil.which("g++")
+        if self.gxx is None:
             raise RuntimeError("host emulation of CUDA kernels needs g++ on PATH")
-        text, self.symbols = translation_unit(kernels)
-        d = Path(directory)
-        src, lib = d / "host_kernels.cpp", d / "host_kernels.so"
+        self.directory, self.flags, self.compile_missing = Path(directory), tuple(flags), compile_missing
+        self.libs = []
+        self.symbols = {}
+        self._compile(kernels)
+
+    def _compile(self, kernels):
+        text, symbols = translation_unit(kernels)
+        stem = f"host_kernels{len(self.libs) or ''}"
+        src, lib = self.directory / f"{stem}.cpp", self.directory / f"{stem}.so"
         src.write_text(SHIM + text)
-        r = subprocess.run([gxx, "-std=c++17", *flags, "-ffp-contract=off", "-fno-fast-math",
-                            "-w", "-shared", "-fPIC", str(src), "-o", str(lib)],
+        r = subprocess.run([self.gxx, "-std=c++17", *self.flags, "-ffp-contract=off",
+                            "-fno-fast-math", "-w", "-shared", "-fPIC", str(src), "-o", str(lib)],
                            capture_output=True, text=True, timeout=600)
         if r.returncode != 0:
             raise RuntimeError(f"g++ failed on the host emulation unit {src}:\n"
                                + r.stderr[-4000:])
-        self.lib = ctypes.CDLL(str(lib))
-        self.lib.core_ad_host_thread.restype = None
+        handle = ctypes.CDLL(str(lib))
+        handle.core_ad_host_thread.restype = None
+        self.libs.append(handle)
+        self.symbols.update({key: (handle, sym) for key, sym in symbols.items()})
+
+    @property
+    def lib(self):
+        """The library of the first unit (the kernels given to the constructor)."""
+        return self.libs[0]
 
     def function(self, name: str, source: str):
-        sym = self.symbols.get((name, source))
-        if sym is None:
+        hit = self.symbols.get((name, source))
+        if hit is None and self.compile_missing:
+            self._compile([(name, source)])
+            hit = self.symbols[(name, source)]
+        if hit is None:
             raise KeyError(f"kernel {name!r} with this source is not in the host library"
                            " (compile every kernel the test launches into it)")
-        f = getattr(self.lib, sym)
+        handle, sym = hit
+        f = getattr(handle, sym)
         f.restype = None
+        f.core_ad_thread = handle.core_ad_host_thread  # its unit's thread-index setter
         return f
 
     def launch(self, f, grid: int, block: int, args) -> None:
         """Every thread of a ``grid`` x ``block`` launch of ``f``, one after the other."""
+        set_thread = f.core_ad_thread
         for b in range(grid):
             for t in range(block):
-                self.lib.core_ad_host_thread(b, t, grid, block)
+                set_thread(b, t, grid, block)
                 f(*args)
 
 
@@ -235,6 +256,7 @@ _FUNCTIONS = ("zeros", "ones", "empty", "full", "zeros_like", "ones_like", "empt
               "arange", "indices", "stack", "concatenate", "where", "broadcast_to", "dot",
               "sqrt", "abs", "maximum", "minimum", "isfinite", "sum", "ascontiguousarray",
               "array_equal", "flatnonzero", "logical_and", "logical_or", "logical_not")
+_UFUNCS = ("add", "multiply")  # with ``.at`` (``cupy.add.at``: unbuffered a[idx] += v)
 _DTYPES = ("bool_", "int32", "int64", "uint64", "float32", "float64")
 
 
@@ -247,6 +269,23 @@ def _module_function(name):
 
     call.__name__ = name
     return call
+
+
+class _Ufunc:
+    """A ufunc of the stand-in module: called like the module's functions, plus ``at``."""
+
+    def __init__(self, name):
+        self.__name__ = name
+        self._ufunc = getattr(np, name)
+        self._call = _module_function(name)
+
+    def __call__(self, *args, **kwargs):
+        return self._call(*args, **kwargs)
+
+    def at(self, a, indices, values=None):
+        what = f"cupy.{self.__name__}.at"
+        args = (_to_host_operand(a, what), _to_host_operand(indices, what))
+        self._ufunc.at(*args, *(() if values is None else (_to_host_operand(values, what),)))
 
 
 def _upload(a, dtype=None):
@@ -268,6 +307,10 @@ def _scatter_add(a, slices, value):
               _to_host_operand(value, "cupyx.scatter_add"))
 
 
+# numpy scalar kernel arguments -> their C types (CuPy passes numpy scalars by value)
+_SCALAR_ARGS = {np.int64: ctypes.c_longlong, np.float32: ctypes.c_float, np.float64: ctypes.c_double}
+
+
 def stand_in_cupy(host: HostKernels, block: int = launcher.BLOCK):
     """``(cupy, cupyx)`` stand-in modules over :class:`HostDeviceArray`, whose ``RawKernel``
     runs ``host``'s compiled kernels (every launch must use blocks of ``block`` threads).
@@ -277,6 +320,8 @@ def stand_in_cupy(host: HostKernels, block: int = launcher.BLOCK):
     cp.ndarray = HostDeviceArray
     for name in _FUNCTIONS:
         setattr(cp, name, _module_function(name))
+    for name in _UFUNCS:
+        setattr(cp, name, _Ufunc(name))
     for name in _DTYPES:
         setattr(cp, name, getattr(np, name))
     cp.asarray = _upload
@@ -298,11 +343,12 @@ def stand_in_cupy(host: HostKernels, block: int = launcher.BLOCK):
             for a in args:
                 if isinstance(a, HostDeviceArray):
                     conv.append(ctypes.c_void_p(a.host.ctypes.data))
-                elif isinstance(a, np.int64):
-                    conv.append(ctypes.c_longlong(int(a)))
+                elif type(a) in _SCALAR_ARGS:
+                    conv.append(_SCALAR_ARGS[type(a)](a.item()))
                 else:
                     raise TypeError(f"{self.name}: kernel argument of type {type(a).__name__};"
-                                    " expected device arrays and numpy.int64 scalars")
+                                    " expected device arrays and numpy.int64 / float32 / float64"
+                                    " scalars (passed by value, as CuPy does)")
             cp.launches += 1
             host.launch(self.f, grid[0], block, conv)
 
