@@ -59,4 +59,6 @@ def test_zero_throughput_lanes_stay_local():  # CA-APP-4
     assert np.all(np.isfinite(g[~dead])) and np.all(np.isfinite(H[~dead]))
     assert not np.all(np.isfinite(g[dead]))  # flagged lanes are visibly non-finite
     ref = ad.hessian(lambda v: log_f(v[None, :])[0])(x[1])
-    np.testing.assert_allclose(H[1], ref, rtol=1e-12)
+    # atol: entries that cancel to exactly 0 in one evaluation order are ~1e-17 in another
+    # (the fused kernels of lazy mode); the Hessian's scale is 1
+    np.testing.assert_allclose(H[1], ref, rtol=1e-12, atol=1e-15)

@@ -31,7 +31,10 @@ def test_checkpoint_matches_plain_and_stores_boundaries():  # CA-CKP-1
     g_plain = ad.grad(plain, (0, 1))(h0, w0)
     g_ckpt = ad.grad(ckpt, (0, 1))(h0, w0)
     for a, b in zip(g_plain, g_ckpt):
-        np.testing.assert_array_equal(a, b)  # same op order: bitwise equal
+        if ad.is_lazy():  # the two paths fuse into different kernels: rounding may differ
+            np.testing.assert_allclose(a, b, rtol=1e-14)
+        else:
+            np.testing.assert_array_equal(a, b)  # same op order: bitwise equal
     h, w = ad.Array(h0, requires_grad=True), ad.Array(w0, requires_grad=True)
     out = ad.checkpoint(lambda a, b: _unrolled(a, b, 50), h, w)
     assert len(ad._tracing._toposort([out])) == 3  # the two inputs and one checkpoint node

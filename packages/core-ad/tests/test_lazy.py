@@ -59,8 +59,11 @@ def test_repeated_iterations_hit_the_kernel_cache(xy):
         assert _lazy.stats()["compiled"] == compiled
 
 
-def test_lazy_switch_restores_the_eager_mode():
-    assert not ad.is_lazy()
+def test_lazy_switch_restores_the_previous_mode():
+    before = ad.is_lazy()  # eager, or lazy when the suite runs with CORE_AD_LAZY=1
     with ad.lazy():
         assert ad.is_lazy()
-    assert not ad.is_lazy()
+        with ad.lazy(False):
+            assert not ad.is_lazy()
+        assert ad.is_lazy()
+    assert ad.is_lazy() == before

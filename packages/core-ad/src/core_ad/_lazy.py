@@ -67,7 +67,13 @@ class Scope:
         hit = self.leaves.get(id(arr))
         if hit is not None:
             return hit[0]
-        v = sym.var(f"_lazy{len(self.leaves)}_{arr.dtype.str[1:]}", arr.dtype)
+        name = f"_lazy{len(self.leaves)}_{arr.dtype.str[1:]}"
+        # the symbolic engine takes leaves as finite and drops NaN-safe guards on that basis:
+        # a buffer holding inf or NaN gets a leaf that says otherwise
+        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+            v = sym.leaf("lazy", name, arr.dtype, finite=False)
+        else:
+            v = sym.var(name, arr.dtype)
         self.leaves[id(arr)] = (v, arr)
         return v
 
@@ -260,7 +266,7 @@ def evaluate_scope(scope: Scope | None = None):
             if e not in index:
                 index[e] = len(outs)
                 outs.append(e)
-        leaves = sorted(sym.free_vars(outs), key=lambda v: int(v.name[5:].split("_")[0]))
+        leaves = sorted(sym.free_leaves(outs), key=lambda v: int(v.key[5:].split("_")[0]))
         from ._codegen.cache import KERNELS
 
         misses = KERNELS.misses

@@ -376,7 +376,7 @@ def _freeze_key(key, where):
     return key
 
 
-def leaf(kind: str, key, dtype="float64") -> Leaf:
+def leaf(kind: str, key, dtype="float64", *, finite: bool = True) -> Leaf:
     """A custom, hash-consed leaf: an independent input of a sibling DSL.
 
     ``kind`` is a string naming the leaf family (``"X"`` for an Opt-like unknown image,
@@ -385,6 +385,10 @@ def leaf(kind: str, key, dtype="float64") -> Leaf:
     ``(kind, key, dtype)`` always gives the same node. Leaves can be differentiated with respect
     to (:func:`core_ad.sym.diff`, :func:`core_ad.sym.grad`) and are inputs of
     :func:`core_ad.sym.compile`. ``leaf("var", name)`` is :func:`var`.
+
+    Leaves are taken to hold finite values (so a local partial built from them alone is
+    provably finite, and NaN-safe products simplify to plain ones); ``finite=False`` makes a
+    distinct leaf for values that may be infinite or NaN (a lazy array's buffer, say).
     """
     if not isinstance(kind, str) or not kind:
         raise TypeError(f"leaf: kind must be a non-empty string, got {kind!r}")
@@ -399,10 +403,11 @@ def leaf(kind: str, key, dtype="float64") -> Leaf:
         object.__setattr__(n, "kind", kind)
         object.__setattr__(n, "key", key)
         object.__setattr__(n, "dtype", dt)
-        object.__setattr__(n, "flags", F_FINITE)
+        object.__setattr__(n, "flags", F_FINITE if finite else 0)
         return n
 
-    return _intern(("leaf", kind, key, dt), make)
+    return _intern(("leaf", kind, key, dt) if finite else ("leaf", kind, key, dt, "nonfinite"),
+                   make)
 
 
 def var(name: str, dtype="float64") -> Var:
