@@ -13,7 +13,10 @@ into a contribution to ``d_g``:
 * variables left unsolved become reduction dimensions over ``f``'s inferred region (pure
   Vars) or their own RDom (RVars);
 * an argument that cannot be solved (clamped or data-dependent) keeps its expression on the
-  left-hand side: a general **scatter** ``d_g[e(r)] += ...`` over the whole domain.
+  left-hand side: a **scatter** ``d_g[e(r)] += ...``; with no argument solved it is general,
+  over the whole domain, else a partial gather, pure (race-free) in the solved dimensions,
+  whose scattered arguments may read them (``d_grid[x, y, fz(x.., y..), c] += ...``,
+  Listing 1).
 
 Solved variables are replaced by ``clamp(solution, lo, hi)`` and the contribution is masked
 by ``lo <= solution <= hi``, so every forward read stays where the forward pipeline read
