@@ -68,6 +68,13 @@ def modules(op):
     return {"st": spatial_transformer, "flow": flow_warp}.get(op, bilateral_slice)
 
 
+# The paper's theta (a transpose) samples exactly at pixel centres, where the bilinear weights
+# have kinks: d theta is a one-sided derivative there, and affine_grid's base grid (linspace
+# scaled by (w - 1) / w, then a batched matmul) rounds the positions to either side of the
+# integer, so grid_sample's d theta differs from ours (and from the gather version, which
+# computes the positions as we do) by O(1). Output and d image agree.
+KINKS = {("st", "torch grid_sample"): ("d_theta",)}
+
 WRT = {"st": ("image", "theta"), "flow": ("image", "warp"), "bs": ("grid", "guide", "image")}
 
 
@@ -211,7 +218,10 @@ def run_op(op, args, hl, torch, jax, notes):
             continue
         got = [bench.to_numpy(v) for v in f()]
         diffs = {k: bench.max_rel_diff(a, b) for k, a, b in zip(names, got, ref)}
+        kinked = {k: diffs.pop(k) for k in KINKS.get((op, name), ())}
         ok[name] = bench.report_agreement(name, diffs, tol=args.tol, width=22)
+        for k, v in kinked.items():
+            print(f"  {'':22s} {k} rel diff {v:.2e}: not checked (sampled on kinks, see KINKS)")
     timed = {k: v for k, v in cases.items() if ok.get(k, True)}
     res = bench.compare(timed, repeats=args.repeats, warmup=1)
     bench.side_by_side(res, "halide_ad auto", first_calls=first, title=title)

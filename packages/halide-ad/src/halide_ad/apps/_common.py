@@ -116,13 +116,15 @@ def check_shape(name, a, ndim, what):
         raise ValueError(f"{name} must be {what}, got shape {np.shape(a)}")
 
 
-def bilinear(hl, t, src, ix, iy, rest):
+def bilinear(hl, t, src, ix, iy, rest, hi=None):
     """Bilinear sample of ``src[ix, iy, *rest]`` at float coordinates (pixel centres at integer
-    positions): the four corners ``floor(ix) + {0, 1}`` x ``floor(iy) + {0, 1}`` weighted by the
-    fractional parts. ``src`` supplies the boundary (it is read at ``floor - 0 .. floor + 1``)."""
-    fx, fy = hl.floor(ix), hl.floor(iy)
-    wx, wy = ix - fx, iy - fy
-    x0, y0 = hl.i32(fx), hl.i32(fy)
+    positions): the four corners ``x0 + {0, 1}`` x ``y0 + {0, 1}``, ``x0 = floor(ix)``, weighted
+    by ``ix - x0`` (``iy`` alike). ``src`` supplies the boundary (it is read at ``x0 .. x0 + 1``);
+    ``hi = (hx, hy)`` caps ``x0, y0`` (the weight of the far corner then reaches 1)."""
+    x0, y0 = hl.i32(hl.floor(ix)), hl.i32(hl.floor(iy))
+    if hi is not None:
+        x0, y0 = hl.min(x0, hi[0]), hl.min(y0, hi[1])
+    wx, wy = ix - hl.cast(t, x0), iy - hl.cast(t, y0)
     return ((src[(x0, y0) + rest] * (1.0 - wx) + src[(x0 + 1, y0) + rest] * wx) * (1.0 - wy)
             + (src[(x0, y0 + 1) + rest] * (1.0 - wx) + src[(x0 + 1, y0 + 1) + rest] * wx) * wy)
 
