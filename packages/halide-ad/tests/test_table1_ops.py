@@ -150,3 +150,23 @@ def test_bad_inputs_are_refused():
         bilateral_slice.build(hl, np.zeros((1, 4, 2, 2, 2), np.float32), guide, img)
     with pytest.raises(ValueError, match="integer cell size"):
         bilateral_slice.build(hl, np.zeros((1, 3, 2, 3, 3), np.float32), guide, img)
+
+
+def test_bilateral_slice_grid_adjoint_is_a_partial_gather():
+    """Listing 1: the adjoint of the (boundary-wrapped) grid has one update per trilinear
+    corner, pure in the cell's x and y, the channel and the image (each cell gathers the
+    pixels of its preimage, race-free), scattering only in z (the guide's bin); auto_schedule
+    loops over the channels innermost, as the scattered z does not depend on them."""
+    app = bilateral_slice.build(hl, *_inputs("bilateral_slice", np.float32, False))
+    d = hl.propagate_adjoints(app.output, np.ones(list(reversed(app.sizes["output"])),
+                                                  np.float32))
+    d_src = d[app.funcs["src"]]
+    names = [v.name() for v in d_src.args()]
+    updates = d_src.definitions()[1:]
+    assert len(updates) == 8
+    for u in updates:
+        assert u.pure_var_names() == names[:2] + names[3:]
+    d_grid = d[app.buffers["grid"]]
+    s = hl.auto_schedule([d_grid], {d_grid: list(reversed(app.buffers["grid"].numpy().shape))})
+    done = [s.stages[f"{s.key(d_src)}.update({k})"] for k in range(8)]
+    assert all(ds[0].startswith(f"reorder({names[3]} innermost") for ds in done), done

@@ -15,7 +15,10 @@ Decisions, in order (spec §4.2 normative rules, §4.3 default thresholds):
 3. **Pure definitions** of root Funcs: 16x16 tiles over two dimensions large enough, the tile
    index fused and parallel, the inner tile row vectorised by 8; else 256-wide strips of the
    largest dimension; else serial.
-4. **Updates**: when the pure dimensions cannot be tiled but the RVars can, ``rfactor``
+4. **Updates**: a scatter whose scattered coordinates do not read some pure Vars loops over
+   those innermost (the coordinates computed once for all of them) and in parallel over the
+   others, when they give ``min_threads`` iterations. Otherwise, when the pure dimensions
+   cannot be tiled but the RVars can, ``rfactor``
    (only when the update is provably an associative ``+ * min max`` reduction). 2-D: the
    first large RVar becomes a pure dimension of the intermediate, whose column-wise partial
    reductions are parallel over 16-wide strips and vectorised. 1-D: the long RVar is split
