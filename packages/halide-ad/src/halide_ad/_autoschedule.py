@@ -15,7 +15,10 @@ Decisions, in order (spec §4.2 normative rules, §4.3 default thresholds):
 3. **Pure definitions** of root Funcs: 16x16 tiles over two dimensions large enough, the tile
    index fused and parallel, the inner tile row vectorised by 8; else 256-wide strips of the
    largest dimension; else serial.
-4. **Updates**: when the pure dimensions cannot be tiled but the RVars can, ``rfactor``
+4. **Updates**: a scatter whose scattered coordinates do not read some pure Vars loops over
+   those innermost (the coordinates computed once for all of them) and in parallel over the
+   others, when they give ``min_threads`` iterations. Otherwise, when the pure dimensions
+   cannot be tiled but the RVars can, ``rfactor``
    (only when the update is provably an associative ``+ * min max`` reduction). 2-D: the
    first large RVar becomes a pure dimension of the intermediate, whose column-wise partial
    reductions are parallel over 16-wide strips and vectorised. 1-D: the long RVar is split
@@ -358,6 +361,10 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
     pure = [(n, ext[n]) for n in d.pure_var_names()]
     rvars = _rvar_extents(ldef, values)
     stage = f.update(k)
+    done = _scatter_order(stage, d, pure, opts)
+    if done is not None:
+        result.stages[where] = done
+        return
     if _tiling(pure, opts) is None:
         large = [(rv, e) for rv, e in rvars if e >= opts.tile_w]
         longest = max(rvars, key=lambda p: p[1], default=(None, 0))
@@ -390,6 +397,33 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
         done = [f"parallel({' * '.join(names)})"]
     result.stages.setdefault(where, [])
     result.stages[where] += done or []
+
+
+def _scatter_order(stage, d, pure, opts):
+    """A scatter (some left-hand-side argument is not its pure Var) with pure Vars that no
+    scattered argument reads: those Vars go innermost, inside the RVars, so the scattered
+    coordinates and everything else invariant in them are computed once for all of them (a
+    bilateral-grid adjoint ``d_grid(x, y, fz(pixel), c, n) += ...`` loops over the channels
+    ``c`` per pixel, as a hand-written kernel would); the other pure Vars are fused and
+    parallel (race-free: each writes its own slice). Returns the directives, or None when there
+    is no such Var or the outer Vars give fewer than ``min_threads`` parallel iterations."""
+    names = d.func._pure_arg_names
+    args = [a for k, a in enumerate(d.args) if not (E.is_var(a) and a.key == names[k])]
+    if not args or not d.rvars():
+        return None
+    scattered = {v.key for a in args for v in sym.free_leaves(a) if E.is_var(v)}
+    inner = [n for n, _ in pure if n not in scattered]
+    outer = [(n, e) for n, e in pure if n in scattered]
+    if not inner or not outer or int(np.prod([e for _, e in outer])) < opts.min_threads:
+        return None
+    rv = [dm.name for dm in stage._definition().schedule.dims if not dm.pure]
+    stage.reorder(inner + rv + [n for n, _ in outer])
+    out = [n for n, _ in outer]
+    for a, b in zip(out, out[1:]):
+        stage.fuse(a, b, b)
+    stage.parallel(out[-1])
+    return [f"reorder({', '.join(inner)} innermost: not read by the scattered coordinates)",
+            f"parallel({' * '.join(out)})"]
 
 
 def _rfactor_1d(f, k, rv, extent, opts):

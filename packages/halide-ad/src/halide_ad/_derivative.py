@@ -13,7 +13,10 @@ into a contribution to ``d_g``:
 * variables left unsolved become reduction dimensions over ``f``'s inferred region (pure
   Vars) or their own RDom (RVars);
 * an argument that cannot be solved (clamped or data-dependent) keeps its expression on the
-  left-hand side: a general **scatter** ``d_g[e(r)] += ...`` over the whole domain.
+  left-hand side: a **scatter** ``d_g[e(r)] += ...``; with no argument solved it is general,
+  over the whole domain, else a partial gather, pure (race-free) in the solved dimensions,
+  whose scattered arguments may read them (``d_grid[x, y, fz(x.., y..), c] += ...``,
+  Listing 1).
 
 Solved variables are replaced by ``clamp(solution, lo, hi)`` and the contribution is masked
 by ``lo <= solution <= hi``, so every forward read stays where the forward pipeline read
@@ -444,15 +447,6 @@ class _Adjoints:
                 new_dims += dims
                 done[i] = True
                 progress = True
-        lhs = []
-        for i, a in enumerate(args):
-            if done[i]:
-                lhs.append(us[i])
-                continue
-            a_sub = sym.substitute(a, solved) if solved else a
-            if _uses(a_sub, set(us)) or (solved and _uses(a, set(solved))):
-                return self._scatter(args, adj, domain, predicate)
-            lhs.append(a_sub)  # a partial gather: solved dimensions stay pure (race-free)
         # clamp the solutions into their variables' ranges, mask outside
         subst = {}
         for v, s in solved.items():
@@ -463,7 +457,12 @@ class _Adjoints:
         rdims = [(leaf, lo, ext) for leaf, (lo, ext) in domain.items() if leaf not in solved]
         rdims += new_dims
         value = sym.substitute(adj, subst) if subst else adj
-        lhs = [sym.substitute(a, subst) if subst else a for a in lhs]
+        # a partial gather: the solved dimensions are pure (race-free); an unsolved argument
+        # may read them (Listing 1's d_grid(x, y, fz(guide(x.., y..)), c) += ...: the z of a
+        # pixel of the cell's preimage); it reads the clamped solutions, so a masked-off term
+        # still writes (zero) inside the region
+        lhs = [us[i] if done[i] else sym.substitute(a, subst) if subst else a
+               for i, a in enumerate(args)]
         mask = None
         for mk in masks + ([predicate] if predicate is not None else []):
             mk = sym.substitute(mk, subst) if subst else mk
@@ -475,10 +474,6 @@ class _Adjoints:
         rdims = [(leaf, sym.substitute(lo, to_pure), sym.substitute(ext, to_pure))
                  for leaf, lo, ext in rdims]
         return _Contribution(lhs, value, rdims, mask)
-
-    def _scatter(self, args, adj, domain, predicate):
-        rdims = [(leaf, lo, ext) for leaf, (lo, ext) in domain.items()]
-        return _Contribution(list(args), adj, rdims, predicate)
 
     # ---- building the adjoint Funcs -----------------------------------------------------
     def _materialise(self, obj, name, t, dims, contribs):

@@ -11,7 +11,9 @@ same code defines the pipeline on ``halide_ad`` and on Halide 21 (``import halid
     ref = blur.reference(img)               # independent numpy implementation
 
 Modules: ``gamma``, ``blur``, ``conv2d``, ``histogram``, ``upsample``, ``bilateral_grid``,
-``local_laplacian``. Layout: grey images are numpy ``(h, w)``, colour images planar numpy
+``local_laplacian``; and the differentiable operators of the paper's Table 1,
+``spatial_transformer``, ``flow_warp`` and ``bilateral_slice`` (batched ``(n, c, h, w)``
+tensors; ``build`` plus PyTorch references; gradients via ``_common.adjoint_pipeline``). Layout: grey images are numpy ``(h, w)``, colour images planar numpy
 ``(c, h, w)``; the pipelines index them as ``img[x, y]`` / ``img[x, y, c]`` because
 ``hl.Buffer(ndarray)`` reverses the axes. See ``_common`` for the ``App`` record.
 
@@ -19,11 +21,14 @@ Nothing here imports ``halide`` or ``halide_ad``: the module is an argument.
 """
 from . import (
     bilateral_grid,
+    bilateral_slice,
     blur,
     conv2d,
+    flow_warp,
     gamma,
     histogram,
     local_laplacian,
+    spatial_transformer,
     upsample,
 )
 from ._common import SCHEDULES, App
@@ -31,5 +36,8 @@ from ._common import SCHEDULES, App
 APPS = ("gamma", "blur", "conv2d", "histogram", "upsample", "bilateral_grid",
         "local_laplacian")
 
-__all__ = ["APPS", "SCHEDULES", "App", "bilateral_grid", "blur", "conv2d", "gamma",
-           "histogram", "local_laplacian", "upsample"]
+OPERATORS = ("spatial_transformer", "flow_warp", "bilateral_slice")
+
+__all__ = ["APPS", "OPERATORS", "SCHEDULES", "App", "bilateral_grid", "bilateral_slice", "blur",
+           "conv2d", "flow_warp", "gamma", "histogram", "local_laplacian",
+           "spatial_transformer", "upsample"]

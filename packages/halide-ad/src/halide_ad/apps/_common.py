@@ -98,3 +98,49 @@ NUMPY_PAD_MODE = {
     "mirror_interior": "reflect",   # edge pixel not repeated: c b | a b c | b a
     "repeat_image": "wrap",
 }
+
+
+# ---- the differentiable operators (spatial_transformer, flow_warp, bilateral_slice) ----------
+def float_type(hl, *arrays):
+    """``(numpy dtype, hl Type)`` shared by ``arrays``: all float32 or all float64."""
+    kinds = {np.asarray(a).dtype for a in arrays}
+    if len(kinds) != 1 or next(iter(kinds)) not in (np.float32, np.float64):
+        raise ValueError("the inputs must all be float32 or all float64, got "
+                         + ", ".join(sorted(str(k) for k in kinds)))
+    dt = next(iter(kinds))
+    return dt, hl.Float(8 * dt.itemsize)
+
+
+def check_shape(name, a, ndim, what):
+    if np.ndim(a) != ndim:
+        raise ValueError(f"{name} must be {what}, got shape {np.shape(a)}")
+
+
+def bilinear(hl, t, src, ix, iy, rest, hi=None):
+    """Bilinear sample of ``src[ix, iy, *rest]`` at float coordinates (pixel centres at integer
+    positions): the four corners ``x0 + {0, 1}`` x ``y0 + {0, 1}``, ``x0 = floor(ix)``, weighted
+    by ``ix - x0`` (``iy`` alike). ``src`` supplies the boundary (it is read at ``x0 .. x0 + 1``);
+    ``hi = (hx, hy)`` caps ``x0, y0`` (the weight of the far corner then reaches 1)."""
+    x0, y0 = hl.i32(hl.floor(ix)), hl.i32(hl.floor(iy))
+    if hi is not None:
+        x0, y0 = hl.min(x0, hi[0]), hl.min(y0, hi[1])
+    wx, wy = ix - hl.cast(t, x0), iy - hl.cast(t, y0)
+    return ((src[(x0, y0) + rest] * (1.0 - wx) + src[(x0 + 1, y0) + rest] * wx) * (1.0 - wy)
+            + (src[(x0, y0 + 1) + rest] * (1.0 - wx) + src[(x0 + 1, y0 + 1) + rest] * wx) * wy)
+
+
+def adjoint_pipeline(hl, app, d_output, wrt, schedule=True, **options):
+    """``(Pipeline, [Funcs], [numpy arrays])`` computing ``app.output`` and the adjoints of the
+    input Buffers named in ``wrt`` (``app.buffers`` keys) for the output cotangent
+    ``d_output`` (numpy, the output's shape), auto-scheduled with ``hl.auto_schedule(**options)``
+    unless ``schedule`` is False. ``Pipeline.realize(arrays)``-style use: realize into
+    ``[hl.Buffer(a) for a in arrays]``; the arrays come back in the order output, *wrt."""
+    out = app.output
+    d = hl.propagate_adjoints(out, d_output)
+    funcs = [out] + [d[app.buffers[k]] for k in wrt]
+    arrays = [np.empty(np.shape(d_output), np.asarray(d_output).dtype)]
+    arrays += [np.empty_like(app.buffers[k].numpy()) for k in wrt]
+    if schedule:
+        hl.auto_schedule(funcs, {f: list(reversed(a.shape)) for f, a in zip(funcs, arrays)},
+                         **options)
+    return hl.Pipeline(funcs), funcs, arrays
