@@ -136,6 +136,11 @@ class DeviceMemory:
 # fused kernels
 
 
+# blocks of the cost kernel at most: enough to fill an H100 (132 SMs x 2048 threads) while
+# keeping the vector of per-thread partial sums small
+COST_GRID = 1024
+
+
 def _is_two(e) -> bool:
     return isinstance(e, sym.Const) and e.dtype.kind in "fiu" and float(e.value) == 2.0
 
@@ -167,7 +172,6 @@ class EnergyKernels:
         self.grad_source = self._source("grad")
         self.eval_terms = [t for t in plan.terms if t.L]
         self.eval_lanes = sum(t.L for t in self.eval_terms)
-        self.gathers = any(isinstance(d, BufferRef) for t in self.eval_terms for d in t.decoded.values())
         self.sources = {kind: self._evaluation_source(kind) for kind in ("linearize", "cost")}
 
     # -- source -------------------------------------------------------------------------------
@@ -225,10 +229,14 @@ class EnergyKernels:
         if t.is_graph:
             return f"{base}LL + {graph_index}[lane] * {C}LL + {d.channel}LL", None
         shift = sum(o * st for o, st in zip(d.offset, strides))
+        return f"{base}LL + (lane + ({shift}LL)) * {C}LL + {d.channel}LL", self._inside(t, d.offset)
+
+    @staticmethod
+    def _inside(t, offset):
+        """The C condition that the lane shifted by ``offset`` is in the domain (None: always)."""
         inside = [f"c{j} + ({o}LL) >= 0 && c{j} + ({o}LL) < {t.shape[j]}LL"
-                  for j, o in enumerate(d.offset) if o]
-        return (f"{base}LL + (lane + ({shift}LL)) * {C}LL + {d.channel}LL",
-                " && ".join(inside) if inside else None)
+                  for j, o in enumerate(offset) if o]
+        return " && ".join(inside) if inside else None
 
     def _unknown_entries(self, w, t):
         """``long long u{r}``: the free unknown of read r at this lane, -1 for none."""
@@ -290,7 +298,7 @@ class EnergyKernels:
         return w.source()
 
     # -- evaluation: linearize (F and J entries) and cost (sum F^2) ----------------------------
-    def _evaluation_args(self, kind, full):
+    def _evaluation_args(self, full):
         """Arguments and C parameters of the ``linearize`` / ``cost`` kernel: the full unknown
         vector, then per term its data arrays, params, SampledImage buffers, graph slots and
         valid mask (each array once per term, named after its leaf)."""
@@ -332,7 +340,6 @@ class EnergyKernels:
         dims = {j for d in t.decoded.values() if isinstance(d, (Read, InBoundsRef))
                 for j, o in enumerate(d.offset or ()) if o}
         dims |= {d.dim for d in t.decoded.values() if isinstance(d, IndexRef)}
-        dims |= {j for d in t.decoded.values() if isinstance(d, InBoundsRef) for j in range(len(t.shape))}
         strides = None if t.is_graph else self._coordinates(w, t, dims)
         names = []
         for k, (lf, d) in enumerate(t.decoded.items()):
@@ -352,9 +359,7 @@ class EnergyKernels:
             elif isinstance(d, SizeRef):
                 w.line(f"const {T} {v} = {codegen.c_literal(plan.sizes[d.dim], lf.dtype)};")
             elif isinstance(d, InBoundsRef):
-                inside = " && ".join(f"c{j} + ({o}LL) >= 0 && c{j} + ({o}LL) < {t.shape[j]}LL"
-                                     for j, o in enumerate(d.offset)) or "true"
-                w.line(f"const {T} {v} = ({T})({inside});")
+                w.line(f"const {T} {v} = ({T})({self._inside(t, d.offset) or 'true'});")
             elif isinstance(d, IndexRef):
                 w.line(f"const {T} {v} = ({T})c{d.dim};")
             else:  # BufferRef: read by the gathers
@@ -363,8 +368,7 @@ class EnergyKernels:
 
     def _emit_program(self, w, t, fn, leaf_names):
         """The statements of the lane kernel ``fn``'s cse program; returns the C expression of
-        each root (cast to the plan dtype). Gathers outside their buffer record the lane in
-        ``err`` (read back by :meth:`_raise_gather_error`) and read 0."""
+        each root (cast to the plan dtype)."""
         local = {id(lf): v for lf, v in zip(fn.inputs, leaf_names)}
         buffer_of = {id(lf): f"A{t.index}_{k}" for k, lf in enumerate(fn.inputs)}
         for pname, node in fn.program.assignments:
@@ -374,10 +378,11 @@ class EnergyKernels:
             if isinstance(node, sym.Const):
                 w.line(f"const {codegen.c_type(node.dtype)} {var} = {codegen.c_literal(node.value, node.dtype)};")
             elif node.prim.name == "lane_gather":
+                # SampledImage indexes only inside its buffer (where(inb, index, 0)); the guard
+                # keeps memory safe all the same
                 buf, index = buffer_of[id(node.args[0])], local[id(node.args[1])]
                 T = codegen.c_type(node.dtype)
-                w.line(f"{T} {var} = ({T})0;")
-                w.checked(index, f"{buf}_len", 1, "i", f"{var} = {buf}[ix];")
+                w.line(f"const {T} {var} = ({index} >= 0 && {index} < {buf}_len) ? {buf}[{index}] : ({T})0;")
             elif node.prim.name == "pow" and node.dtype.kind == "f" and _is_two(node.args[1]):
                 x = f"(({codegen.c_type(node.dtype)}){local[id(node.args[0])]})"
                 w.line(f"const {codegen.c_type(node.dtype)} {var} = {x} * {x};")  # exact, as numpy
@@ -396,14 +401,13 @@ class EnergyKernels:
     def _evaluation_source(self, kind):
 
         T = self.ctype
-        params, _ = self._evaluation_args(kind, None)
+        params, _ = self._evaluation_args(None)
         if kind == "linearize":
             for t in self.eval_terms:
                 params += [(f"{T}* __restrict__ F{t.index}", f"term {t.index}: residuals (K={t.K}, L={t.L})"),
                            (f"{T}* __restrict__ D{t.index}", f"term {t.index}: J entries (K, R={t.R}, L)")]
         else:
             params.append(("double* __restrict__ partial", "per thread: its lanes' sum of F^2"))
-        params.append(("unsigned long long* __restrict__ err", "first failed gather {site, lane, index}"))
         w = codegen.CudaWriter()
         with w.kernel(f"lsq_{kind}", params):
             if kind == "cost":
@@ -416,7 +420,7 @@ class EnergyKernels:
                         leaves = self._leaf_values(w, t)
                         if kind == "cost":
                             for value in self._emit_program(w, t, t.f, leaves):
-                                w.line(f"{{ const double f = (double){value}; sum += f * f; }}")
+                                w.line(f"{{ const double f = {value}; sum += f * f; }}")  # float32: exact widening
                         else:
                             outs = self._emit_program(w, t, t.fj, leaves)
                             for k in range(t.K):
@@ -428,40 +432,33 @@ class EnergyKernels:
                 w.line("partial[(long long)blockIdx.x * blockDim.x + threadIdx.x] = sum;")
         return w.source()
 
-    def _evaluate(self, kind, full, outs):
-        from core_ad._codegen.cuda.launcher import BLOCK, MAX_GRID
+    def _evaluate(self, kind, full, outs, grid):
+        from core_ad._codegen.cuda.launcher import BLOCK
 
-        _, args = self._evaluation_args(kind, full)
-        grid = min((self.eval_lanes + BLOCK - 1) // BLOCK, MAX_GRID)
-        err = self.xp.zeros(3, np.uint64)
-        codegen.cuda_kernel(self.sources[kind], f"lsq_{kind}")((grid,), (BLOCK,), tuple(args + outs + [err]))
-        if self.gathers:
-            self._raise_gather_error(err)
-
-    @staticmethod
-    def _raise_gather_error(err):
-        site, lane, index = (int(v) for v in err.get())
-        if site:
-            raise IndexError(f"SampledImage read outside its buffer: index {index} at residual lane {lane} "
-                             "(of all terms, term after term)")
+        _, args = self._evaluation_args(full)
+        codegen.cuda_kernel(self.sources[kind], f"lsq_{kind}")((grid,), (BLOCK,), tuple(args + outs))
 
     def linearize(self, full):
         """Per term (F (K, L), D (K, R, L)) at the full unknown vector ``full``: one kernel."""
+        from core_ad._codegen.cuda.launcher import BLOCK, MAX_GRID
+
         xp, dt = self.xp, self.plan.dtype
         lin = [(xp.empty((t.K, t.L), dt), xp.empty((t.K, t.R, t.L), dt)) for t in self.plan.terms]
         if self.eval_lanes:
-            self._evaluate("linearize", full, [a for t in self.eval_terms for a in lin[t.index]])
+            self._evaluate("linearize", full, [a for t in self.eval_terms for a in lin[t.index]],
+                           min((self.eval_lanes + BLOCK - 1) // BLOCK, MAX_GRID))
         return lin
 
     def cost(self, full) -> float:
-        """0.5 * sum F^2 at ``full``: one kernel writing per-thread partial sums, one device sum,
-        one scalar transfer."""
-        from core_ad._codegen.cuda.launcher import BLOCK, MAX_GRID
+        """0.5 * sum F^2 at ``full``: one kernel writing per-thread partial sums (float64), one
+        device sum of those, one scalar transfer."""
+        from core_ad._codegen.cuda.launcher import BLOCK
 
         if not self.eval_lanes:
             return 0.0
-        partial = self.xp.empty(min((self.eval_lanes + BLOCK - 1) // BLOCK, MAX_GRID) * BLOCK, np.float64)
-        self._evaluate("cost", full, [partial])
+        grid = min((self.eval_lanes + BLOCK - 1) // BLOCK, COST_GRID)
+        partial = self.xp.empty(grid * BLOCK, np.float64)
+        self._evaluate("cost", full, [partial], grid)
         with np.errstate(all="ignore"):
             return 0.5 * float(partial.sum())
 
