@@ -14,7 +14,9 @@ in core_ad's four tiers (``packages/core-ad/tests/test_codegen_cuda.py``), which
   Its cost, residuals, J^T F, diag(J^T J), J^T J p and J equal the numpy-oracle Plan's
   (``backend="numpy"``); so do those of its ``device_problem()`` (the all-device loop's
   problem: device vectors in and out, the fused ``jtjp`` / ``grad`` kernels, generated per
-  plan and compiled for the host on first launch); short LM and GN solves take the oracle's
+  plan and compiled for the host on first launch); its fused ``linearize`` gives the oracle's F
+  and J entries of every term and its fused ``cost`` the oracle's cost (float64 1e-12, float32
+  1e-5), one kernel launch each, without the per-term lane kernels; short LM and GN solves take the oracle's
   iterates both with the all-device loop (the default) and over the host protocol
   (``device_loop=False``), and the device loop moves no n-vector between host and device
   inside its PCG iterations.

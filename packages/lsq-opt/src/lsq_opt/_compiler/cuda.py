@@ -5,9 +5,15 @@ through CuPy, and the all-device solver loop.
   (:func:`core_ad._codegen.cuda.compile_cuda`; CUDA C from the same ``cse`` program as the
   numpy reference, one thread per lane in a grid-stride loop), compiled by CuPy (NVRTC) on
   first launch. The source is generated at ``compile_problem`` time, so an unsupported
-  primitive fails there. ``linearize`` (``fj``: F and the J entries per term, cached on the
-  device) and ``cost`` (``f``) run the Plan's lanes composition (``_feeds``, ``_eval_term``)
-  over ``xp`` = CuPy.
+  primitive fails there. The Plan's host protocol runs them in its lanes composition
+  (``_feeds``, ``_eval_term``) over ``xp`` = CuPy.
+* Fused evaluation (:class:`EnergyKernels`, for the device problem): ``linearize`` (F and the
+  J entries of every term, the cache the products read) is ONE generated kernel for the whole
+  energy, and ``cost`` one kernel writing per-thread float64 partial sums of F^2 plus one
+  device sum (only the scalar comes back). A thread per residual lane gathers its leaves with
+  the products' addressing (stencil offsets with bounds checks: 0 outside, graph slots through
+  their index arrays, SampledImage buffers, valid masks; sizes, ``Index`` and ``InBounds`` from
+  the lane's coordinates) and runs the statements of the term's ``fj`` / ``f`` cse program.
 * Fused products (:class:`EnergyKernels`): J^T J p, and J^T F with diag(J^T J), are ONE
   generated kernel each for the whole energy (core_ad's :class:`~core_ad.codegen.CudaWriter`):
   a thread per residual lane of every term reads the direction at its unknown reads (stencil
@@ -146,9 +152,10 @@ def _is_two(e) -> bool:
 
 
 class EnergyKernels:
-    """J^T J p and (J^T F, diag(J^T J)) of a plan's whole energy, one generated CUDA kernel
-    each (``jtjp``, ``grad``), from the per-term J entries ``D`` (K, R, L) and residuals ``F``
-    (K, L) of the cached linearisation.
+    """The device problem's generated CUDA kernels for a plan's whole energy: ``linearize``
+    (per term the residuals ``F`` (K, L) and J entries ``D`` (K, R, L)), ``cost`` (per-thread
+    partial sums of F^2), and from the cached linearisation J^T J p and (J^T F, diag(J^T J))
+    (``jtjp``, ``grad``).
 
     Every residual lane of every term is one thread (terms one after the other in a single
     grid-stride loop). Its unknown read r names a free unknown ``u_r`` (-1: out of bounds for
@@ -492,9 +499,9 @@ class EnergyKernels:
 class DeviceProblem:
     """A cuda Plan as a ``LeastSquaresProblem`` over CuPy vectors (``xp`` = CuPy): what the
     solvers' all-device loop consumes (:func:`lsq_opt.solve` builds one per solve of a cuda
-    plan). ``linearize(x)`` evaluates the lane kernels ``fj`` and keeps F and J on the device;
-    ``jtf`` / ``jtj_diag`` come from one ``grad`` kernel and ``jtjp`` from one ``jtjp`` kernel
-    (:class:`EnergyKernels`). The linearisation is cached against the x array last given to
+    plan). ``linearize(x)`` evaluates F and J with one ``linearize`` kernel and keeps them on
+    the device; ``jtf`` / ``jtj_diag`` come from one ``grad`` kernel, ``jtjp`` from one ``jtjp``
+    kernel and ``cost`` from one ``cost`` kernel and a device sum (:class:`EnergyKernels`). The linearisation is cached against the x array last given to
     ``linearize`` (by identity: comparing values would cost a device synchronisation; the
     solvers never change an iterate in place). ``cost`` returns a float (one scalar transfer).
     :meth:`finish` writes the constant views (``X.const()``) computed on the device back to the
