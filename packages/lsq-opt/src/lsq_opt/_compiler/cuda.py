@@ -168,7 +168,6 @@ class EnergyKernels:
     squaring, as in ``Plan._graph_diag``)."""
 
     def __init__(self, plan):
-
         self.plan = plan
         self.xp = plan._memory.xp
         self.ctype = codegen.c_type(plan.dtype)
@@ -291,7 +290,6 @@ class EnergyKernels:
                     w.line(w.atomic_add(f"d[u{r}]", "s"))
 
     def _source(self, kind):
-
         w = codegen.CudaWriter()
         self_name = f"lsq_{kind}"
         with w.kernel(self_name, self._params(kind)):
@@ -305,14 +303,20 @@ class EnergyKernels:
         return w.source()
 
     # -- evaluation: linearize (F and J entries) and cost (sum F^2) ----------------------------
-    def _evaluation_args(self, full):
-        """Arguments and C parameters of the ``linearize`` / ``cost`` kernel: the full unknown
-        vector, then per term its data arrays, params, SampledImage buffers, graph slots and
-        valid mask (each array once per term, named after its leaf)."""
+    def _evaluation_args(self, x, fixed):
+        """Arguments and C parameters of the ``linearize`` / ``cost`` kernel: the free unknowns
+        (with the products' column map and the fixed values when some entries are excluded),
+        then per term its data arrays, params, SampledImage buffers, graph slots and valid mask
+        (each array once per term, named after its leaf)."""
         mem, T, xp = self.plan._memory, self.ctype, self.xp
         params = [("const long long n", "residual lanes of all terms, term after term"),
-                  (f"const {T}* __restrict__ x", "the full unknown vector (fixed entries included)")]
-        args = [np.int64(self.eval_lanes), full]
+                  (f"const {T}* __restrict__ x", "the free unknowns")]
+        args = [np.int64(self.eval_lanes), x]
+        if self.col is not None:
+            params += [("const long long* __restrict__ col",
+                        "entry of the full unknown vector -> free unknown (-1: excluded)"),
+                       (f"const {T}* __restrict__ fixed", "the full unknown vector's excluded values")]
+            args += [self.col, fixed]
         for t in self.eval_terms:
             for k, (lf, d) in enumerate(t.decoded.items()):
                 name = f"A{t.index}_{k}"
@@ -357,7 +361,14 @@ class EnergyKernels:
                 unknown = d.role == "unknown"
                 entry, inside = self._entry(t, d, plan._uoff[d.name] if unknown else 0, strides,
                                             graph_index)
-                value = f"{'x' if unknown else f'A{t.index}_{k}'}[{entry}]"
+                if not unknown:
+                    value = f"A{t.index}_{k}[{entry}]"
+                elif self.col is None:
+                    value = f"x[{entry}]"
+                else:  # an excluded entry reads its fixed value
+                    w.line(f"const long long w{k} = ({inside}) ? {entry} : 0LL;" if inside
+                           else f"const long long w{k} = {entry};")
+                    value = f"(col[w{k}] >= 0 ? x[col[w{k}]] : fixed[w{k}])"
                 # a stencil read outside the domain is 0 (as the lanes composition's shifts)
                 w.line(f"const {T} {v} = ({inside}) ? {value} : ({T})0;" if inside
                        else f"const {T} {v} = {value};")
@@ -406,9 +417,8 @@ class EnergyKernels:
         return outs
 
     def _evaluation_source(self, kind):
-
         T = self.ctype
-        params, _ = self._evaluation_args(None)
+        params, _ = self._evaluation_args(None, None)
         if kind == "linearize":
             for t in self.eval_terms:
                 params += [(f"{T}* __restrict__ F{t.index}", f"term {t.index}: residuals (K={t.K}, L={t.L})"),
@@ -439,25 +449,26 @@ class EnergyKernels:
                 w.line("partial[(long long)blockIdx.x * blockDim.x + threadIdx.x] = sum;")
         return w.source()
 
-    def _evaluate(self, kind, full, outs, grid):
+    def _evaluate(self, kind, x, fixed, outs, grid):
         from core_ad._codegen.cuda.launcher import BLOCK
 
-        _, args = self._evaluation_args(full)
+        _, args = self._evaluation_args(x, fixed)
         codegen.cuda_kernel(self.sources[kind], f"lsq_{kind}")((grid,), (BLOCK,), tuple(args + outs))
 
-    def linearize(self, full):
-        """Per term (F (K, L), D (K, R, L)) at the full unknown vector ``full``: one kernel."""
+    def linearize(self, x, fixed):
+        """Per term (F (K, L), D (K, R, L)) at the free unknowns ``x`` (``fixed``: the full
+        unknown vector holding the excluded entries' values): one kernel."""
         from core_ad._codegen.cuda.launcher import BLOCK, MAX_GRID
 
         xp, dt = self.xp, self.plan.dtype
         lin = [(xp.empty((t.K, t.L), dt), xp.empty((t.K, t.R, t.L), dt)) for t in self.plan.terms]
         if self.eval_lanes:
-            self._evaluate("linearize", full, [a for t in self.eval_terms for a in lin[t.index]],
+            self._evaluate("linearize", x, fixed, [a for t in self.eval_terms for a in lin[t.index]],
                            min((self.eval_lanes + BLOCK - 1) // BLOCK, MAX_GRID))
         return lin
 
-    def cost(self, full) -> float:
-        """0.5 * sum F^2 at ``full``: one kernel writing per-thread partial sums (float64), one
+    def cost(self, x, fixed) -> float:
+        """0.5 * sum F^2 at ``x`` (as :meth:`linearize`): one kernel writing per-thread partial sums (float64), one
         device sum of those, one scalar transfer."""
         from core_ad._codegen.cuda.launcher import BLOCK
 
@@ -465,7 +476,7 @@ class EnergyKernels:
             return 0.0
         grid = min((self.eval_lanes + BLOCK - 1) // BLOCK, COST_GRID)
         partial = self.xp.empty(grid * BLOCK, np.float64)
-        self._evaluate("cost", full, [partial], grid)
+        self._evaluate("cost", x, fixed, [partial], grid)
         with np.errstate(all="ignore"):
             return 0.5 * float(partial.sum())
 
@@ -541,15 +552,16 @@ class DeviceProblem:
         """The solvers' hook at a new iterate: the constant views take x's values (on the
         device), then F and J are evaluated there."""
         plan = self.plan
-        full = self._full(x)
-        for name, u in plan.views.items():  # the IRLS weights move with x
-            view = self.xp.ascontiguousarray(plan._uview(full, u)).copy()
-            self.memory.set_data(name, view)
-            self._views[name] = view
-        self._evaluate(x, full)
+        if plan.views:
+            full = self._full(x)
+            for name, u in plan.views.items():  # the IRLS weights move with x
+                view = self.xp.ascontiguousarray(plan._uview(full, u)).copy()
+                self.memory.set_data(name, view)
+                self._views[name] = view
+        self._evaluate(x)
 
-    def _evaluate(self, x, full):
-        self._lin = self.kernels.linearize(full)
+    def _evaluate(self, x):
+        self._lin = self.kernels.linearize(self._x(x), self._fixed)
         self._lin_x, self._grad = x, None
 
     @property
@@ -560,7 +572,7 @@ class DeviceProblem:
     def _linearized(self, x):
         """F and J at x, with the constant views as they are (as the Plan's products)."""
         if x is not self._lin_x:
-            self._evaluate(x, self._full(x))
+            self._evaluate(x)
         return self._lin
 
     def residuals(self, x):
@@ -569,7 +581,7 @@ class DeviceProblem:
         return self.xp.concatenate([f.ravel() for f in F])
 
     def cost(self, x) -> float:
-        return self.kernels.cost(self._full(x))
+        return self.kernels.cost(self._x(x), self._fixed)
 
     def _gradient(self, x):
         lin = self._linearized(x)
