@@ -308,7 +308,7 @@ class EnergyKernels:
         (with the products' column map and the fixed values when some entries are excluded),
         then per term its data arrays, params, SampledImage buffers, graph slots and valid mask
         (each array once per term, named after its leaf)."""
-        mem, T, xp = self.plan._memory, self.ctype, self.xp
+        mem, T = self.plan._memory, self.ctype
         params = [("const long long n", "residual lanes of all terms, term after term"),
                   (f"const {T}* __restrict__ x", "the free unknowns")]
         args = [np.int64(self.eval_lanes), x]
@@ -322,7 +322,7 @@ class EnergyKernels:
                 name = f"A{t.index}_{k}"
                 if isinstance(d, Read) and d.role != "unknown":
                     params.append((f"const {T}* __restrict__ {name}", f"term {t.index}: array {d.name!r}"))
-                    args.append(xp.ascontiguousarray(mem.data(d.name), self.plan.dtype))
+                    args.append(mem.data(d.name))  # C-contiguous, the plan dtype (Plan._check_shape)
                 elif isinstance(d, ParamRef):
                     params.append((f"const {T}* __restrict__ {name}", f"term {t.index}: param {d.name!r}"))
                     args.append(mem.param(d.name))
