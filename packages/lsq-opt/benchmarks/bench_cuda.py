@@ -3,15 +3,16 @@
 
 Per problem and dtype (float64, float32), alternated, median of ``--repeats``:
 
-* products at one linearisation point -- ``linearize`` (the lane kernels ``fj`` and the
-  cache), ``jtf + diag``, ``jtjp`` (one PCG operator application), ``cost`` at a trial point:
+* products at one linearisation point -- ``linearize`` (F and the J entries of every term,
+  cached), ``jtf + diag``, ``jtjp`` (one PCG operator application), ``cost`` at a trial point:
 
   - ``cpu fused``: the fused LLVM kernels (the CPU default);
   - ``cuda host``: the cuda plan's numpy protocol (upload x / p, the lanes composition on
     CuPy arrays, download the result: what ``solve(..., device_loop=False)`` pays per call);
   - ``cuda device``: the all-device problem (``plan.device_problem()``: device vectors in and
-    out, one fused kernel for ``jtjp`` and one for ``jtf + diag``), synchronised after each
-    call so that the time is the device's;
+    out, one fused kernel each for ``linearize``, ``jtjp`` and ``jtf + diag``, and for ``cost``
+    one kernel plus a device sum), synchronised after each call so that the time is the
+    device's;
 
 * a fixed-length LM solve (``--lm-iterations``, PCG ``--pcg`` iterations, Jacobi; no early
   stop): CPU fused and the cuda all-device loop (the default for a cuda plan), warm-up then
@@ -102,7 +103,7 @@ def device_cases(cupy, plan, x, p):
         return run
 
     return {"linearize": timed(lambda: prob.linearize(xd)),
-            "jtf + diag": timed(lambda: prob.products.grad(prob.linearization)),
+            "jtf + diag": timed(lambda: prob.kernels.grad(prob.linearization)),
             "jtjp": timed(lambda: prob.jtjp_linearized(pd)),
             "cost(trial)": timed(lambda: prob.cost(xd_trial))}, prob
 
@@ -159,13 +160,14 @@ def main(argv=None):
             cases["cuda device"], prob = device_cases(cupy, plans["cuda"], x, p)
             cases["cuda device"]["jtjp"]()  # NVRTC compiles the fused kernels
             cases["cuda device"]["jtf + diag"]()
+            cases["cuda device"]["cost(trial)"]()
             t_compile["cuda fused products"] = time.perf_counter() - t0
             print(f"\n{pname}, {dt}: n = {ref.n}, m = {ref.m}; compile + first evaluation: "
                   + ", ".join(f"{k} {v:.2f} s" for k, v in t_compile.items()))
             for plan in plans.values():
                 plan.linearize(x)
             for what, want, host, device in (
-                    ("jtf", ref.jtf(x), plans["cuda"].jtf(x), prob.products.grad(prob.linearization)[0]),
+                    ("jtf", ref.jtf(x), plans["cuda"].jtf(x), prob.kernels.grad(prob.linearization)[0]),
                     ("jtjp", ref.jtjp_linearized(p), plans["cuda"].jtjp_linearized(p),
                      prob.jtjp_linearized(cupy.asarray(p)))):
                 scale = float(np.abs(want).max())

@@ -14,7 +14,9 @@ in core_ad's four tiers (``packages/core-ad/tests/test_codegen_cuda.py``), which
   Its cost, residuals, J^T F, diag(J^T J), J^T J p and J equal the numpy-oracle Plan's
   (``backend="numpy"``); so do those of its ``device_problem()`` (the all-device loop's
   problem: device vectors in and out, the fused ``jtjp`` / ``grad`` kernels, generated per
-  plan and compiled for the host on first launch); short LM and GN solves take the oracle's
+  plan and compiled for the host on first launch); its fused ``linearize`` gives the oracle's F
+  and J entries of every term and its fused ``cost`` the oracle's cost (float64 1e-12, float32
+  1e-5), one kernel launch each, without the per-term lane kernels; short LM and GN solves take the oracle's
   iterates both with the all-device loop (the default) and over the host protocol
   (``device_loop=False``), and the device loop moves no n-vector between host and device
   inside its PCG iterations.
@@ -296,6 +298,39 @@ def check_device_products(name, dtype, xp):
     return prob
 
 
+EVALUATION_TOL = {"float64": 1e-12, "float32": 1e-5}
+
+
+def check_device_evaluation(name, dtype, xp):
+    """The device problem's fused ``linearize`` (F and the J entries of every term, the cache
+    the product kernels read) and ``cost`` (at the linearisation point and at a trial point)
+    equal the numpy oracle's; returns the device problem and a point."""
+    builder = DEVICE_PRODUCT_PROBLEMS.get(name)
+    energy, kw = builder() if builder else problem(name)
+    dev = compile_problem(energy, dtype=dtype, backend="cuda", **kw)
+    ref = compile_problem(energy, dtype=dtype, backend="numpy", **kw)
+    prob = dev.device_problem()
+    rng = np.random.default_rng(11)
+    x = (ref.x0 + 0.05 * rng.standard_normal(ref.n)).astype(dtype)
+    xd = xp.asarray(x)
+    ref.linearize(x)
+    prob.linearize(xd)
+    label = f"{name} {dtype} fused evaluation"
+    tol = EVALUATION_TOL[dtype]
+    for t, (F, D), (Fr, Dr) in zip(ref.terms, prob.linearization, ref._linearize(x)):
+        assert isinstance(F, xp.ndarray) and isinstance(D, xp.ndarray), label
+        assert F.shape == Fr.shape and D.shape == Dr.shape and F.dtype == D.dtype == np.dtype(dtype)
+        for what, got, want in (("F", F, Fr), ("J entries", D, Dr)):
+            scale = max(float(np.max(np.abs(want))), 1e-30) if want.size else 1.0
+            np.testing.assert_allclose(got.get(), want, rtol=0, atol=tol * scale,
+                                       err_msg=f"{label}: term {t.index} {what}")
+    for point in (x, (x * 1.01).astype(dtype)):
+        np.testing.assert_allclose(prob.cost(xp.asarray(point)), ref.cost(point), rtol=tol,
+                                   err_msg=f"{label}: cost")
+    assert ref.cost(x) > 0 and any(np.abs(D).max() > 0 for _, D in ref._linearize(x) if D.size)
+    return prob, xd
+
+
 def check_lm_iterates(name, dtype, iterations=4, method="lm", device_loop=True):
     """A short solve of the cuda plan (all-device loop, or the host protocol) takes the numpy
     oracle's iterates, steps and PCG iteration counts."""
@@ -372,6 +407,21 @@ def test_host_device_problem_products_equal_the_numpy_oracle(host_cupy, name, dt
     prob.jtf(x), prob.jtj_diag(x)
     assert host_cupy.launches - launches == 1, "J^T F and diag(J^T J) are one kernel launch"
     assert {"lsq_jtjp", "lsq_grad"} <= set(host_cupy.built)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", [*PROBLEMS, *DEVICE_PRODUCT_PROBLEMS])
+def test_host_fused_linearize_and_cost_equal_the_numpy_oracle(host_cupy, name, dtype):
+    prob, x = check_device_evaluation(name, dtype, host_cupy)
+    launches = host_cupy.launches
+    prob.linearize(x)
+    assert host_cupy.launches - launches == 1, "linearize is one kernel launch"
+    launches = host_cupy.launches
+    prob.cost(x * 1.01)
+    assert host_cupy.launches - launches == 1, "cost is one kernel launch (and one device sum)"
+    assert {"lsq_linearize", "lsq_cost"} <= set(host_cupy.built)
+    # the per-term lane kernels (the host protocol's composition) are not used
+    assert not any(name.startswith("lsq_term") for name in host_cupy.built), host_cupy.built
 
 
 @pytest.mark.parametrize("device_loop", [True, False], ids=["device_loop", "host_protocol"])
@@ -491,6 +541,13 @@ def test_gpu_products_equal_the_numpy_oracle(cupy_dev, name, dtype):
 @pytest.mark.parametrize("name", [*PROBLEMS, *DEVICE_PRODUCT_PROBLEMS])
 def test_gpu_device_problem_products_equal_the_numpy_oracle(cupy_dev, name, dtype):
     check_device_products(name, dtype, cupy_dev)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("name", [*PROBLEMS, *DEVICE_PRODUCT_PROBLEMS])
+def test_gpu_fused_linearize_and_cost_equal_the_numpy_oracle(cupy_dev, name, dtype):
+    check_device_evaluation(name, dtype, cupy_dev)
 
 
 @pytest.mark.gpu

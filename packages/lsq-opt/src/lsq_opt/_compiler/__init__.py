@@ -285,7 +285,7 @@ class Plan:
         self.energy, self.terms, self.dtype, self.backend = energy, terms, dtype, backend
         self.kernels = "lanes"
         self._fused = None
-        self._products = None  # the cuda backend's fused product kernels, built on first use
+        self._energy_kernels = None  # the cuda backend's fused kernels, built on first use
         self._memory = _HostMemory(self)  # where the lanes composition's arrays live
         self._pver = self._dver = 0
         self.decls = _collect_decls(terms, energy.excludes)

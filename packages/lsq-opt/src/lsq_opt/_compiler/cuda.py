@@ -5,10 +5,16 @@ through CuPy, and the all-device solver loop.
   (:func:`core_ad._codegen.cuda.compile_cuda`; CUDA C from the same ``cse`` program as the
   numpy reference, one thread per lane in a grid-stride loop), compiled by CuPy (NVRTC) on
   first launch. The source is generated at ``compile_problem`` time, so an unsupported
-  primitive fails there. ``linearize`` (``fj``: F and the J entries per term, cached on the
-  device) and ``cost`` (``f``) run the Plan's lanes composition (``_feeds``, ``_eval_term``)
-  over ``xp`` = CuPy.
-* Fused products (:class:`ProductKernels`): J^T J p, and J^T F with diag(J^T J), are ONE
+  primitive fails there. The Plan's host protocol runs them in its lanes composition
+  (``_feeds``, ``_eval_term``) over ``xp`` = CuPy.
+* Fused evaluation (:class:`EnergyKernels`, for the device problem): ``linearize`` (F and the
+  J entries of every term, the cache the products read) is ONE generated kernel for the whole
+  energy, and ``cost`` one kernel writing per-thread float64 partial sums of F^2 plus one
+  device sum (only the scalar comes back). A thread per residual lane gathers its leaves with
+  the products' addressing (stencil offsets with bounds checks: 0 outside, graph slots through
+  their index arrays, SampledImage buffers, valid masks; sizes, ``Index`` and ``InBounds`` from
+  the lane's coordinates) and runs the statements of the term's ``fj`` / ``f`` cse program.
+* Fused products (:class:`EnergyKernels`): J^T J p, and J^T F with diag(J^T J), are ONE
   generated kernel each for the whole energy (core_ad's :class:`~core_ad.codegen.CudaWriter`):
   a thread per residual lane of every term reads the direction at its unknown reads (stencil
   offsets with bounds checks, graph slots through their index arrays), forms ``J p`` for its
@@ -42,8 +48,11 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from core_ad import codegen, sym
 
-__all__ = ["DeviceMemory", "DeviceProblem", "ProductKernels", "lane_kernel", "require_device"]
+from .._language import BufferRef, IndexRef, InBoundsRef, ParamRef, Read, SizeRef
+
+__all__ = ["DeviceMemory", "DeviceProblem", "EnergyKernels", "lane_kernel", "require_device"]
 
 
 def require_device():
@@ -130,13 +139,23 @@ class DeviceMemory:
 
 
 # --------------------------------------------------------------------------------------------
-# fused products
+# fused kernels
 
 
-class ProductKernels:
-    """J^T J p and (J^T F, diag(J^T J)) of a plan's whole energy, one generated CUDA kernel
-    each (``jtjp``, ``grad``), from the per-term J entries ``D`` (K, R, L) and residuals ``F``
-    (K, L) of the cached linearisation.
+# blocks of the cost kernel at most: enough to fill an H100 (132 SMs x 2048 threads) while
+# keeping the vector of per-thread partial sums small
+COST_GRID = 1024
+
+
+def _is_two(e) -> bool:
+    return isinstance(e, sym.Const) and e.dtype.kind in "fiu" and float(e.value) == 2.0
+
+
+class EnergyKernels:
+    """The device problem's generated CUDA kernels for a plan's whole energy: ``linearize``
+    (per term the residuals ``F`` (K, L) and J entries ``D`` (K, R, L)), ``cost`` (per-thread
+    partial sums of F^2), and from the cached linearisation J^T J p and (J^T F, diag(J^T J))
+    (``jtjp``, ``grad``).
 
     Every residual lane of every term is one thread (terms one after the other in a single
     grid-stride loop). Its unknown read r names a free unknown ``u_r`` (-1: out of bounds for
@@ -149,8 +168,6 @@ class ProductKernels:
     squaring, as in ``Plan._graph_diag``)."""
 
     def __init__(self, plan):
-        from core_ad import codegen
-
         self.plan = plan
         self.xp = plan._memory.xp
         self.ctype = codegen.c_type(plan.dtype)
@@ -159,6 +176,9 @@ class ProductKernels:
         self.col = None if plan.n == plan.n_full else self.xp.asarray(plan._colmap)
         self.jtjp_source = self._source("jtjp")
         self.grad_source = self._source("grad")
+        self.eval_terms = [t for t in plan.terms if t.L]
+        self.eval_lanes = sum(t.L for t in self.eval_terms)
+        self.sources = {kind: self._evaluation_source(kind) for kind in ("linearize", "cost")}
 
     # -- source -------------------------------------------------------------------------------
     def _graph_slots(self, t):
@@ -201,27 +221,41 @@ class ProductKernels:
             args.append(self.col)
         return args + list(outs)
 
+    def _coordinates(self, w, t, dims):
+        """``const long long c{j}``: the lane's coordinate along axis j, for each j in ``dims``."""
+        strides = [math.prod(t.shape[j + 1:]) for j in range(len(t.shape))]
+        for j in sorted(dims):
+            w.line(f"const long long c{j} = (lane / {strides[j]}LL) % {t.shape[j]}LL;")
+        return strides
+
+    def _entry(self, t, d, base, strides, graph_index):
+        """(index of read ``d`` in an array laid out as (lane, channel) from ``base``, the C
+        condition that a stencil read is inside the domain, or None)."""
+        C = d.channels
+        if t.is_graph:
+            return f"{base}LL + {graph_index}[lane] * {C}LL + {d.channel}LL", None
+        shift = sum(o * st for o, st in zip(d.offset, strides))
+        return f"{base}LL + (lane + ({shift}LL)) * {C}LL + {d.channel}LL", self._inside(t, d.offset)
+
+    @staticmethod
+    def _inside(t, offset):
+        """The C condition that the lane shifted by ``offset`` is in the domain (None: always)."""
+        inside = [f"c{j} + ({o}LL) >= 0 && c{j} + ({o}LL) < {t.shape[j]}LL"
+                  for j, o in enumerate(offset) if o]
+        return " && ".join(inside) if inside else None
+
     def _unknown_entries(self, w, t):
         """``long long u{r}``: the free unknown of read r at this lane, -1 for none."""
         plan = self.plan
         slots = self._graph_slots(t)
         col = "col[{}]" if self.col is not None else "({})"
-        if not t.is_graph:
-            strides = [math.prod(t.shape[j + 1:]) for j in range(len(t.shape))]
-            for j in sorted({j for _, d in t.ureads for j, o in enumerate(d.offset) if o}):
-                w.line(f"const long long c{j} = (lane / {strides[j]}LL) % {t.shape[j]}LL;")
+        strides = None if t.is_graph else self._coordinates(
+            w, t, {j for _, d in t.ureads for j, o in enumerate(d.offset) if o})
         for r, (_, d) in enumerate(t.ureads):
-            base, C = plan._uoff[d.name], plan._ushape[d.name][-1]
-            if t.is_graph:
-                entry = f"{base}LL + G{t.index}_{slots.index(d.slot)}[lane] * {C}LL + {d.channel}LL"
-                w.line(f"const long long u{r} = {col.format(entry)};")
-                continue
-            shift = sum(o * st for o, st in zip(d.offset, strides))
-            entry = col.format(f"{base}LL + (lane + ({shift}LL)) * {C}LL + {d.channel}LL")
-            inside = [f"c{j} + ({o}LL) >= 0 && c{j} + ({o}LL) < {t.shape[j]}LL"
-                      for j, o in enumerate(d.offset) if o]
-            w.line(f"const long long u{r} = ({' && '.join(inside)}) ? {entry} : -1LL;" if inside
-                   else f"const long long u{r} = {entry};")
+            graph_index = f"G{t.index}_{slots.index(d.slot)}" if t.is_graph else None
+            entry, inside = self._entry(t, d, plan._uoff[d.name], strides, graph_index)
+            w.line(f"const long long u{r} = ({inside}) ? {col.format(entry)} : -1LL;" if inside
+                   else f"const long long u{r} = {col.format(entry)};")
 
     def _term_body(self, w, t, kind):
         T, K, R, L = self.ctype, t.K, t.R, t.L
@@ -256,8 +290,6 @@ class ProductKernels:
                     w.line(w.atomic_add(f"d[u{r}]", "s"))
 
     def _source(self, kind):
-        from core_ad import codegen
-
         w = codegen.CudaWriter()
         self_name = f"lsq_{kind}"
         with w.kernel(self_name, self._params(kind)):
@@ -270,9 +302,186 @@ class ProductKernels:
                     start += t.L
         return w.source()
 
+    # -- evaluation: linearize (F and J entries) and cost (sum F^2) ----------------------------
+    def _evaluation_args(self, x, fixed):
+        """Arguments and C parameters of the ``linearize`` / ``cost`` kernel: the free unknowns
+        (with the products' column map and the fixed values when some entries are excluded),
+        then per term its data arrays, params, SampledImage buffers, graph slots and valid mask
+        (each array once per term, named after its leaf)."""
+        mem, T = self.plan._memory, self.ctype
+        params = [("const long long n", "residual lanes of all terms, term after term"),
+                  (f"const {T}* __restrict__ x", "the free unknowns")]
+        args = [np.int64(self.eval_lanes), x]
+        if self.col is not None:
+            params += [("const long long* __restrict__ col",
+                        "entry of the full unknown vector -> free unknown (-1: excluded)"),
+                       (f"const {T}* __restrict__ fixed", "the full unknown vector's excluded values")]
+            args += [self.col, fixed]
+        for t in self.eval_terms:
+            for k, (lf, d) in enumerate(t.decoded.items()):
+                name = f"A{t.index}_{k}"
+                if isinstance(d, Read) and d.role != "unknown":
+                    params.append((f"const {T}* __restrict__ {name}", f"term {t.index}: array {d.name!r}"))
+                    args.append(mem.data(d.name))  # C-contiguous, the plan dtype (Plan._check_shape)
+                elif isinstance(d, ParamRef):
+                    params.append((f"const {T}* __restrict__ {name}", f"term {t.index}: param {d.name!r}"))
+                    args.append(mem.param(d.name))
+                elif isinstance(d, BufferRef):
+                    params += [(f"const {T}* __restrict__ {name}", f"term {t.index}: buffer {d.name!r}"),
+                               (f"const long long {name}_len", "its length")]
+                    buf = mem.buffer(d.name, d.channel)
+                    args += [buf, np.int64(buf.size)]
+            for k, slot in enumerate(self._graph_slots_of_reads(t)):
+                params.append((f"const long long* __restrict__ G{t.index}_{k}",
+                               f"graph {t.graph!r} slot {slot!r}: vertex per edge"))
+                args.append(mem.graph(t.graph, slot))
+            if mem.valid(t) is not None:
+                params.append((f"const bool* __restrict__ V{t.index}", f"term {t.index}: valid lanes"))
+                args.append(mem.valid(t))
+        return params, args
+
+    def _graph_slots_of_reads(self, t):
+        return sorted({d.slot for _, d in t.reads}) if t.is_graph else []
+
+    def _leaf_values(self, w, t):
+        """``v{k}``: the value of the term's k-th leaf at this lane (``None`` for a buffer,
+        read through its gathers)."""
+        plan = self.plan
+        slots = self._graph_slots_of_reads(t)
+        dims = {j for d in t.decoded.values() if isinstance(d, (Read, InBoundsRef))
+                for j, o in enumerate(d.offset or ()) if o}
+        dims |= {d.dim for d in t.decoded.values() if isinstance(d, IndexRef)}
+        strides = None if t.is_graph else self._coordinates(w, t, dims)
+        names = []
+        for k, (lf, d) in enumerate(t.decoded.items()):
+            T, v = codegen.c_type(lf.dtype), f"v{k}"
+            names.append(v)
+            if isinstance(d, Read):
+                graph_index = f"G{t.index}_{slots.index(d.slot)}" if t.is_graph else None
+                unknown = d.role == "unknown"
+                entry, inside = self._entry(t, d, plan._uoff[d.name] if unknown else 0, strides,
+                                            graph_index)
+                if not unknown:
+                    value = f"A{t.index}_{k}[{entry}]"
+                elif self.col is None:
+                    value = f"x[{entry}]"
+                else:  # an excluded entry reads its fixed value
+                    w.line(f"const long long w{k} = ({inside}) ? {entry} : 0LL;" if inside
+                           else f"const long long w{k} = {entry};")
+                    value = f"(col[w{k}] >= 0 ? x[col[w{k}]] : fixed[w{k}])"
+                # a stencil read outside the domain is 0 (as the lanes composition's shifts)
+                w.line(f"const {T} {v} = ({inside}) ? {value} : ({T})0;" if inside
+                       else f"const {T} {v} = {value};")
+            elif isinstance(d, ParamRef):
+                w.line(f"const {T} {v} = A{t.index}_{k}[0];")
+            elif isinstance(d, SizeRef):
+                w.line(f"const {T} {v} = {codegen.c_literal(plan.sizes[d.dim], lf.dtype)};")
+            elif isinstance(d, InBoundsRef):
+                w.line(f"const {T} {v} = ({T})({self._inside(t, d.offset) or 'true'});")
+            elif isinstance(d, IndexRef):
+                w.line(f"const {T} {v} = ({T})c{d.dim};")
+            else:  # BufferRef: read by the gathers
+                names[-1] = None
+        return names
+
+    def _emit_program(self, w, t, fn, leaf_names):
+        """The statements of the lane kernel ``fn``'s cse program; returns the C expression of
+        each root (cast to the plan dtype)."""
+        local = {id(lf): v for lf, v in zip(fn.inputs, leaf_names)}
+        buffer_of = {id(lf): f"A{t.index}_{k}" for k, lf in enumerate(fn.inputs)}
+        for pname, node in fn.program.assignments:
+            var = f"e{t.index}_{pname}"
+            if isinstance(node, sym.Leaf):
+                continue
+            if isinstance(node, sym.Const):
+                w.line(f"const {codegen.c_type(node.dtype)} {var} = {codegen.c_literal(node.value, node.dtype)};")
+            elif node.prim.name == "lane_gather":
+                # SampledImage indexes only inside its buffer (where(inb, index, 0)); the guard
+                # keeps memory safe all the same
+                buf, index = buffer_of[id(node.args[0])], local[id(node.args[1])]
+                T = codegen.c_type(node.dtype)
+                w.line(f"const {T} {var} = ({index} >= 0 && {index} < {buf}_len) ? {buf}[{index}] : ({T})0;")
+            elif node.prim.name == "pow" and node.dtype.kind == "f" and _is_two(node.args[1]):
+                x = f"(({codegen.c_type(node.dtype)}){local[id(node.args[0])]})"
+                w.line(f"const {codegen.c_type(node.dtype)} {var} = {x} * {x};")  # exact, as numpy
+            else:
+                expr = codegen.c_spell(node.prim, [local[id(a)] for a in node.args],
+                                       [a.dtype for a in node.args], node.dtype)
+                w.line(f"const {codegen.c_type(node.dtype)} {var} = {expr};")
+            local[id(node)] = var
+        valid = f"V{t.index}[lane]" if self.plan._memory.valid(t) is not None else None
+        outs = []
+        for root in fn.outputs:
+            value = f"({self.ctype}){local[id(root)]}"
+            outs.append(f"({valid} ? {value} : ({self.ctype})0)" if valid else value)
+        return outs
+
+    def _evaluation_source(self, kind):
+        T = self.ctype
+        params, _ = self._evaluation_args(None, None)
+        if kind == "linearize":
+            for t in self.eval_terms:
+                params += [(f"{T}* __restrict__ F{t.index}", f"term {t.index}: residuals (K={t.K}, L={t.L})"),
+                           (f"{T}* __restrict__ D{t.index}", f"term {t.index}: J entries (K, R={t.R}, L)")]
+        else:
+            params.append(("double* __restrict__ partial", "per thread: its lanes' sum of F^2"))
+        w = codegen.CudaWriter()
+        with w.kernel(f"lsq_{kind}", params):
+            if kind == "cost":
+                w.line("double sum = 0.0;")
+            with w.grid_stride_loop("i", "n"):
+                start = 0
+                for j, t in enumerate(self.eval_terms):
+                    with w.block(f"{'if' if j == 0 else 'else if'} (i < {start + t.L}LL)"):
+                        w.line(f"const long long lane = i - {start}LL;  // term {t.index}")
+                        leaves = self._leaf_values(w, t)
+                        if kind == "cost":
+                            for value in self._emit_program(w, t, t.f, leaves):
+                                w.line(f"{{ const double f = {value}; sum += f * f; }}")  # float32: exact widening
+                        else:
+                            outs = self._emit_program(w, t, t.fj, leaves)
+                            for k in range(t.K):
+                                w.line(f"F{t.index}[{k * t.L}LL + lane] = {outs[k]};")
+                            for kr in range(t.K * t.R):
+                                w.line(f"D{t.index}[{kr * t.L}LL + lane] = {outs[t.K + kr]};")
+                    start += t.L
+            if kind == "cost":
+                w.line("partial[(long long)blockIdx.x * blockDim.x + threadIdx.x] = sum;")
+        return w.source()
+
+    def _evaluate(self, kind, x, fixed, outs, grid):
+        from core_ad._codegen.cuda.launcher import BLOCK
+
+        _, args = self._evaluation_args(x, fixed)
+        codegen.cuda_kernel(self.sources[kind], f"lsq_{kind}")((grid,), (BLOCK,), tuple(args + outs))
+
+    def linearize(self, x, fixed):
+        """Per term (F (K, L), D (K, R, L)) at the free unknowns ``x`` (``fixed``: the full
+        unknown vector holding the excluded entries' values): one kernel."""
+        from core_ad._codegen.cuda.launcher import BLOCK, MAX_GRID
+
+        xp, dt = self.xp, self.plan.dtype
+        lin = [(xp.empty((t.K, t.L), dt), xp.empty((t.K, t.R, t.L), dt)) for t in self.plan.terms]
+        if self.eval_lanes:
+            self._evaluate("linearize", x, fixed, [a for t in self.eval_terms for a in lin[t.index]],
+                           min((self.eval_lanes + BLOCK - 1) // BLOCK, MAX_GRID))
+        return lin
+
+    def cost(self, x, fixed) -> float:
+        """0.5 * sum F^2 at ``x`` (as :meth:`linearize`): one kernel writing per-thread partial sums (float64), one
+        device sum of those, one scalar transfer."""
+        from core_ad._codegen.cuda.launcher import BLOCK
+
+        if not self.eval_lanes:
+            return 0.0
+        grid = min((self.eval_lanes + BLOCK - 1) // BLOCK, COST_GRID)
+        partial = self.xp.empty(grid * BLOCK, np.float64)
+        self._evaluate("cost", x, fixed, [partial], grid)
+        with np.errstate(all="ignore"):
+            return 0.5 * float(partial.sum())
+
     # -- launches -------------------------------------------------------------------------------
     def _launch(self, kind, source, args):
-        from core_ad import codegen
         from core_ad._codegen.cuda.launcher import BLOCK, MAX_GRID
 
         if self.lanes:
@@ -301,9 +510,9 @@ class ProductKernels:
 class DeviceProblem:
     """A cuda Plan as a ``LeastSquaresProblem`` over CuPy vectors (``xp`` = CuPy): what the
     solvers' all-device loop consumes (:func:`lsq_opt.solve` builds one per solve of a cuda
-    plan). ``linearize(x)`` evaluates the lane kernels ``fj`` and keeps F and J on the device;
-    ``jtf`` / ``jtj_diag`` come from one ``grad`` kernel and ``jtjp`` from one ``jtjp`` kernel
-    (:class:`ProductKernels`). The linearisation is cached against the x array last given to
+    plan). ``linearize(x)`` evaluates F and J with one ``linearize`` kernel and keeps them on
+    the device; ``jtf`` / ``jtj_diag`` come from one ``grad`` kernel, ``jtjp`` from one ``jtjp``
+    kernel and ``cost`` from one ``cost`` kernel and a device sum (:class:`EnergyKernels`). The linearisation is cached against the x array last given to
     ``linearize`` (by identity: comparing values would cost a device synchronisation; the
     solvers never change an iterate in place). ``cost`` returns a float (one scalar transfer).
     :meth:`finish` writes the constant views (``X.const()``) computed on the device back to the
@@ -315,9 +524,9 @@ class DeviceProblem:
         self.xp = self.memory.xp
         self.n, self.dtype = plan.n, plan.dtype
         self.linearize_changes_cost = plan.linearize_changes_cost
-        if plan._products is None:
-            plan._products = ProductKernels(plan)
-        self.products = plan._products
+        if plan._energy_kernels is None:
+            plan._energy_kernels = EnergyKernels(plan)
+        self.kernels = plan._energy_kernels
         self._free = None if plan.n == plan.n_full else self.xp.asarray(plan.free_idx)
         self._fixed = self.xp.asarray(plan._fixed)
         self._lin_x = self._lin = self._grad = None
@@ -343,15 +552,16 @@ class DeviceProblem:
         """The solvers' hook at a new iterate: the constant views take x's values (on the
         device), then F and J are evaluated there."""
         plan = self.plan
-        full = self._full(x)
-        for name, u in plan.views.items():  # the IRLS weights move with x
-            view = self.xp.ascontiguousarray(plan._uview(full, u)).copy()
-            self.memory.set_data(name, view)
-            self._views[name] = view
-        self._evaluate(x, full)
+        if plan.views:
+            full = self._full(x)
+            for name, u in plan.views.items():  # the IRLS weights move with x
+                view = self.xp.ascontiguousarray(plan._uview(full, u)).copy()
+                self.memory.set_data(name, view)
+                self._views[name] = view
+        self._evaluate(x)
 
-    def _evaluate(self, x, full):
-        self._lin = [self.plan._eval_term(t, full, True) for t in self.plan.terms]
+    def _evaluate(self, x):
+        self._lin = self.kernels.linearize(self._x(x), self._fixed)
         self._lin_x, self._grad = x, None
 
     @property
@@ -362,7 +572,7 @@ class DeviceProblem:
     def _linearized(self, x):
         """F and J at x, with the constant views as they are (as the Plan's products)."""
         if x is not self._lin_x:
-            self._evaluate(x, self._full(x))
+            self._evaluate(x)
         return self._lin
 
     def residuals(self, x):
@@ -371,14 +581,12 @@ class DeviceProblem:
         return self.xp.concatenate([f.ravel() for f in F])
 
     def cost(self, x) -> float:
-        F = self.residuals(x).astype(np.float64)
-        with np.errstate(all="ignore"):
-            return float(0.5 * self.xp.dot(F, F))
+        return self.kernels.cost(self._x(x), self._fixed)
 
     def _gradient(self, x):
         lin = self._linearized(x)
         if self._grad is None:
-            self._grad = self.products.grad(lin)
+            self._grad = self.kernels.grad(lin)
         return self._grad
 
     def jtf(self, x):
@@ -389,15 +597,15 @@ class DeviceProblem:
 
     def jtjp_linearized(self, p):
         """J^T J p at the x of the last :meth:`linearize` (the PCG operator)."""
-        return self.products.jtjp(self._lin, p)
+        return self.kernels.jtjp(self._lin, p)
 
     def jtjp(self, x, p):
-        return self.products.jtjp(self._linearized(x), p)
+        return self.kernels.jtjp(self._linearized(x), p)
 
     def damped_jtjp_linearized(self, p, diagonal):
         """``J^T J p + diagonal * p`` at the x of the last :meth:`linearize` (LM's PCG operator,
         one kernel launch after the product ``diagonal * p``)."""
-        return self.products.jtjp(self._lin, p, diagonal)
+        return self.kernels.jtjp(self._lin, p, diagonal)
 
     def describe_nonfinite(self, x) -> str:
         return self.plan.describe_nonfinite(x.get())
