@@ -569,3 +569,31 @@ def test_gpu_device_loop_multigrid_is_refused(cupy_dev):
     dev, _ = plans("laplacian", "float64")
     with pytest.raises(ValueError, match="cannot precondition the all-device solver loop"):
         solve(dev, dev.x0, preconditioner="jacobi+multigrid")
+
+
+def test_nvcc_compiles_every_fused_kernel(host_cupy, tmp_path):
+    """The all-device loop's kernels, generated per bound plan (products, linearize, cost) and
+    per dtype (vector updates), compile with nvcc: the host tier runs them through g++ only."""
+    if NVCC is None:
+        pytest.skip("nvcc is not on PATH")
+    from lsq_opt._solver.vectors import _UPDATES, update_source
+
+    units = []
+    for dtype in DTYPES:
+        units += [update_source(name, dtype) for name in _UPDATES]
+        for name in [*PROBLEMS, *DEVICE_PRODUCT_PROBLEMS]:
+            builder = DEVICE_PRODUCT_PROBLEMS.get(name)
+            energy, kw = builder() if builder else problem(name)
+            k = compile_problem(energy, dtype=dtype, backend="cuda", **kw).device_problem().kernels
+            units += [k.jtjp_source, k.grad_source, *k.sources.values()]
+    # every unit defines its kernel under the same few names: number them apart
+    text = "\n".join(re.sub(r"(__global__\s+void\s+)(\w+)", rf"\g<1>\g<2>_{i}", u)
+                     for i, u in enumerate(units))
+    src = tmp_path / "lsq_fused.cu"
+    src.write_text(text)
+    r = subprocess.run([NVCC, "--ptx", "-arch=sm_80", "-std=c++17", str(src), "-o",
+                        str(tmp_path / "lsq_fused.ptx")], capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-4000:]
+    entries = re.findall(r"\.entry\s+(\w+)\(", (tmp_path / "lsq_fused.ptx").read_text())
+    assert len(entries) == len(units)
