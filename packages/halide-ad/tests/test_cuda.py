@@ -113,7 +113,10 @@ def test_bilateral_slice_cuda_compiles_with_nvcc(tmp_path):
 def test_bilateral_slice_gpu_matches_cpu():
     want = _bilateral_slice(gpu=False).realize()
     got = _bilateral_slice().realize()
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # float32 sums of ~30 products of size ~1 that may cancel: nvcc contracts them into FMAs,
+    # the CPU kernel does not, so errors are relative to the terms' scale (seen on an H100:
+    # 1.4e-6 on an output of 2e-3), not to each output
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
 
 
 def _bilateral_slice_adjoints(gpu=True):
