@@ -96,10 +96,10 @@ class Geometry:
 
     # -- differentiable interactions ------------------------------------------------------
     def interact(self, tri, o, d):
-        v = self.tri_verts[tri]
+        v = self.tri_verts.index_select(0, tri)
         p, t, ng, bary, area = RAY_TRIANGLE(v[:, 0], v[:, 1], v[:, 2], o, d)
         t, b1, b2, area = t[:, 0], bary[:, 0], bary[:, 1], area[:, 0]
-        mesh = self.mesh_of[tri]
+        mesh = self.mesh_of.index_select(0, tri)
         b0 = 1.0 - b1 - b2
         ns, uv = ng, torch.stack([b1, b2], 1)
         for mi, m in enumerate(self.scene.meshes):
@@ -125,13 +125,17 @@ class Geometry:
         side = torch.where((si.ng * direction).sum(1) >= 0, 1.0, -1.0).to(self.dtype)
         return si.p + (self.eps * side)[:, None] * si.ng.detach()
 
+    def eps_column(self, n):
+        """The ray offset of ``spawn`` as an (n, 1) column (an input of compiled ops)."""
+        return torch.full((n, 1), self.eps, dtype=self.dtype)
+
     def material(self, si, footprint=None):
         """(kd, ks, roughness) at the interactions; ``footprint`` (N,) is the world-space
         pixel footprint for the mip level."""
         # constant materials: one gather from per-mesh tables; textured meshes looked up apart
-        kd = self._per_mesh_constant("diffuse", 3)[si.mesh]
-        ks = self._per_mesh_constant("specular", 3)[si.mesh]
-        rough = self._per_mesh_constant("roughness", 1)[si.mesh, 0]
+        kd = self._per_mesh_constant("diffuse", 3).index_select(0, si.mesh)
+        ks = self._per_mesh_constant("specular", 3).index_select(0, si.mesh)
+        rough = self._per_mesh_constant("roughness", 1).index_select(0, si.mesh)[:, 0]
         for mi, m in enumerate(self.scene.meshes):
             mat = m.material
             if mat.diffuse.is_constant and mat.specular.is_constant and mat.roughness.is_constant:
@@ -172,9 +176,18 @@ class Geometry:
 
     def emission(self, si):
         """Radiance leaving the front side of emissive meshes (zero elsewhere)."""
+        return torch.where(si.front[:, None], self._emission_rows().index_select(0, si.mesh),
+                           0.0)
+
+    def light_emission(self, tri):
+        """Emitted radiance (N, 3) of the triangles ``tri`` (sampled on lights)."""
+        return self._emission_rows().index_select(0, self.mesh_of.index_select(0, tri))
+
+    def _emission_rows(self):
+        """(meshes, 3): each mesh's emission (zeros for non-emitters), differentiable."""
         rows = [torch.zeros(3, dtype=self.dtype) if m.emission is None
                 else m.emission.to(self.dtype).expand(3) for m in self.scene.meshes]
-        return torch.where(si.front[:, None], torch.stack(rows)[si.mesh], 0.0)
+        return torch.stack(rows)
 
     def environment(self, d):
         env = self.scene.envmap
@@ -183,17 +196,22 @@ class Geometry:
         return _lookup(env.radiance, direction_to_latlong(d), None, self.dtype)
 
     # -- light sampling -------------------------------------------------------------------
+    def pick_light(self, u0):
+        """Emissive triangles picked by power from (N,) uniforms: (tri, pmf)."""
+        k = torch.searchsorted(self.light_cdf, u0.double().contiguous())
+        tri = self.light_tris.index_select(0, torch.clamp(k, max=len(self.light_tris) - 1))
+        return tri, self.light_pmf.index_select(0, tri).to(self.dtype)
+
     def sample_light(self, u):
         """Points on emissive triangles from (N, 3) uniforms: (tri, y, normal, area, pmf)."""
-        k = torch.searchsorted(self.light_cdf, u[:, 0].double().contiguous())
-        tri = self.light_tris[torch.clamp(k, max=len(self.light_tris) - 1)]
-        v = self.tri_verts[tri]
+        tri, pmf = self.pick_light(u[:, 0])
+        v = self.tri_verts.index_select(0, tri)
         su = torch.sqrt(u[:, 1])
         b0, b1 = 1.0 - su, u[:, 2] * su
         y = b0[:, None] * v[:, 0] + b1[:, None] * v[:, 1] + (1.0 - b0 - b1)[:, None] * v[:, 2]
         cross = torch.linalg.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
         area = 0.5 * cross.norm(dim=1)
-        return tri, y, cross / (2.0 * area[:, None]), area, self.light_pmf[tri].to(self.dtype)
+        return tri, y, cross / (2.0 * area[:, None]), area, pmf
 
 
 def _ray_triangle_expressions(dtype):
