@@ -131,5 +131,5 @@ def lanes_to_tensor(arrays, n):
     """Kernel results (each N lanes, or 0-d for a lane-independent result) as one
     column-major (N, len(arrays)) tensor: one copy, and each column stays contiguous for the
     next kernel."""
-    stacked = np.stack([np.broadcast_to(np.asarray(x), (n,)) for x in arrays])
+    stacked = np.stack([x if x.ndim else np.full(n, x) for x in map(np.asarray, arrays)])
     return torch.from_numpy(stacked).T

@@ -1,7 +1,8 @@
 """Wavefront path tracer: next-event estimation with MIS (power heuristic), BSDF sampling,
 maximum depth, box pixel filter. The same code runs without autograd (forward render) and
-with it (the backward pass differentiates each chunk's path contributions; the BSDF's VJP is
-a core_ad compiled kernel).
+with it (the backward pass differentiates each chunk's path contributions). Each bounce is a
+few compiled core_ad kernels with their VJPs and JVPs (hit point, BOUNCE, next-event
+estimation) between index_select compactions of the live paths.
 
 Which quantities are held constant when differentiating (all unbiased, spec 5.3): sampled
 BSDF directions, BSDF and light-selection pdfs, MIS weights, hit triangle ids and shadow-ray
