@@ -68,23 +68,22 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
     if output != "radiance":
         return _aov(g, o, d, valid, output)
     radiance = torch.zeros((n, 3), dtype=dt)
-    # Path state is kept compact (one row per live lane, ``lanes`` maps rows to paths):
-    # gathers are index_select (much faster than advanced indexing, forward and backward).
+    # Path state is kept compact (one row per path still going, ``lanes`` maps rows to
+    # paths) and compacted once per bounce, after the next rays are cast: gathers are
+    # index_select (much faster than advanced indexing, forward and backward).
     lanes = torch.nonzero(valid).flatten()
+    o, d = o.index_select(0, lanes), d.index_select(0, lanes)
     beta = torch.ones((len(lanes), 3), dtype=dt)
     travelled = torch.zeros(len(lanes), dtype=dt)
     prev_pdf = None
     pixel_angle = 2.0 * float(torch.tan(scene.camera.fov.detach() * np.pi / 360.0)) / (
         scene.camera.width)
-    o, d = o.index_select(0, lanes), d.index_select(0, lanes)
     has_lights = len(g.light_tris) > 0
+    tri, traced = g.intersect(o, d), None  # traced: rows whose path went on (None: all)
     for depth in range(max_depth + 1):
-        if len(lanes) == 0:
-            break
-        tri = g.intersect(o, d)
         hit = tri >= 0
         if scene.envmap is not None:
-            miss = torch.nonzero(~hit).flatten()
+            miss = torch.nonzero(~hit if traced is None else ~hit & traced).flatten()
             if len(miss):
                 radiance = radiance.index_add(0, lanes.index_select(0, miss),
                                               beta.index_select(0, miss)
@@ -116,15 +115,18 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
             radiance = radiance.index_add(
                 0, lanes, beta * next_event(g, si, wi, kd, ks, rough, u_light))
         u = sampler.uniform(_BSDF, depth, 3, dt).index_select(0, lanes)
-        wo, pdf, throughput, origin, alive = BOUNCE(
+        wo, pdf, throughput, o, alive = BOUNCE(
             si.p, si.ns, si.ng, wi, kd, ks, rough[:, None], u, g.eps_column(len(lanes)))
-        keep = torch.nonzero(alive[:, 0] > 0).flatten()
-        o = origin.index_select(0, keep)
-        beta = (beta * throughput).index_select(0, keep)
         # Held constant (spec 5.3): the sampled direction and its pdf (zero derivatives in
         # the kernel; detached so that the replay records nothing for them).
-        lanes, d, prev_pdf, travelled = (x.index_select(0, keep) for x in
-                                         (lanes, wo.detach(), pdf[:, 0].detach(), travelled))
+        beta, d, prev_pdf = beta * throughput, wo.detach(), pdf[:, 0].detach()
+        traced = alive[:, 0] > 0
+        if traced.all():
+            tri, traced = g.intersect(o, d), None
+        else:
+            rows = torch.nonzero(traced).flatten()
+            tri = torch.full((len(lanes),), -1, dtype=torch.long).index_copy(
+                0, rows, g.intersect(o.detach().index_select(0, rows), d.index_select(0, rows)))
     return radiance
 
 
