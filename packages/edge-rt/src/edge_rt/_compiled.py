@@ -31,18 +31,18 @@ class CompiledOp:
             def forward(ctx, *inputs):
                 ctx.save_for_backward(*inputs)
                 ctx.save_for_forward(*inputs)
-                return tuple(op._split(op._run("value", inputs, ())))
+                return op._split(op._run("value", inputs, ()))
 
             @staticmethod
             def backward(ctx, *grads):
                 inputs = ctx.saved_tensors
                 n, dtype = inputs[0].shape[0], inputs[0].dtype
-                cts = [g.contiguous() if g is not None else torch.zeros(n, w, dtype=dtype)
+                cts = [g if g is not None else torch.zeros(n, w, dtype=dtype)
                        for g, w in zip(grads, op.output_widths)]
                 flat = op._run("vjp", inputs, cts)
                 out, k = [], 0
                 for w, diff in zip(op.input_widths, op.differentiable):
-                    out.append(torch.stack(flat[k:k + w], 1) if diff else None)
+                    out.append(flat[:, k:k + w] if diff else None)
                     k += w if diff else 0
                 return tuple(out)
 
@@ -51,7 +51,7 @@ class CompiledOp:
                 inputs = ctx.saved_tensors
                 ts = [t if t is not None else torch.zeros_like(x)
                       for t, x, diff in zip(tangents, inputs, op.differentiable) if diff]
-                return tuple(op._split(op._run("jvp", inputs, ts)))
+                return op._split(op._run("jvp", inputs, ts))
 
         self._function = _Function
 
@@ -93,13 +93,13 @@ class CompiledOp:
         return [diff for w, diff in zip(self.input_widths, self.differentiable) for _ in range(w)]
 
     def _run(self, kind, inputs, extra):
+        """The kernel's results as one (N, results) tensor."""
         n = inputs[0].shape[0]
         dtype = str(inputs[0].dtype).removeprefix("torch.")
         if n == 0:
-            return [inputs[0].new_zeros(0)] * self._n_results(kind)
+            return inputs[0].new_zeros(0, self._n_results(kind))
         cols = columns([*inputs, *extra])
-        out = self._kernel(kind, dtype)(*cols)
-        return [torch.from_numpy(np.broadcast_to(np.asarray(x), (n,)).copy()) for x in out]
+        return lanes_to_tensor(self._kernel(kind, dtype)(*cols), n)
 
     def _n_results(self, kind):
         if kind == "vjp":
@@ -109,15 +109,26 @@ class CompiledOp:
     def _split(self, flat):
         out, k = [], 0
         for w in self.output_widths:
-            out.append(torch.stack(flat[k:k + w], 1))
+            out.append(flat[:, k:k + w])
             k += w
-        return out
+        return tuple(out)
 
 
 def columns(tensors):
-    """Contiguous numpy columns of (N, width) tensors, in order."""
+    """Contiguous numpy columns of (N, width) tensors, in order (one transposing copy per
+    tensor)."""
     cols = []
     for t in tensors:
-        a = t.detach().cpu().numpy()
-        cols.extend(np.ascontiguousarray(a[:, k]) for k in range(a.shape[1]))
+        a = t.detach().cpu().numpy().T
+        if not a.flags.c_contiguous:
+            a = np.ascontiguousarray(a)
+        cols.extend(a)
     return cols
+
+
+def lanes_to_tensor(arrays, n):
+    """Kernel results (each N lanes, or 0-d for a lane-independent result) as one row-major
+    (N, len(arrays)) tensor, in one copy. Row-major: torch's index_select of a column-major
+    (N, 3) tensor is ~20x slower."""
+    return torch.from_numpy(np.stack([x if x.ndim else np.full(n, x)
+                                      for x in map(np.asarray, arrays)], axis=1))

@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
-import torch
 
 from core_ad import sym
 
-from ._compiled import CompiledOp, columns
+from ._compiled import CompiledOp, columns, lanes_to_tensor
 
 _INPUTS = ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz", "ox", "oy", "oz",
            "kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")
@@ -160,11 +158,10 @@ def _sampling_kernels(dtype: str):
 
 
 def _run(kernel, tensors, like):
+    """(N, outputs) results of a kernel without derivatives."""
     if like.shape[0] == 0:
-        return [like.new_zeros(0) for _ in range(4)]
-    out = kernel(*columns(tensors))
-    return [torch.from_numpy(np.broadcast_to(np.asarray(x), (like.shape[0],)).copy())
-            for x in out]
+        return like.new_zeros(0, len(kernel.outputs))
+    return lanes_to_tensor(kernel(*columns(tensors)), like.shape[0])
 
 
 def sample(n, wi, kd, ks, rough, u):
@@ -172,10 +169,10 @@ def sample(n, wi, kd, ks, rough, u):
     ``(wo (N, 3), pdf (N,))``, one compiled kernel, no derivatives (held constant)."""
     kernel = _sampling_kernels(str(n.dtype).removeprefix("torch."))[0]
     out = _run(kernel, [n, wi, kd, ks, rough[:, None], u], n)
-    return torch.stack(out[:3], 1), out[3]
+    return out[:, :3], out[:, 3]
 
 
 def pdf(n, wi, wo, kd, ks, rough):
     """Solid-angle pdf (N,) of ``sample`` producing ``wo``, compiled, no derivatives."""
     kernel = _sampling_kernels(str(n.dtype).removeprefix("torch."))[1]
-    return _run(kernel, [n, wi, wo, kd, ks, rough[:, None]], n)[0]
+    return _run(kernel, [n, wi, wo, kd, ks, rough[:, None]], n)[:, 0]

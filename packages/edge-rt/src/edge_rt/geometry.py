@@ -5,6 +5,7 @@ and rays), and area-light sampling."""
 
 from __future__ import annotations
 
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -33,17 +34,34 @@ class Interaction:
     area: torch.Tensor      # triangle area
 
 
+# Rays per thread below which a batch is traced in one Embree call.
+_RAYS_PER_THREAD = 8192
+_POOL: list = []
+
+
+def _embree_pool():
+    if not _POOL:
+        _POOL.append(ThreadPoolExecutor(thread_name_prefix="edge_rt_embree"))
+    return _POOL[0]
+
+
+_CORNER_UVS = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+
+
 class Geometry:
     def __init__(self, scene, dtype, ray_caster=None):
         """``ray_caster``: a Geometry of the same scene whose Embree scene is reused (the
         backward pass rebuilds the differentiable part per chunk, not the BVH)."""
         self.scene, self.dtype = scene, dtype
-        verts, tris, mesh_of, offsets = [], [], [], []
+        verts, tris, mesh_of, offsets, uvs = [], [], [], [], []
         base = 0
         for mi, m in enumerate(scene.meshes):
             keep = np.setdiff1d(np.arange(m.faces.shape[0]), m.degenerate_faces)
             verts.append(m.vertices.to(dtype))
             tris.append(m.faces[keep] + base)
+            # Without uvs a triangle's uv is its barycentrics (b1, b2): corners (0,0) (1,0) (0,1).
+            uvs.append(m.uvs.to(dtype)[m.faces[keep]] if m.uvs is not None
+                       else _CORNER_UVS.to(dtype).expand(len(keep), 3, 2))
             mesh_of.append(np.full(len(keep), mi))
             offsets.append(base)
             base += m.vertices.shape[0]
@@ -52,6 +70,7 @@ class Geometry:
         self.mesh_of = torch.as_tensor(np.concatenate(mesh_of))
         self.vertex_offset = offsets
         self.tri_verts = self.vertices[self.faces]  # (T, 3, 3)
+        self.tri_uvs = torch.cat(uvs, 0)  # (T, 3, 2)
         if ray_caster is not None:
             self.embree, self.eps = ray_caster.embree, ray_caster.eps
             self.light_tris, self.light_pmf = ray_caster.light_tris, ray_caster.light_pmf
@@ -91,31 +110,36 @@ class Geometry:
         dd = np.ascontiguousarray(d.detach().to(torch.float32).numpy())
         dists = None if tmax is None else np.ascontiguousarray(
             tmax.detach().to(torch.float32).numpy())
-        res = self.embree.run(oo, dd, dists=dists, output=1)
-        return torch.as_tensor(res["primID"].astype(np.int64))
+        n = oo.shape[0]
+        parts = max(1, min(torch.get_num_threads(), n // _RAYS_PER_THREAD))
+        if parts == 1:
+            return torch.as_tensor(self.embree.run(oo, dd, dists=dists).astype(np.int64))
+        # embreex releases the GIL while tracing: contiguous slices of the batch in threads.
+        bounds = np.linspace(0, n, parts + 1).astype(np.int64)
+        jobs = [_embree_pool().submit(self.embree.run, oo[s:e], dd[s:e],
+                                      None if dists is None else dists[s:e])
+                for s, e in zip(bounds[:-1], bounds[1:])]
+        return torch.as_tensor(np.concatenate([j.result() for j in jobs]).astype(np.int64))
 
     # -- differentiable interactions ------------------------------------------------------
     def interact(self, tri, o, d):
-        v = self.tri_verts[tri]
+        v = self.tri_verts.index_select(0, tri)
         p, t, ng, bary, area = RAY_TRIANGLE(v[:, 0], v[:, 1], v[:, 2], o, d)
         t, b1, b2, area = t[:, 0], bary[:, 0], bary[:, 1], area[:, 0]
-        mesh = self.mesh_of[tri]
+        mesh = self.mesh_of.index_select(0, tri)
         b0 = 1.0 - b1 - b2
-        ns, uv = ng, torch.stack([b1, b2], 1)
+        w = torch.stack([b0, b1, b2], 1)[:, :, None]
+        uv = (self.tri_uvs.index_select(0, tri) * w).sum(1)
+        ns = ng
         for mi, m in enumerate(self.scene.meshes):
-            if m.normals is None and m.uvs is None:
+            if m.normals is None:
                 continue
             sel = torch.nonzero(mesh == mi).flatten()
             if len(sel) == 0:
                 continue
             fi = self.faces[tri[sel]] - self.vertex_offset[mi]
-            w = torch.stack([b0[sel], b1[sel], b2[sel]], 1)[:, :, None]
-            if m.normals is not None:
-                n_interp = (m.normals.to(self.dtype)[fi] * w).sum(1)
-                n_interp = n_interp / n_interp.norm(dim=1, keepdim=True)
-                ns = ns.index_copy(0, sel, n_interp)
-            if m.uvs is not None:
-                uv = uv.index_copy(0, sel, (m.uvs.to(self.dtype)[fi] * w).sum(1))
+            n_interp = (m.normals.to(self.dtype)[fi] * w[sel]).sum(1)
+            ns = ns.index_copy(0, sel, n_interp / n_interp.norm(dim=1, keepdim=True))
         front = ((ng * d).sum(1) < 0).detach()
         sign = torch.where(front, 1.0, -1.0).to(self.dtype)[:, None]
         return Interaction(tri, mesh, p, t, ng * sign, ns * sign, uv, front, area)
@@ -125,13 +149,17 @@ class Geometry:
         side = torch.where((si.ng * direction).sum(1) >= 0, 1.0, -1.0).to(self.dtype)
         return si.p + (self.eps * side)[:, None] * si.ng.detach()
 
+    def eps_column(self, n):
+        """The ray offset of ``spawn`` as an (n, 1) column (an input of compiled ops)."""
+        return torch.full((n, 1), self.eps, dtype=self.dtype)
+
     def material(self, si, footprint=None):
         """(kd, ks, roughness) at the interactions; ``footprint`` (N,) is the world-space
         pixel footprint for the mip level."""
         # constant materials: one gather from per-mesh tables; textured meshes looked up apart
-        kd = self._per_mesh_constant("diffuse", 3)[si.mesh]
-        ks = self._per_mesh_constant("specular", 3)[si.mesh]
-        rough = self._per_mesh_constant("roughness", 1)[si.mesh, 0]
+        kd = self._per_mesh_constant("diffuse", 3).index_select(0, si.mesh)
+        ks = self._per_mesh_constant("specular", 3).index_select(0, si.mesh)
+        rough = self._per_mesh_constant("roughness", 1).index_select(0, si.mesh)[:, 0]
         for mi, m in enumerate(self.scene.meshes):
             mat = m.material
             if mat.diffuse.is_constant and mat.specular.is_constant and mat.roughness.is_constant:
@@ -172,9 +200,18 @@ class Geometry:
 
     def emission(self, si):
         """Radiance leaving the front side of emissive meshes (zero elsewhere)."""
+        return torch.where(si.front[:, None], self._emission_rows().index_select(0, si.mesh),
+                           0.0)
+
+    def light_emission(self, tri):
+        """Emitted radiance (N, 3) of the triangles ``tri`` (sampled on lights)."""
+        return self._emission_rows().index_select(0, self.mesh_of.index_select(0, tri))
+
+    def _emission_rows(self):
+        """(meshes, 3): each mesh's emission (zeros for non-emitters), differentiable."""
         rows = [torch.zeros(3, dtype=self.dtype) if m.emission is None
                 else m.emission.to(self.dtype).expand(3) for m in self.scene.meshes]
-        return torch.where(si.front[:, None], torch.stack(rows)[si.mesh], 0.0)
+        return torch.stack(rows)
 
     def environment(self, d):
         env = self.scene.envmap
@@ -183,17 +220,22 @@ class Geometry:
         return _lookup(env.radiance, direction_to_latlong(d), None, self.dtype)
 
     # -- light sampling -------------------------------------------------------------------
+    def pick_light(self, u0):
+        """Emissive triangles picked by power from (N,) uniforms: (tri, pmf)."""
+        k = torch.searchsorted(self.light_cdf, u0.double().contiguous())
+        tri = self.light_tris.index_select(0, torch.clamp(k, max=len(self.light_tris) - 1))
+        return tri, self.light_pmf.index_select(0, tri).to(self.dtype)
+
     def sample_light(self, u):
         """Points on emissive triangles from (N, 3) uniforms: (tri, y, normal, area, pmf)."""
-        k = torch.searchsorted(self.light_cdf, u[:, 0].double().contiguous())
-        tri = self.light_tris[torch.clamp(k, max=len(self.light_tris) - 1)]
-        v = self.tri_verts[tri]
+        tri, pmf = self.pick_light(u[:, 0])
+        v = self.tri_verts.index_select(0, tri)
         su = torch.sqrt(u[:, 1])
         b0, b1 = 1.0 - su, u[:, 2] * su
         y = b0[:, None] * v[:, 0] + b1[:, None] * v[:, 1] + (1.0 - b0 - b1)[:, None] * v[:, 2]
         cross = torch.linalg.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
         area = 0.5 * cross.norm(dim=1)
-        return tri, y, cross / (2.0 * area[:, None]), area, self.light_pmf[tri].to(self.dtype)
+        return tri, y, cross / (2.0 * area[:, None]), area, pmf
 
 
 def _ray_triangle_expressions(dtype):

@@ -1,7 +1,8 @@
 """Wavefront path tracer: next-event estimation with MIS (power heuristic), BSDF sampling,
 maximum depth, box pixel filter. The same code runs without autograd (forward render) and
-with it (the backward pass differentiates each chunk's path contributions; the BSDF's VJP is
-a core_ad compiled kernel).
+with it (the backward pass differentiates each chunk's path contributions). Each bounce is a
+few compiled core_ad kernels with their VJPs and JVPs (hit point, BOUNCE, next-event
+estimation) between index_select compactions of the live paths.
 
 Which quantities are held constant when differentiating (all unbiased, spec 5.3): sampled
 BSDF directions, BSDF and light-selection pdfs, MIS weights, hit triangle ids and shadow-ray
@@ -14,8 +15,12 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from core_ad import sym
+
 from . import bsdf
+from ._compiled import CompiledOp
 from .geometry import Geometry
+from .next_event import next_event, power_heuristic
 
 OUTPUTS = ("radiance", "depth", "position", "normal", "albedo")
 CHANNELS = {"radiance": 3, "depth": 1, "position": 3, "normal": 3, "albedo": 3}
@@ -55,11 +60,6 @@ class Sampler:
 _PIXEL, _LIGHT, _BSDF = 0, 1, 2
 
 
-def _mis(a, b):
-    a2, b2 = a * a, b * b
-    return torch.where(a2 + b2 > 0, a2 / torch.clamp(a2 + b2, min=1e-300), torch.zeros_like(a))
-
-
 def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="radiance"):
     """Per-lane values (N, C) for screen points ``xy`` (N, 2) in pixels."""
     g, dt = geometry, geometry.dtype
@@ -68,89 +68,99 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
     if output != "radiance":
         return _aov(g, o, d, valid, output)
     radiance = torch.zeros((n, 3), dtype=dt)
-    beta = torch.ones((n, 3), dtype=dt)
+    # Path state is kept compact (one row per path still going, ``lanes`` maps rows to
+    # paths) and compacted once per bounce, after the next rays are cast: gathers are
+    # index_select (much faster than advanced indexing, forward and backward).
     lanes = torch.nonzero(valid).flatten()
+    o, d = o.index_select(0, lanes), d.index_select(0, lanes)
+    beta = torch.ones((len(lanes), 3), dtype=dt)
+    travelled = torch.zeros(len(lanes), dtype=dt)
     prev_pdf = None
-    travelled = torch.zeros(n, dtype=dt)
     pixel_angle = 2.0 * float(torch.tan(scene.camera.fov.detach() * np.pi / 360.0)) / (
         scene.camera.width)
-    o, d = o[lanes], d[lanes]
     has_lights = len(g.light_tris) > 0
+    tri, traced = g.intersect(o, d), None  # traced: rows whose path went on (None: all)
     for depth in range(max_depth + 1):
-        if len(lanes) == 0:
-            break
-        tri = g.intersect(o, d)
         hit = tri >= 0
-        miss = torch.nonzero(~hit).flatten()
-        if len(miss) and scene.envmap is not None:
-            radiance = radiance.index_add(0, lanes[miss], beta[lanes[miss]] *
-                                          g.environment(d[miss]))
+        if scene.envmap is not None:
+            miss = torch.nonzero(~hit if traced is None else ~hit & traced).flatten()
+            if len(miss):
+                radiance = radiance.index_add(0, lanes.index_select(0, miss),
+                                              beta.index_select(0, miss)
+                                              * g.environment(d.index_select(0, miss)))
         keep = torch.nonzero(hit).flatten()
-        lanes, o, d, tri = lanes[keep], o[keep], d[keep], tri[keep]
-        if prev_pdf is not None:
-            prev_pdf = prev_pdf[keep]
+        if len(keep) < len(lanes):
+            lanes, o, d, tri, beta, travelled = (x.index_select(0, keep) for x in
+                                                 (lanes, o, d, tri, beta, travelled))
+            if prev_pdf is not None:
+                prev_pdf = prev_pdf.index_select(0, keep)
         if len(lanes) == 0:
             break
         si = g.interact(tri, o, d)
-        travelled = travelled.index_add(0, lanes, si.t.detach())
+        travelled = travelled + si.t.detach()
         wi = -d
         if has_lights:
             le = g.emission(si)
             if depth > 0:
                 cos_l = torch.clamp((si.ng.detach() * wi.detach()).sum(1), min=1e-12)
-                p_light = (g.light_pmf[tri].to(dt) / si.area.detach() * si.t.detach() ** 2
-                           / cos_l)
-                le = le * _mis(prev_pdf, p_light)[:, None]
-            radiance = radiance.index_add(0, lanes, beta[lanes] * le)
+                p_light = (g.light_pmf.index_select(0, tri).to(dt) / si.area.detach()
+                           * si.t.detach() ** 2 / cos_l)
+                le = le * power_heuristic(prev_pdf, p_light)[:, None]
+            radiance = radiance.index_add(0, lanes, beta * le)
         if depth == max_depth:
             break
-        kd, ks, rough = g.material(si, footprint=travelled[lanes] * pixel_angle)
-        b = beta[lanes]
+        kd, ks, rough = g.material(si, footprint=travelled * pixel_angle)
         if has_lights:
+            u_light = sampler.uniform(_LIGHT, depth, 3, dt).index_select(0, lanes)
             radiance = radiance.index_add(
-                0, lanes, b * _next_event(g, si, wi, kd, ks, rough,
-                                         sampler.uniform(_LIGHT, depth, 3, dt)[lanes]))
-        u = sampler.uniform(_BSDF, depth, 3, dt)[lanes]
-        # Held constant (spec 5.3): the compiled sampler returns plain tensors, and the MIS
-        # weights below are detached (not no_grad(), which forward mode would ignore).
-        wo, pdf = bsdf.sample(si.ns, wi, kd, ks, rough, u)
-        f = bsdf.evaluate(si.ns, si.ng, wi, wo, kd, ks, rough)
-        ok = (pdf > 0) & ((si.ng.detach() * wo).sum(1) > 0)
-        new_beta = b * f / torch.where(ok, pdf, torch.ones_like(pdf))[:, None]
-        beta = beta.index_copy(0, lanes, torch.where(ok[:, None], new_beta,
-                                                     torch.zeros_like(new_beta)))
-        keep = torch.nonzero(ok).flatten()
-        o = g.spawn(si, wo)[keep]
-        lanes, d, prev_pdf = lanes[keep], wo[keep], pdf[keep]
+                0, lanes, beta * next_event(g, si, wi, kd, ks, rough, u_light))
+        u = sampler.uniform(_BSDF, depth, 3, dt).index_select(0, lanes)
+        wo, pdf, throughput, o, alive = BOUNCE(
+            si.p, si.ns, si.ng, wi, kd, ks, rough[:, None], u, g.eps_column(len(lanes)))
+        # Held constant (spec 5.3): the sampled direction and its pdf (zero derivatives in
+        # the kernel; detached so that the replay records nothing for them).
+        beta, d, prev_pdf = beta * throughput, wo.detach(), pdf[:, 0].detach()
+        traced = alive[:, 0] > 0
+        if traced.all():
+            tri, traced = g.intersect(o, d), None
+        else:
+            rows = torch.nonzero(traced).flatten()
+            tri = torch.full((len(lanes),), -1, dtype=torch.long).index_copy(
+                0, rows, g.intersect(o.detach().index_select(0, rows), d.index_select(0, rows)))
     return radiance
 
 
-def _next_event(g, si, wi, kd, ks, rough, u):
-    dt = g.dtype
-    tri, y, nl, area, pmf = g.sample_light(u)
-    to_light = y - si.p
-    dist2 = (to_light * to_light).sum(1)
-    dist = torch.sqrt(dist2)
-    wo = to_light / dist[:, None]
-    cos_l = -(nl * wo).sum(1)
-    origin = g.spawn(si, wo)
-    with torch.no_grad():
-        tmax = (y - origin).norm(dim=1) * (1.0 - 1e-3)
-        blocked = g.intersect(origin, wo, tmax=tmax) >= 0
-        ok = (~blocked) & (cos_l > 0) & (pmf > 0) & ((si.ng * wo).sum(1) > 0)
-        p_light = pmf / area * dist2 / torch.clamp(cos_l, min=1e-12)
-        p_bsdf = bsdf.pdf(si.ns, wi, wo, kd, ks, rough)
-        weight = torch.where(ok, _mis(p_light, p_bsdf), torch.zeros_like(p_light)).detach()
-    le = torch.zeros((si.p.shape[0], 3), dtype=dt)
-    for mi, m in enumerate(g.scene.meshes):
-        if m.emission is None:
-            continue
-        sel = torch.nonzero(g.mesh_of[tri] == mi).flatten()
-        if len(sel):
-            le = le.index_copy(0, sel, m.emission.to(dt).expand(len(sel), 3))
-    f = bsdf.evaluate(si.ns, si.ng, wi, wo, kd, ks, rough)
-    geo = torch.clamp(cos_l, min=0.0) / dist2 * area / torch.clamp(pmf, min=1e-300)
-    return f * le * (geo * weight)[:, None]
+def _bounce_expressions(dtype):
+    """One bounce: a BSDF-sampled direction and its pdf (held constant), the throughput
+    BRDF * cos / pdf (zero for a direction below the surface), the next ray's origin
+    (Geometry.spawn) and 1 where the path goes on."""
+    (sampled, _), _ = bsdf.sampling_expressions(dtype)
+    v, f = bsdf.bsdf_expressions(dtype)
+    p = [sym.var(f"p{c}", dtype) for c in "xyz"]
+    u = [sym.var(f"u{k}", dtype) for k in range(3)]
+    eps = sym.var("eps", dtype)
+    wo = [sym.stop_gradient(x) for x in sampled[:3]]
+    pdf = sym.stop_gradient(sampled[3])
+    ng = [v["gx"], v["gy"], v["gz"]]
+    cos_g = ng[0] * wo[0] + ng[1] * wo[1] + ng[2] * wo[2]
+    alive = sym.logical_and(pdf > 0.0, cos_g > 0.0)
+    f = sym.substitute(f, {v["ox"]: wo[0], v["oy"]: wo[1], v["oz"]: wo[2]})
+    safe_pdf = sym.where(alive, pdf, sym.const(1.0, dtype))
+    throughput = [sym.where(alive, x / safe_pdf, sym.const(0.0, dtype)) for x in f]
+    offset = sym.where(cos_g >= 0.0, eps, -eps)
+    origin = [p[k] + offset * ng[k] for k in range(3)]
+    inputs = p + [v[k] for k in ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz", "kdr",
+                                 "kdg", "kdb", "ksr", "ksg", "ksb", "rough")] + u + [eps]
+    outputs = (wo + [pdf] + throughput + origin
+               + [sym.where(alive, sym.const(1.0, dtype), sym.const(0.0, dtype))])
+    return inputs, outputs
+
+
+# (p, ns, ng, wi, kd, ks, rough (N, 1), uniforms (N, 3), ray offset (N, 1)) -> (wo, pdf
+# (N, 1), throughput, next origin, alive (N, 1)); one kernel for sampling, evaluation and
+# spawn. The geometric normal only gates and offsets, the uniforms and offset are constants.
+BOUNCE = CompiledOp(_bounce_expressions, (3, 3, 3, 3, 3, 3, 1, 3, 1), (3, 1, 3, 3, 1),
+                    differentiable=(True, True, False, True, True, True, True, False, False))
 
 
 def _aov(g, o, d, valid, output):
