@@ -69,8 +69,9 @@ class Scope:
             return hit[0]
         name = f"_lazy{len(self.leaves)}_{arr.dtype.str[1:]}"
         # the symbolic engine takes leaves as finite and drops NaN-safe guards on that basis:
-        # a buffer holding inf or NaN gets a leaf that says otherwise
-        if arr.dtype.kind in "fc" and not np.isfinite(arr).all():
+        # a buffer holding inf or NaN gets a leaf that says otherwise. Its sum is inf or NaN
+        # then (one pass, no temporary); a sum that merely overflows errs on the safe side.
+        if arr.dtype.kind in "fc" and not np.isfinite(arr.sum()):
             v = sym.leaf("lazy", name, arr.dtype, finite=False)
         else:
             v = sym.var(name, arr.dtype)
