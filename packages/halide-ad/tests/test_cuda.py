@@ -13,6 +13,14 @@ from core_ad import codegen
 x, y, xi, yi = hl.Var("x"), hl.Var("y"), hl.Var("xi"), hl.Var("yi")
 
 
+def assert_nvcc_compiles(source, tmp_path):
+    f = tmp_path / "k.cu"
+    f.write_text(source)
+    r = subprocess.run(["nvcc", "-std=c++17", "-c", "-o", str(tmp_path / "k.o"), str(f)],
+                       capture_output=True, text=True, check=False)
+    assert r.returncode == 0, r.stderr[-3000:]
+
+
 def _blur(img, gpu=True):
     inp = hl.Buffer(img)
     c = hl.BoundaryConditions.repeat_edge(inp)
@@ -39,12 +47,7 @@ def test_gpu_schedule_generates_one_kernel_per_definition():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_generated_cuda_compiles_with_nvcc(tmp_path):
-    src = hl.Pipeline(_blur(np.zeros((9, 11), np.float32))).ir()
-    f = tmp_path / "k.cu"
-    f.write_text(src)
-    r = subprocess.run(["nvcc", "-std=c++17", "-c", "-o", str(tmp_path / "k.o"), str(f)],
-                       capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert_nvcc_compiles(hl.Pipeline(_blur(np.zeros((9, 11), np.float32))).ir(), tmp_path)
 
 
 def test_mixing_cpu_and_gpu_stages_is_refused():
@@ -101,11 +104,7 @@ def test_bilateral_slice_gpu_schedule_generates_its_kernels():
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
 def test_bilateral_slice_cuda_compiles_with_nvcc(tmp_path):
-    f = tmp_path / "bilateral_slice.cu"
-    f.write_text(hl.Pipeline(_bilateral_slice().output).ir())
-    r = subprocess.run(["nvcc", "-std=c++17", "-c", "-o", str(tmp_path / "k.o"), str(f)],
-                       capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert_nvcc_compiles(hl.Pipeline(_bilateral_slice().output).ir(), tmp_path)
 
 
 @pytest.mark.gpu
@@ -141,11 +140,7 @@ def test_bilateral_slice_adjoint_cuda_compiles_with_nvcc(tmp_path):
     p, _ = _bilateral_slice_adjoints()
     src = p.ir()
     assert src.count('extern "C" __global__ void halide_ad_k') >= 3
-    f = tmp_path / "bilateral_slice_adjoint.cu"
-    f.write_text(src)
-    r = subprocess.run(["nvcc", "-std=c++17", "-c", "-o", str(tmp_path / "k.o"), str(f)],
-                       capture_output=True, text=True, check=False)
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert_nvcc_compiles(src, tmp_path)
 
 
 @pytest.mark.gpu
