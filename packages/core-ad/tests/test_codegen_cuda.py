@@ -345,6 +345,14 @@ def test_spell_is_the_scalar_emitter():
     assert spell(R.div_p, ["i", "j"], ["int32"] * 2, "float64") == "(((double)i) / ((double)j))"
     assert spell(R.lt_p, ["i", "x"], ["int64", "float32"], "bool") == "(((double)i) < ((double)x))"
     assert spell(R.maximum_p, ["i", "j"], ["int32"] * 2, "int32") == "((i) > (j) ? (i) : (j))"
+    # a cse node: a float square is the exact product (as numpy and the LLVM backend), other
+    # powers the library's pow
+    from core_ad.codegen import c_spell_node
+
+    x, k = sym.var("x", "float32"), sym.var("k")
+    assert c_spell_node(sym.pow(x, 2.0), ["a", "b"]) == "(a * a)"
+    assert c_spell_node(sym.pow(x, k), ["a", "b"]) == spell(R.pow_p, ["a", "b"],
+                                                           ["float32", "float64"], "float64")
 
 
 # --------------------------------------------------------------------------------------------

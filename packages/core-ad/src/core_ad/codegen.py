@@ -80,6 +80,8 @@ expressions with the ONE emitter here rather than writing another::
   accesses recording the first failure in the error slot, ``atomic_add``; see its example),
   ``c_spell(prim, operands, arg_dtypes,
   out_dtype)`` (one lane-wise primitive over C operand expressions, numpy's promotion rules),
+  ``c_spell_node(node, operands)`` (one node of a ``sym.cse`` program: ``c_spell`` with the
+  exact ``x * x`` of a power by 2, as core_ad's own kernels spell it),
   ``c_type(dtype)``, ``c_literal(value, dtype)``, ``CUDA_PREAMBLE`` (the device helpers the
   spellings use), ``cuda_kernel(source, name)`` (a cached ``cupy.RawKernel``) and
   ``cuda_available()`` (CuPy with a device).
@@ -95,6 +97,7 @@ from ._codegen.cuda.launcher import available as cuda_available
 from ._codegen.cuda.launcher import get_kernel as cuda_kernel
 from ._codegen.cuda.source import c_literal, c_type
 from ._codegen.cuda.source import spell as c_spell
+from ._codegen.cuda.source import spell_node as c_spell_node
 from ._codegen.cuda.writer import PREAMBLE as CUDA_PREAMBLE
 from ._codegen.cuda.writer import CudaWriter
 from ._codegen.llvm.builder import (
@@ -164,6 +167,7 @@ __all__ = [
     "backends",
     "c_literal",
     "c_spell",
+    "c_spell_node",
     "c_type",
     "compile_ir",
     "cuda_available",

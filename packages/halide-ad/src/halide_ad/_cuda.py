@@ -6,7 +6,7 @@ A definition is GPU-scheduled when its outermost loops are ``gpu_block`` loops f
 to ``blockIdx.x`` (``threadIdx.x``). Block counts are the block loops' extents (evaluated on
 the host); the block size is the thread loops' split factors, and threads past a partial
 tile's extent do nothing. Loops inside run serially in each thread. Expressions are spelled
-with core_ad's C spellings (``core_ad.codegen.c_spell``), so the GPU computes what the CPU
+with core_ad's C spellings (``core_ad.codegen.c_spell_node``), so the GPU computes what the CPU
 does.
 
 Kernel signature::
@@ -130,7 +130,7 @@ class _CWriter:
                 base, idx = self.index(n.params["fid"], n.params["index"], args)
                 self.w.line(f"const {ct} {var} = {base}[{idx}];")
             else:
-                text = codegen.c_spell(n.prim, args, [a.dtype for a in n.args], n.dtype)
+                text = codegen.c_spell_node(n, args)
                 self.w.line(f"const {ct} {var} = {text};")
             local[id(n)] = var
         outs = dict(prog.assignments)

@@ -147,10 +147,6 @@ class DeviceMemory:
 COST_GRID = 1024
 
 
-def _is_two(e) -> bool:
-    return isinstance(e, sym.Const) and e.dtype.kind in "fiu" and float(e.value) == 2.0
-
-
 class EnergyKernels:
     """The device problem's generated CUDA kernels for a plan's whole energy: ``linearize``
     (per term the residuals ``F`` (K, L) and J entries ``D`` (K, R, L)), ``cost`` (per-thread
@@ -401,12 +397,8 @@ class EnergyKernels:
                 buf, index = buffer_of[id(node.args[0])], local[id(node.args[1])]
                 T = codegen.c_type(node.dtype)
                 w.line(f"const {T} {var} = ({index} >= 0 && {index} < {buf}_len) ? {buf}[{index}] : ({T})0;")
-            elif node.prim.name == "pow" and node.dtype.kind == "f" and _is_two(node.args[1]):
-                x = f"(({codegen.c_type(node.dtype)}){local[id(node.args[0])]})"
-                w.line(f"const {codegen.c_type(node.dtype)} {var} = {x} * {x};")  # exact, as numpy
             else:
-                expr = codegen.c_spell(node.prim, [local[id(a)] for a in node.args],
-                                       [a.dtype for a in node.args], node.dtype)
+                expr = codegen.c_spell_node(node, [local[id(a)] for a in node.args])
                 w.line(f"const {codegen.c_type(node.dtype)} {var} = {expr};")
             local[id(node)] = var
         valid = f"V{t.index}[lane]" if self.plan._memory.valid(t) is not None else None

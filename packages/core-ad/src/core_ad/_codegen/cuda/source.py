@@ -366,6 +366,16 @@ def _is_two(e) -> bool:
     return isinstance(e, Const) and e.dtype.kind in "fiu" and float(e.value) == 2.0
 
 
+def spell_node(n: Apply, operands) -> str:
+    """The C expression of the lane-wise node ``n`` over C operand expressions: :func:`spell`
+    of its primitive, except a float power by the constant 2, spelled ``x * x`` (exact, as
+    numpy's fast path for squares and the LLVM backend give it)."""
+    if n.prim is R.pow_p and n.dtype.kind == "f" and _is_two(n.args[1]):
+        x = _cast(operands[0], n.args[0].dtype, n.dtype)
+        return f"({x} * {x})"
+    return spell(n.prim, operands, [a.dtype for a in n.args], n.dtype)
+
+
 class _Writer:
     def __init__(self, prog: Program, roots, inputs, name: str):
         self.prog = prog
@@ -459,12 +469,7 @@ class _Writer:
                              f"{var} = in{k}[ix];")
                 self.local[id(n)] = var
                 continue
-            if prim is R.pow_p and n.dtype.kind == "f" and _is_two(n.args[1]):
-                x = _cast(self.ref(n.args[0]), n.args[0].dtype, n.dtype)
-                expr = f"({x} * {x})"  # exact, as numpy's power fast path for squares
-            else:
-                expr = spell(prim, [self.ref(a) for a in n.args], [a.dtype for a in n.args],
-                             n.dtype)
+            expr = spell_node(n, [self.ref(a) for a in n.args])
             body.line(f"const {c_type(n.dtype)} {var} = {expr};")
             self.local[id(n)] = var
         for j, r in enumerate(self.roots):
