@@ -711,3 +711,32 @@ def test_floor_divide_and_mod_by_constants_match_numpy():
     want = [A // 8, A % 8, A // 1, A % 1, U // 4, U % 4, A // -8, A % -8, A // 3, A % 3]
     for got, ref in zip(f(A, U), want):
         np.testing.assert_array_equal(got, ref)
+
+
+def _rational_module(name):
+    d = ir.DoubleType()
+    mod = ir.Module(name=name)
+    fn = ir.Function(mod, ir.FunctionType(d, [d]), name)
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    (x,) = fn.args
+    x2 = b.fmul(x, x)
+    num = b.fsub(b.fmul(b.fadd(x2, d(1.5)), x), d(2.0))
+    b.ret(b.fdiv(num, b.fadd(x2, d(3.0))))
+    return mod
+
+
+def test_very_large_kernels_get_fast_code_generation_with_the_same_bits(monkeypatch):
+    """Modules over FAST_CODEGEN_LINES are compiled to machine code at -O0 (a huge kernel's -O3
+    code generation grows faster than its size); the results are the same bits."""
+    from core_ad._codegen.llvm import jit as jit_module
+
+    addr, times = jit().compile(str(_rational_module("rational_o3")), "rational_o3",
+                                "rational_o3")
+    assert times["codegen_level"] == 3
+    monkeypatch.setattr(jit_module, "FAST_CODEGEN_LINES", 0)
+    fast_addr, fast_times = jit().compile(str(_rational_module("rational_o0")), "rational_o0",
+                                          "rational_o0")
+    assert fast_times["codegen_level"] == 0
+    f, g = (ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_double)(a) for a in (addr, fast_addr))
+    for x in np.random.default_rng(0).normal(size=200) * 10.0:
+        assert f(x) == g(x) == ((x * x + 1.5) * x - 2.0) / (x * x + 3.0)

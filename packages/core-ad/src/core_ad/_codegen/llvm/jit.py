@@ -1,5 +1,5 @@
-"""The JIT: one MCJIT engine per process, a host target machine at O3, an optional on-disk
-object cache.
+"""The JIT: two MCJIT engines per process (host target machines at O3 and, for very large
+kernels, O0), an optional on-disk object cache.
 
 * ``llvm.initialize()`` is deprecated in llvmlite 0.50 and not called; the native target and
   asm printer are initialised once.
@@ -7,8 +7,11 @@ object cache.
   modules are optimised with the new pass manager's O3 pipeline (``speed_level=3``; the loop
   vectoriser is off because kernels are emitted in vector form already, SLP is on) before
   code generation, except large ones (``LARGE_KERNEL_LINES``), which go straight to code
-  generation.
-* Every kernel module is added to the one engine (names are unique: they carry the code key).
+  generation; very large ones (``FAST_CODEGEN_LINES``) also get -O0 code generation (fast
+  instruction selection and register allocation), whose cost grows about linearly where
+  -O3's greedy allocator and schedulers grow faster on one huge basic block.
+* Every kernel module is added to the engine of its level (names are unique: they carry the
+  code key).
 * On-disk object cache: with ``CORE_AD_CACHE_DIR`` set (read at each compile), the engine's
   object cache hooks store each module's object code as ``<dir>/<code key>.o`` and load it
   back instead of optimising and compiling again (in a later process). The code key hashes
@@ -71,6 +74,11 @@ class Jit:
         )
         self.engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.tm)
         self.engine.set_object_cache(self._notify, self._getbuffer)
+        self.fast_tm = target.create_target_machine(
+            cpu=self.cpu, features=self.features, opt=0, jit=True
+        )
+        self.fast_engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), self.fast_tm)
+        self.fast_engine.set_object_cache(self._notify, self._getbuffer)
         self.lock = threading.RLock()
         self.modules = []  # keep the ModuleRefs alive
         self._pending_dir = None
@@ -115,41 +123,45 @@ class Jit:
 
     # ---- compile -----------------------------------------------------------------------
     def compile(self, ir_text: str, module_name: str, fn_name) -> tuple:
-        """Parse, optimise (O3), compile and link ``ir_text``; returns (address of
-        ``fn_name``, timings {"parse", "opt", "codegen", "disk_hit"} in seconds). With a
-        list or tuple of names, the first element is the tuple of their addresses (one module,
-        one optimisation and code generation for all of them)."""
+        """Parse, optimise, compile and link ``ir_text`` (levels by size: see the module
+        docstring); returns (address of ``fn_name``, {"parse", "opt", "codegen"} in seconds,
+        "disk_hit", "codegen_level"}). With a list or tuple of names, the first element is the
+        tuple of their addresses (one module, one optimisation and code generation for all)."""
         names = [fn_name] if isinstance(fn_name, str) else list(fn_name)
         if not names or not all(isinstance(n, str) for n in names):
             raise TypeError(f"LLVM backend: fn_name must be a name or a list of names, got"
                             f" {fn_name!r}")
         times = {}
+        lines = ir_text.count("\n")
+        fast = lines >= FAST_CODEGEN_LINES
+        tm, engine = (self.fast_tm, self.fast_engine) if fast else (self.tm, self.engine)
         with self.lock:
             t0 = time.perf_counter()
             mod = llvm.parse_assembly(ir_text)
             mod.name = module_name
-            mod.triple = self.tm.triple
-            mod.data_layout = str(self.tm.target_data)
+            mod.triple = tm.triple
+            mod.data_layout = str(tm.target_data)
             mod.verify()
             t1 = time.perf_counter()
             d = self.cache_dir()
             self._pending_dir = d
             hit = d is not None and os.path.exists(os.path.join(d, module_name + ".o"))
             if not hit:  # the object cache supplies the machine code: no need to optimise
-                pto = llvm.create_pipeline_tuning_options(speed_level=_speed_level(ir_text))
+                pto = llvm.create_pipeline_tuning_options(
+                    speed_level=3 if lines < LARGE_KERNEL_LINES else 0)
                 # the main loop is already in vector form and the remainder runs < W times:
                 # the loop vectoriser has nothing to gain (and costs compile time); SLP stays
                 pto.loop_vectorization = False
                 pto.slp_vectorization = True
-                pb = llvm.create_pass_builder(self.tm, pto)
+                pb = llvm.create_pass_builder(tm, pto)
                 pb.getModulePassManager().run(mod, pb)
             t2 = time.perf_counter()
             try:
-                self.engine.add_module(mod)
-                self.engine.finalize_object()
+                engine.add_module(mod)
+                engine.finalize_object()
             finally:
                 self._pending_dir = None
-            addrs = [self.engine.get_function_address(n) for n in names]
+            addrs = [engine.get_function_address(n) for n in names]
             t3 = time.perf_counter()
             self.modules.append(mod)
             self.stats["compiled"] += 1
@@ -157,7 +169,8 @@ class Jit:
         if missing:
             raise RuntimeError(f"LLVM backend: function(s) {missing!r} not found after linking"
                                f" module {module_name!r}")
-        times.update(parse=t1 - t0, opt=t2 - t1, codegen=t3 - t2, disk_hit=hit)
+        times.update(parse=t1 - t0, opt=t2 - t1, codegen=t3 - t2, disk_hit=hit,
+                     codegen_level=0 if fast else 3)
         return (addrs[0] if isinstance(fn_name, str) else tuple(addrs)), times
 
     def assembly(self, ir_text: str) -> str:
@@ -177,10 +190,11 @@ class Jit:
 # Measured on h2mc's length-3 value + gradient + Hessian kernel (~40k lines): compile 7.1 s
 # instead of 10.4-11.3 s, the kernel as fast (2.6 ms vs 2.5-3.7 ms on 1639 paths, same bits).
 LARGE_KERNEL_LINES = 5000
-
-
-def _speed_level(ir_text: str) -> int:
-    return 3 if ir_text.count("\n") < LARGE_KERNEL_LINES else 0
+# Kernels of more IR lines than this are also compiled to machine code at -O0. Measured on the
+# same kernel (39k lines, 2 busy cores): the whole compile (symbolic Hessian, IR, machine code)
+# 3.4 s instead of 8.5 s; the kernel 1.7x slower (27 vs 16 ms on 3269 paths, same bits), a few
+# percent of an H2MC step, where the longer paths' kernels took minutes to compile at -O3.
+FAST_CODEGEN_LINES = 20000
 
 
 def jit() -> Jit:

@@ -383,8 +383,8 @@ def report_compile(kernel_key: str, n_nodes: int, width: int, secs: float, times
     print(
         f"core_ad llvm: kernel {kernel_key[:12]} ({n_nodes} nodes, {width} lanes/vector,"
         f" variant {variant}) {src} in {secs * 1e3:.1f} ms (IR {times.get('ir', 0) * 1e3:.1f},"
-        f" parse {times.get('parse', 0) * 1e3:.1f}, O3 {times.get('opt', 0) * 1e3:.1f},"
-        f" codegen {times.get('codegen', 0) * 1e3:.1f} ms)",
+        f" parse {times.get('parse', 0) * 1e3:.1f}, opt {times.get('opt', 0) * 1e3:.1f},"
+        f" codegen -O{times.get('codegen_level', 3)} {times.get('codegen', 0) * 1e3:.1f} ms)",
         file=sys.stderr,
     )
 
