@@ -12,7 +12,8 @@ from ._experiment import TIERS, Check, Experiment, Figure, Outcome, Table
 __version__ = "0.1.0"
 
 _MODULES = ("core_ad_hessian", "core_ad_checkpoint", "halide_apps", "halide_timings",
-            "opt_examples", "opt_nist", "opt_bench", "edge_rt_fd", "edge_rt_inverse", "h2mc_ring", "h2mc_sigma", "h2mc_economy")
+            "opt_examples", "opt_nist", "opt_bench", "edge_rt_fd", "edge_rt_inverse", "h2mc_ring", "h2mc_sigma", "h2mc_economy",
+            "h2mc_transport")
 
 
 def registry() -> dict[str, Experiment]:
