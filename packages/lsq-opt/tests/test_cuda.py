@@ -42,6 +42,10 @@ import pytest
 from core_ad._codegen.cuda import launcher
 from lsq_opt import LsqCompileError, compile_problem, solve
 from lsq_opt._compiler import _Term
+from lsq_opt._solver.device_pcg import KERNELS as PCG_KERNELS
+from lsq_opt._solver.device_pcg import kernel_sources
+from lsq_opt._solver.pcg import pcg
+from lsq_opt._solver.vectors import VectorOps
 from lsq_opt.examples import arap, cotangent, flow, intrinsic, laplacian, mesh
 
 NVCC = shutil.which("nvcc")
@@ -429,9 +433,9 @@ def test_host_fused_linearize_and_cost_equal_the_numpy_oracle(host_cupy, name, d
 @pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh", "intrinsic"])
 def test_host_lm_takes_the_oracle_iterates(host_cupy, name, dtype, device_loop):
     check_lm_iterates(name, dtype, device_loop=device_loop)
-    # the device loop's PCG vector updates are generated kernels; the host protocol's are numpy
-    updates = {"lsq_axpy", "lsq_scale_add"} & set(host_cupy.built)
-    assert updates == ({"lsq_axpy", "lsq_scale_add"} if device_loop else set())
+    # the device loop's PCG runs its generated kernels; the host protocol's PCG is numpy
+    pcg_kernels = {k for k in host_cupy.built if k.startswith("lsq_pcg_")}
+    assert pcg_kernels == (set(PCG_KERNELS) if device_loop else set()), pcg_kernels
 
 
 @pytest.mark.parametrize("name", ["laplacian", "arap_mesh"])
@@ -471,6 +475,173 @@ def test_host_device_loop_moves_no_vector_per_iteration(host_cupy, monkeypatch):
         counts[iterations] = (list(moved), res.pcg_iterations)
     assert counts[5][1] >= counts[1][1] + 20, counts
     assert counts[5][0] == counts[1][0] and len(counts[1][0]) <= 4, counts
+
+
+def spd_system(dtype, n=120, seed=3, shift=0.0):
+    """A dense SPD ``A`` (indefinite with ``shift`` < 0), a right-hand side and the Jacobi
+    preconditioner, as host arrays of ``dtype``."""
+    rng = np.random.default_rng(seed)
+    M = rng.standard_normal((n, n))
+    A = M @ M.T / n + np.diag(0.2 + 3 * rng.random(n)) + shift * np.eye(n)
+    return A.astype(dtype), rng.standard_normal(n).astype(dtype), (1 / np.diag(A)).astype(dtype)
+
+
+class Fetches:
+    """Counts the device-to-host transfers of the stand-in (``get``, scalar conversions)."""
+
+    def __init__(self, monkeypatch):
+        from core_ad._codegen.cuda.host_emulation import HostDeviceArray
+
+        self.count = 0
+        for name in ("get", "item", "__float__", "__int__", "__bool__"):
+            monkeypatch.setattr(HostDeviceArray, name, self._counting(getattr(HostDeviceArray, name)))
+
+    def _counting(self, method):
+        def call(array, *args):
+            self.count += 1
+            return method(array, *args)
+        return call
+
+
+def device_pcg_run(cp, A, b, minv, calls=None, **kw):
+    """PCG on device vectors (the stand-in) of the system ``A``; ``calls`` collects each product's
+    direction (host copies, outside the transfer count)."""
+    Ad = cp.asarray(A)
+
+    def apply_A(p):
+        if calls is not None:
+            calls.append(p.host.copy())
+        return cp.dot(Ad, p)
+
+    return pcg(apply_A, cp.asarray(b), None if minv is None else cp.asarray(minv), ops=VectorOps(cp),
+               **kw)
+
+
+def launched_products(iterations, check_every, max_iterations=100, reset_period=0):
+    """The products a device PCG that stops after ``iterations`` launches: its iterations up to
+    the next check (or the cap), plus their residual resets."""
+    launched = min(-(-iterations // check_every) * check_every, max_iterations)
+    return launched + (launched // reset_period if reset_period else 0)
+
+
+PCG_CASES = {
+    "tolerance": dict(tolerance=1e-6),
+    "q tolerance": dict(tolerance=1e-12, q_tolerance=1e-6, residual_reset_period=5),
+    "max iterations": dict(tolerance=1e-14, max_iterations=17, residual_reset_period=3),
+}
+
+
+@pytest.mark.parametrize("check_every", [1, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(PCG_CASES))
+def test_host_device_pcg_takes_the_host_iterates(host_cupy, monkeypatch, case, dtype, check_every):
+    """Device-resident scalars: the host loop's step, iteration count, stop reason, residual
+    norm and Q history, with ceil(iterations / check_every) + 1 synchronisations; the iterations
+    launched after the stop change nothing."""
+    kw = PCG_CASES[case]
+    A, b, minv = spd_system(dtype)
+    ref = pcg(lambda p: A @ p, b, minv, **kw)
+    assert ref.reason == case and ref.iterations >= 8, (ref.reason, ref.iterations)
+    fetches = Fetches(monkeypatch)
+    got = device_pcg_run(host_cupy, A, b, minv, check_every=check_every, **kw)
+    assert fetches.count <= -(-ref.iterations // check_every) + 1, fetches.count
+    assert (got.iterations, got.reason) == (ref.iterations, ref.reason)
+    tol = 1e-12 if dtype == "float64" else 1e-5
+    scale = float(np.abs(ref.x).max())
+    np.testing.assert_allclose(got.x.get(), ref.x, rtol=0, atol=tol * scale)
+    np.testing.assert_allclose(got.residual_norm, ref.residual_norm, rtol=1e-9 if dtype == "float64" else 1e-2)
+    assert got.rhs_norm == pytest.approx(ref.rhs_norm, rel=tol)
+    assert len(got.q_history) == len(ref.q_history) == (ref.iterations if case == "q tolerance" else 0)
+    np.testing.assert_allclose(got.q_history, ref.q_history, rtol=tol)
+    assert got.n_apply == launched_products(ref.iterations, check_every, kw.get("max_iterations", 100),
+                                            kw.get("residual_reset_period", 0))
+
+
+def test_host_device_pcg_synchronisations_do_not_grow_per_iteration(host_cupy, monkeypatch):
+    """The default check period: a 40-iteration solve synchronises 11 times (once for ||b||,
+    then every 4 iterations), where the host loop's scalars would cost 80."""
+    A, b, minv = spd_system("float64", n=200, seed=9)
+    kw = dict(tolerance=1e-30, max_iterations=40)
+    fetches = Fetches(monkeypatch)
+    res = device_pcg_run(host_cupy, A, b, minv, **kw)
+    assert (res.iterations, res.reason) == (40, "max iterations")
+    assert fetches.count == 1 + 40 // 4
+
+
+@pytest.mark.parametrize("check_every", [1, 4])
+def test_host_device_pcg_breakdown_and_non_finite_stop(host_cupy, check_every):
+    """p.Ap <= 0 (an indefinite system) stops with "breakdown", a non-finite product with
+    "non-finite", at the host loop's iteration and step; the directions after the stop are
+    the stopping one (the direction update is a no-op)."""
+    A, b, minv = spd_system("float64", seed=5, shift=-0.7)
+    ref = pcg(lambda p: A @ p, b, minv, tolerance=1e-12)
+    assert ref.reason == "breakdown" and ref.iterations >= 8, (ref.reason, ref.iterations)
+    calls: list = []
+    got = device_pcg_run(host_cupy, A, b, minv, calls=calls, tolerance=1e-12, check_every=check_every)
+    assert (got.reason, got.iterations) == ("breakdown", ref.iterations)
+    np.testing.assert_allclose(got.x.get(), ref.x, rtol=0, atol=1e-12 * np.abs(ref.x).max())
+    assert len(calls) == -(-(ref.iterations + 1) // check_every) * check_every == got.n_apply
+    assert all(np.array_equal(c, calls[ref.iterations]) for c in calls[ref.iterations:])
+
+    A, b, minv = spd_system("float64")
+    for on_device in (False, True):
+        n_calls = [0]
+        Ad = host_cupy.asarray(A) if on_device else A
+
+        def apply_A(p, Ad=Ad, on_device=on_device):
+            n_calls[0] += 1
+            q = (host_cupy.dot(Ad, p) if on_device else A @ p)
+            if n_calls[0] == 3:
+                q[5] = np.nan
+            return q
+
+        if on_device:
+            got = pcg(apply_A, host_cupy.asarray(b), host_cupy.asarray(minv), tolerance=1e-12,
+                      ops=VectorOps(host_cupy), check_every=check_every)
+        else:
+            ref = pcg(apply_A, b, minv, tolerance=1e-12)
+    assert (got.reason, got.iterations) == (ref.reason, ref.iterations) == ("non-finite", 2)
+    np.testing.assert_allclose(got.x.get(), ref.x, rtol=0, atol=1e-12 * np.abs(ref.x).max())
+    assert got.residual_norm == pytest.approx(ref.residual_norm, rel=1e-12)
+
+
+def test_host_device_pcg_edge_cases(host_cupy):
+    A, b, minv = spd_system("float64")
+    zero = device_pcg_run(host_cupy, A, np.zeros_like(b), minv)
+    assert (zero.reason, zero.iterations, zero.n_apply) == ("zero rhs", 0, 0)
+    b_inf = b.copy()
+    b_inf[3] = np.inf
+    assert device_pcg_run(host_cupy, A, b_inf, minv).reason == "non-finite"
+    capped = device_pcg_run(host_cupy, A, b, minv, max_iterations=0)
+    assert (capped.reason, capped.iterations) == ("max iterations", 0)
+    plain = device_pcg_run(host_cupy, A, b, None, tolerance=1e-8)
+    ref = pcg(lambda p: A @ p, b, None, tolerance=1e-8)
+    assert (plain.reason, plain.iterations) == (ref.reason, ref.iterations) == ("tolerance", ref.iterations)
+    with pytest.raises(ValueError, match="check_every must be a positive integer"):
+        device_pcg_run(host_cupy, A, b, minv, check_every=0)
+    with pytest.raises(TypeError, match="inverse diagonal preconditioner"):
+        pcg(lambda p: p, host_cupy.asarray(b), lambda r: r, ops=VectorOps(host_cupy))
+
+
+@pytest.mark.parametrize("check_every", [1, 4])
+def test_host_device_lm_with_q_tolerance(host_cupy, check_every):
+    """LM with a fixed PCG tolerance (Q test on, residual resets every 10 iterations) on the
+    device loop takes the oracle's iterates, PCG counts and reasons."""
+    dev, ref = plans("arap_mesh", "float64")
+    runs = []
+    for plan in (dev, ref):
+        xs = []
+        res = solve(plan, plan.x0, max_iterations=4, pcg_tolerance=1e-9, pcg_max_iterations=40,
+                    pcg_check_every=check_every, callback=lambda entry, x: xs.append(np.copy(x)))
+        runs.append((res, xs))
+    (rd, xd), (rr, xr) = runs
+    assert [e.pcg_reason for e in rd.log] == [e.pcg_reason for e in rr.log]
+    assert set(e.pcg_reason for e in rr.log) == {"q tolerance"}, [e.pcg_reason for e in rr.log]
+    assert [e.pcg_iterations for e in rd.log] == [e.pcg_iterations for e in rr.log]
+    assert max(e.pcg_iterations for e in rr.log) > 10  # a residual reset happened
+    for a, b in zip(xd, xr, strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-9 * max(np.abs(b).max(), 1.0))
+    np.testing.assert_allclose(rd.cost, rr.cost, rtol=1e-12)
 
 
 def test_host_device_loop_bad_input(host_cupy):
@@ -576,11 +747,9 @@ def test_nvcc_compiles_every_fused_kernel(host_cupy, tmp_path):
     per dtype (vector updates), compile with nvcc: the host tier runs them through g++ only."""
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
-    from lsq_opt._solver.vectors import _UPDATES, update_source
-
     units = []
     for dtype in DTYPES:
-        units += [update_source(name, dtype) for name in _UPDATES]
+        units += [source for _, source in kernel_sources(dtype)]
         for name in [*PROBLEMS, *DEVICE_PRODUCT_PROBLEMS]:
             builder = DEVICE_PRODUCT_PROBLEMS.get(name)
             energy, kw = builder() if builder else problem(name)
