@@ -4,16 +4,21 @@ The loop is :func:`.pcg.pcg`'s (spec §4.4, same stopping tests and reasons), bu
 rho and the stopping tests live on the device, so an iteration is a fixed sequence of kernel
 launches that never waits for the host:
 
-1. ``q = A p`` (the problem's product) and ``p.q`` (``xp.dot``: a 0-d device array);
-2. ``lsq_pcg_step``: ``alpha = rho / p.q`` read from device memory, ``x += alpha p``,
-   ``r -= alpha q``, ``z = M^-1 r`` (Jacobi) and per-thread partial sums (float64) of ``z.r``,
-   ``r.r`` and, for the Q test, ``x.(r + b)`` -- one kernel; on a residual-reset iteration
+1. ``q = A p`` (the problem's product);
+2. ``lsq_pcg_dot``: per-thread partial sums (float64) of ``p.q``, and their device sum;
+3. ``lsq_pcg_step``: ``alpha = rho / p.q`` read from device memory, ``x += alpha p``,
+   ``r -= alpha q``, ``z = M^-1 r`` (Jacobi) and per-thread partial sums of ``z.r``, ``r.r``
+   and, for the Q test, ``x.(r + b)`` -- one kernel; on a residual-reset iteration
    ``lsq_pcg_x`` (``x += alpha p``), ``A x`` and ``lsq_pcg_residual`` (``r = b - A x``, ``z``,
    the partial sums) instead;
-3. one device sum of the partial sums (``partial.sum(axis=1)``);
-4. ``lsq_pcg_scalars`` (one thread): breakdown / non-finite ``p.q``, ``rho_new``, ``beta``,
+4. one device sum of those partial sums (``partial.sum(axis=1)``);
+5. ``lsq_pcg_scalars`` (one thread): breakdown / non-finite ``p.q``, ``rho_new``, ``beta``,
    ``||r||``, the tolerance and Q tests, recorded in the state vector;
-5. ``lsq_pcg_direction``: ``p = beta p + z``.
+6. ``lsq_pcg_direction``: ``p = beta p + z``.
+
+The vector kernels run at most :data:`PCG_GRID` blocks (a grid-stride loop covers the rest), so
+the device sums read a few partial sums per block rather than one per entry: CuPy sums a
+row in one block (without its CUB accelerator), whose time grows with the row's length.
 
 The state vector (float64, :data:`STATE`) carries the stop reason: once it is set every kernel
 above is a no-op, so ``x`` stays the iterate of the stopping iteration exactly. The host fetches
@@ -39,8 +44,9 @@ _S = {name: k for k, name in enumerate(STATE)}
 #: stop reason codes of the state's ``reason`` slot (0: running)
 REASONS = (None, "tolerance", "q tolerance", "breakdown", "non-finite")
 _CODE = {name: k for k, name in enumerate(REASONS) if name}
-#: most blocks of the vector kernels: bounds the partial sums the device sum reads per iteration
-PCG_GRID = 256
+#: most blocks of the vector kernels: bounds the partial sums the device sums read per
+#: iteration (16384 per dot) while keeping half an H100's SMs busy on the vector updates
+PCG_GRID = 64
 
 _SOURCES: dict = {}
 
@@ -48,7 +54,7 @@ _SOURCES: dict = {}
 def _gate(w, T):
     """The vector kernels' first lines: nothing to do once the solve stopped, or when ``p.q`` is
     a breakdown (not positive) or non-finite (``lsq_pcg_scalars`` records which)."""
-    w.line(f"const {T} den = *pq;")
+    w.line(f"const {T} den = ({T})*pq;")
     w.line(f"if (s[{_S['reason']}] != 0.0 || !(den > ({T})0) || !isfinite(den)) return;")
 
 
@@ -66,6 +72,11 @@ def _partial_sums(w, T, with_q, update):
         w.line("rr += (double)ri * ri;")
         if with_q:
             w.line("xq += (double)x[i] * (ri + b[i]);")
+    _store_partials(w, sums)
+
+
+def _store_partials(w, sums):
+    """This thread's partial sums ``sums`` (C names) into the rows of ``partial``."""
     w.line("const long long lanes = (long long)gridDim.x * blockDim.x;")
     w.line("const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
     for k, name in enumerate(sums):
@@ -78,10 +89,18 @@ def _source(name: str, T: str, with_q: bool) -> str:
     w = codegen.CudaWriter()
     n = ("const long long n", "vector length")
     state = ("const double* __restrict__ s", "the state vector (read only)")
-    pq = (f"const {T}* __restrict__ pq", "p.q (0-d)")
+    pq = ("const double* __restrict__ pq", "p.q (0-d)")
     vec = lambda decl, note="": (decl.format(T=T), note)  # noqa: E731 - a short spelling
     partial = ("double* __restrict__ partial", "per-thread partial sums, one row per dot")
-    if name == "lsq_pcg_step":
+    if name == "lsq_pcg_dot":
+        with w.kernel(name, [n, state, vec("const {T}* __restrict__ p"), vec("const {T}* __restrict__ q"),
+                             partial]):
+            w.line(f"if (s[{_S['reason']}] != 0.0) return;")
+            w.line("double pq = 0.0;")
+            with w.grid_stride_loop("i", "n"):
+                w.line("pq += (double)p[i] * q[i];")
+            _store_partials(w, ("pq",))
+    elif name == "lsq_pcg_step":
         params = [n, state, pq, vec("const {T}* __restrict__ p"), vec("const {T}* __restrict__ q"),
                   vec("{T}* __restrict__ x"), vec("{T}* __restrict__ r"),
                   vec("const {T}* __restrict__ minv", "the inverse diagonal preconditioner"),
@@ -112,7 +131,7 @@ def _source(name: str, T: str, with_q: bool) -> str:
         with w.kernel(name, params):
             S = {k: f"s[{v}]" for k, v in _S.items()}
             w.line(f"if (blockIdx.x != 0 || threadIdx.x != 0 || {S['reason']} != 0.0) return;")
-            w.line(f"const {T} den = *pq;")
+            w.line(f"const {T} den = ({T})*pq;")
             w.line(f"if (!isfinite(den)) {{ {S['reason']} = {_CODE['non-finite']}; return; }}")
             w.line(f"if (!(den > ({T})0)) {{ {S['reason']} = {_CODE['breakdown']}; return; }}")
             w.line(f"const double it = {S['iterations']} + 1.0;")
@@ -142,7 +161,7 @@ def _source(name: str, T: str, with_q: bool) -> str:
     return w.source()
 
 
-KERNELS = ("lsq_pcg_step", "lsq_pcg_x", "lsq_pcg_residual", "lsq_pcg_scalars", "lsq_pcg_direction")
+KERNELS = ("lsq_pcg_dot", "lsq_pcg_step", "lsq_pcg_x", "lsq_pcg_residual", "lsq_pcg_scalars", "lsq_pcg_direction")
 
 
 def kernel_source(name: str, dtype, with_q: bool) -> str:
@@ -210,7 +229,9 @@ def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, res
     state[_S["rho"]] = ops.dot(r, z)  # a device copy
     state[_S["residual_norm"]] = b_norm
     k = _Kernels(b.size, dt, with_q)
-    partial = xp.zeros((3 if with_q else 2, k.lanes), np.float64)  # finite sums after a no-op
+    # zeros: the sums of a no-op launch (after the stop) stay finite
+    pq_partial = xp.zeros(k.lanes, np.float64)
+    partial = xp.zeros((3 if with_q else 2, k.lanes), np.float64)
     consts = (np.float64(tolerance * b_norm), np.float64(q_tolerance if with_q else 0.0))
     n_apply = 0
     i = 0
@@ -218,7 +239,8 @@ def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, res
         i += 1
         q = xp.asarray(apply_A(p), dtype=dt)
         n_apply += 1
-        pq = ops.dot(p, q)
+        k.vector("lsq_pcg_dot", state, p, q, pq_partial)
+        pq = pq_partial.sum()
         if residual_reset_period and i % residual_reset_period == 0:
             k.vector("lsq_pcg_x", state, pq, p, x)
             ax = xp.asarray(apply_A(x), dtype=dt)
