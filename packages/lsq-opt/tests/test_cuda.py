@@ -557,6 +557,36 @@ def test_host_device_pcg_takes_the_host_iterates(host_cupy, monkeypatch, case, d
                                             kw.get("residual_reset_period", 0))
 
 
+def test_host_device_pcg_on_a_full_grid(host_cupy):
+    """A system larger than the vector kernels' grid (every block's slot of every dot used, and
+    a grid-stride loop wrapping around): a tridiagonal SPD operator, with residual resets and the
+    Q test's dot."""
+    from core_ad._codegen.cuda.launcher import BLOCK
+    from lsq_opt._solver.device_pcg import PCG_GRID
+
+    n = PCG_GRID * BLOCK + 777
+    rng = np.random.default_rng(4)
+    d, b = 2.2 + 3 * rng.random(n), rng.standard_normal(n)
+    minv = 1 / d
+
+    def tridiagonal(d):
+        def apply_A(p):
+            q = d * p
+            q[1:] -= p[:-1]
+            q[:-1] -= p[1:]
+            return q
+        return apply_A
+
+    kw = dict(tolerance=1e-7, q_tolerance=1e-12, residual_reset_period=4)
+    ref = pcg(tridiagonal(d), b, minv, **kw)
+    got = pcg(tridiagonal(host_cupy.asarray(d)), host_cupy.asarray(b), host_cupy.asarray(minv),
+              ops=VectorOps(host_cupy), **kw)
+    assert (got.reason, got.iterations) == (ref.reason, ref.iterations) == ("tolerance", ref.iterations)
+    assert ref.iterations >= 8
+    np.testing.assert_allclose(got.x.get(), ref.x, rtol=0, atol=1e-12 * np.abs(ref.x).max())
+    np.testing.assert_allclose(got.q_history, ref.q_history, rtol=1e-12)
+
+
 def test_host_device_pcg_synchronisations_do_not_grow_per_iteration(host_cupy, monkeypatch):
     """The default check period: a 40-iteration solve synchronises 11 times (once for ||b||,
     then every 4 iterations), where the host loop's scalars would cost 80."""

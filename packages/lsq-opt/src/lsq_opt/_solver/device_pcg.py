@@ -5,20 +5,19 @@ rho and the stopping tests live on the device, so an iteration is a fixed sequen
 launches that never waits for the host:
 
 1. ``q = A p`` (the problem's product);
-2. ``lsq_pcg_dot``: per-thread partial sums (float64) of ``p.q``, and their device sum;
+2. ``lsq_pcg_dot``: ``p.q``;
 3. ``lsq_pcg_step``: ``alpha = rho / p.q`` read from device memory, ``x += alpha p``,
-   ``r -= alpha q``, ``z = M^-1 r`` (Jacobi) and per-thread partial sums of ``z.r``, ``r.r``
-   and, for the Q test, ``x.(r + b)`` -- one kernel; on a residual-reset iteration
-   ``lsq_pcg_x`` (``x += alpha p``), ``A x`` and ``lsq_pcg_residual`` (``r = b - A x``, ``z``,
-   the partial sums) instead;
-4. one device sum of those partial sums (``partial.sum(axis=1)``);
-5. ``lsq_pcg_scalars`` (one thread): breakdown / non-finite ``p.q``, ``rho_new``, ``beta``,
+   ``r -= alpha q``, ``z = M^-1 r`` (Jacobi), ``z.r``, ``r.r`` and, for the Q test,
+   ``x.(r + b)`` -- one kernel; on a residual-reset iteration ``lsq_pcg_x`` (``x += alpha p``),
+   ``A x`` and ``lsq_pcg_residual`` (``r = b - A x``, ``z`` and the dots) instead;
+4. ``lsq_pcg_scalars`` (one thread): breakdown / non-finite ``p.q``, ``rho_new``, ``beta``,
    ``||r||``, the tolerance and Q tests, recorded in the state vector;
-6. ``lsq_pcg_direction``: ``p = beta p + z``.
+5. ``lsq_pcg_direction``: ``p = beta p + z``.
 
-The vector kernels run at most :data:`PCG_GRID` blocks (a grid-stride loop covers the rest), so
-the device sums read a few partial sums per block rather than one per entry: CuPy sums a
-row in one block (without its CUB accelerator), whose time grows with the row's length.
+The dots need no reduction launch: the vector kernels run at most :data:`PCG_GRID` blocks (a
+grid-stride loop covers the rest); each thread sums its entries in float64 and adds that to its
+block's slot of ``acc`` atomically, and the readers add the (at most 64) slots of a dot in
+order. The atomic adds make a dot's rounding depend on the threads' order, as in the products.
 
 The state vector (float64, :data:`STATE`) carries the stop reason: once it is set every kernel
 above is a no-op, so ``x`` stays the iterate of the stopping iteration exactly. The host fetches
@@ -44,23 +43,47 @@ _S = {name: k for k, name in enumerate(STATE)}
 #: stop reason codes of the state's ``reason`` slot (0: running)
 REASONS = (None, "tolerance", "q tolerance", "breakdown", "non-finite")
 _CODE = {name: k for k, name in enumerate(REASONS) if name}
-#: most blocks of the vector kernels: bounds the partial sums the device sums read per
-#: iteration (16384 per dot) while keeping half an H100's SMs busy on the vector updates
+#: most blocks of the vector kernels (a grid-stride loop covers the rest): each block adds its
+#: threads' partial sums into one slot per dot, which the readers add up in a fixed order
 PCG_GRID = 64
+#: doubles between two slots of ``acc`` (one 128-byte line each: the blocks' atomic adds do
+#: not contend for a line)
+SLOT = 16
+#: the rows of ``acc``, one slot per block each: the dots of an iteration
+DOTS = ("pq", "zr", "rr", "xq")
 
 _SOURCES: dict = {}
 
 
+def _slot(row: str, block: str) -> str:
+    return f"acc[({DOTS.index(row)} * {PCG_GRID} + {block}) * {SLOT}]"
+
+
 def _gate(w, T):
-    """The vector kernels' first lines: nothing to do once the solve stopped, or when ``p.q`` is
-    a breakdown (not positive) or non-finite (``lsq_pcg_scalars`` records which)."""
-    w.line(f"const {T} den = ({T})*pq;")
-    w.line(f"if (s[{_S['reason']}] != 0.0 || !(den > ({T})0) || !isfinite(den)) return;")
+    """The vector kernels' first lines after ``lsq_pcg_dot``: ``den`` = p.q (its blocks' slots
+    added in order, so every thread and ``lsq_pcg_scalars`` get the same value); nothing to do
+    once the solve stopped, or when ``p.q`` is a breakdown (not positive) or non-finite
+    (``lsq_pcg_scalars`` records which)."""
+    w.line(f"if (s[{_S['reason']}] != 0.0) return;")
+    w.line("double pq = 0.0;")
+    w.line("// lsq_pcg_dot ran on this grid: one slot per block")
+    w.line(f"for (unsigned int k = 0; k < gridDim.x; ++k) pq += {_slot('pq', 'k')};")
+    w.line(f"const {T} den = ({T})pq;")
+    w.line(f"if (!(den > ({T})0) || !isfinite(den)) return;")
 
 
-def _partial_sums(w, T, with_q, update):
+def _accumulate(w, names):
+    """This thread's partial sums ``names`` (C variables, also the rows of ``acc``) added to its
+    block's slots."""
+    from core_ad import codegen
+
+    for name in names:
+        w.line(codegen.CudaWriter.atomic_add(_slot(name, "blockIdx.x"), name))
+
+
+def _dots_of_residual(w, T, with_q, update):
     """A grid-stride loop running ``update`` (statements on lane ``i`` that leave ``r[i]``) then
-    ``z = M^-1 r`` and this thread's partial sums of z.r, r.r (and x.(r + b))."""
+    ``z = M^-1 r``, with this thread's partial sums of z.r, r.r (and x.(r + b)) added to ``acc``."""
     sums = ("zr", "rr", "xq") if with_q else ("zr", "rr")
     w.line(f"double {' = 0.0, '.join(sums)} = 0.0;")
     with w.grid_stride_loop("i", "n"):
@@ -72,15 +95,7 @@ def _partial_sums(w, T, with_q, update):
         w.line("rr += (double)ri * ri;")
         if with_q:
             w.line("xq += (double)x[i] * (ri + b[i]);")
-    _store_partials(w, sums)
-
-
-def _store_partials(w, sums):
-    """This thread's partial sums ``sums`` (C names) into the rows of ``partial``."""
-    w.line("const long long lanes = (long long)gridDim.x * blockDim.x;")
-    w.line("const long long t = (long long)blockIdx.x * blockDim.x + threadIdx.x;")
-    for k, name in enumerate(sums):
-        w.line(f"partial[{k} * lanes + t] = {name};")
+    _accumulate(w, sums)
 
 
 def _source(name: str, T: str, with_q: bool) -> str:
@@ -89,62 +104,69 @@ def _source(name: str, T: str, with_q: bool) -> str:
     w = codegen.CudaWriter()
     n = ("const long long n", "vector length")
     state = ("const double* __restrict__ s", "the state vector (read only)")
-    pq = ("const double* __restrict__ pq", "p.q (0-d)")
     vec = lambda decl, note="": (decl.format(T=T), note)  # noqa: E731 - a short spelling
-    partial = ("double* __restrict__ partial", "per-thread partial sums, one row per dot")
+    acc = ("double* __restrict__ acc", f"per-block sums of {', '.join(DOTS)}")
     if name == "lsq_pcg_dot":
         with w.kernel(name, [n, state, vec("const {T}* __restrict__ p"), vec("const {T}* __restrict__ q"),
-                             partial]):
+                             acc]):
             w.line(f"if (s[{_S['reason']}] != 0.0) return;")
             w.line("double pq = 0.0;")
             with w.grid_stride_loop("i", "n"):
                 w.line("pq += (double)p[i] * q[i];")
-            _store_partials(w, ("pq",))
+            _accumulate(w, ["pq"])
     elif name == "lsq_pcg_step":
-        params = [n, state, pq, vec("const {T}* __restrict__ p"), vec("const {T}* __restrict__ q"),
+        params = [n, state, vec("const {T}* __restrict__ p"), vec("const {T}* __restrict__ q"),
                   vec("{T}* __restrict__ x"), vec("{T}* __restrict__ r"),
                   vec("const {T}* __restrict__ minv", "the inverse diagonal preconditioner"),
                   vec("{T}* __restrict__ z"), vec("const {T}* __restrict__ b", "the right-hand side"),
-                  partial]
+                  acc]
         with w.kernel(name, params):
             _gate(w, T)
             w.line(f"const {T} alpha = ({T})s[{_S['rho']}] / den;")
-            _partial_sums(w, T, with_q, ["x[i] += alpha * p[i];", "r[i] -= alpha * q[i];"])
+            _dots_of_residual(w, T, with_q, ["x[i] += alpha * p[i];", "r[i] -= alpha * q[i];"])
     elif name == "lsq_pcg_x":
-        with w.kernel(name, [n, state, pq, vec("const {T}* __restrict__ p"),
-                             vec("{T}* __restrict__ x")]):
+        with w.kernel(name, [n, state, vec("const {T}* __restrict__ p"), vec("{T}* __restrict__ x"),
+                             ("const double* __restrict__ acc", "")]):
             _gate(w, T)
             w.line(f"const {T} alpha = ({T})s[{_S['rho']}] / den;")
             with w.grid_stride_loop("i", "n"):
                 w.line("x[i] += alpha * p[i];")
     elif name == "lsq_pcg_residual":
-        params = [n, state, pq, vec("const {T}* __restrict__ ax", "A x"), vec("const {T}* __restrict__ x"),
+        params = [n, state, vec("const {T}* __restrict__ ax", "A x"), vec("const {T}* __restrict__ x"),
                   vec("{T}* __restrict__ r"), vec("const {T}* __restrict__ minv"),
-                  vec("{T}* __restrict__ z"), vec("const {T}* __restrict__ b"), partial]
+                  vec("{T}* __restrict__ z"), vec("const {T}* __restrict__ b"), acc]
         with w.kernel(name, params):
             _gate(w, T)
-            _partial_sums(w, T, with_q, ["r[i] = b[i] - ax[i];"])
+            _dots_of_residual(w, T, with_q, ["r[i] = b[i] - ax[i];"])
     elif name == "lsq_pcg_scalars":
-        params = [("double* __restrict__ s", "the state vector"), pq,
-                  ("const double* __restrict__ sums", "z.r, r.r (, x.(r + b)) of this iteration"),
+        rows = DOTS if with_q else DOTS[:3]
+        params = [("double* __restrict__ s", "the state vector"),
+                  ("double* __restrict__ acc", "the per-block sums (read, then zeroed)"),
+                  ("const long long blocks", "the vector kernels' grid"),
                   ("const double tol_abs", "tolerance * ||b||"), ("const double q_tol", "Q tolerance")]
         with w.kernel(name, params):
             S = {k: f"s[{v}]" for k, v in _S.items()}
             w.line(f"if (blockIdx.x != 0 || threadIdx.x != 0 || {S['reason']} != 0.0) return;")
-            w.line(f"const {T} den = ({T})*pq;")
+            w.line(f"double {' = 0.0, '.join(rows)} = 0.0;")
+            w.line("// the slots in _gate's order (the same p.q), zeroed for the next iteration")
+            with w.for_range("k", "blocks", "long long"):
+                for row in rows:
+                    w.line(f"{row} += {_slot(row, 'k')};")
+                    w.line(f"{_slot(row, 'k')} = 0.0;")
+            w.line(f"const {T} den = ({T})pq;")
             w.line(f"if (!isfinite(den)) {{ {S['reason']} = {_CODE['non-finite']}; return; }}")
             w.line(f"if (!(den > ({T})0)) {{ {S['reason']} = {_CODE['breakdown']}; return; }}")
             w.line(f"const double it = {S['iterations']} + 1.0;")
             w.line(f"{S['iterations']} = it;")
-            w.line(f"const {T} rho_old = ({T}){S['rho']}, rho_new = ({T})sums[0];")
+            w.line(f"const {T} rho_old = ({T}){S['rho']}, rho_new = ({T})zr;")
             w.line(f"{S['beta']} = rho_old > ({T})0 ? (double)(rho_new / rho_old) : 0.0;")
             w.line(f"{S['rho']} = rho_new;")
-            w.line("const double r_norm = sqrt(sums[1]);")
+            w.line("const double r_norm = sqrt(rr);")
             w.line(f"{S['residual_norm']} = r_norm;")
             w.line(f"if (!isfinite(r_norm)) {{ {S['reason']} = {_CODE['non-finite']}; return; }}")
             w.line(f"if (r_norm <= tol_abs) {{ {S['reason']} = {_CODE['tolerance']}; return; }}")
             if with_q:
-                w.line("const double Q = 0.5 * sums[2];")
+                w.line("const double Q = 0.5 * xq;")
                 w.line(f"s[{len(STATE)} + (long long){S['q_count']}] = Q;")
                 w.line(f"{S['q_count']} += 1.0;")
                 w.line(f"if (Q != 0.0 && it * (Q - {S['q_previous']}) / Q < q_tol) "
@@ -161,7 +183,8 @@ def _source(name: str, T: str, with_q: bool) -> str:
     return w.source()
 
 
-KERNELS = ("lsq_pcg_dot", "lsq_pcg_step", "lsq_pcg_x", "lsq_pcg_residual", "lsq_pcg_scalars", "lsq_pcg_direction")
+KERNELS = ("lsq_pcg_dot", "lsq_pcg_step", "lsq_pcg_x", "lsq_pcg_residual", "lsq_pcg_scalars",
+           "lsq_pcg_direction")
 
 
 def kernel_source(name: str, dtype, with_q: bool) -> str:
@@ -191,14 +214,13 @@ class _Kernels:
         self.n = np.int64(n)
         self.grid = (min((n + BLOCK - 1) // BLOCK, PCG_GRID),)
         self.block = (BLOCK,)
-        self.lanes = self.grid[0] * BLOCK
         self.k = {name: codegen.cuda_kernel(kernel_source(name, dtype, with_q), name) for name in KERNELS}
 
     def vector(self, name, *args):
         self.k[name](self.grid, self.block, (self.n, *args))
 
-    def scalars(self, *args):
-        self.k["lsq_pcg_scalars"]((1,), self.block, args)
+    def scalars(self, state, acc, *args):
+        self.k["lsq_pcg_scalars"]((1,), self.block, (state, acc, np.int64(self.grid[0]), *args))
 
 
 def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, residual_reset_period,
@@ -229,9 +251,7 @@ def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, res
     state[_S["rho"]] = ops.dot(r, z)  # a device copy
     state[_S["residual_norm"]] = b_norm
     k = _Kernels(b.size, dt, with_q)
-    # zeros: the sums of a no-op launch (after the stop) stay finite
-    pq_partial = xp.zeros(k.lanes, np.float64)
-    partial = xp.zeros((3 if with_q else 2, k.lanes), np.float64)
+    acc = xp.zeros(len(DOTS) * PCG_GRID * SLOT, np.float64)  # lsq_pcg_scalars zeroes it after use
     consts = (np.float64(tolerance * b_norm), np.float64(q_tolerance if with_q else 0.0))
     n_apply = 0
     i = 0
@@ -239,16 +259,15 @@ def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, res
         i += 1
         q = xp.asarray(apply_A(p), dtype=dt)
         n_apply += 1
-        k.vector("lsq_pcg_dot", state, p, q, pq_partial)
-        pq = pq_partial.sum()
+        k.vector("lsq_pcg_dot", state, p, q, acc)
         if residual_reset_period and i % residual_reset_period == 0:
-            k.vector("lsq_pcg_x", state, pq, p, x)
+            k.vector("lsq_pcg_x", state, p, x, acc)
             ax = xp.asarray(apply_A(x), dtype=dt)
             n_apply += 1
-            k.vector("lsq_pcg_residual", state, pq, ax, x, r, minv, z, b, partial)
+            k.vector("lsq_pcg_residual", state, ax, x, r, minv, z, b, acc)
         else:
-            k.vector("lsq_pcg_step", state, pq, p, q, x, r, minv, z, b, partial)
-        k.scalars(state, pq, partial.sum(axis=1), *consts)
+            k.vector("lsq_pcg_step", state, p, q, x, r, minv, z, b, acc)
+        k.scalars(state, acc, *consts)
         k.vector("lsq_pcg_direction", state, p, z)
         if i % check_every == 0 or i == max_iterations:
             s = ops.to_host(state)
