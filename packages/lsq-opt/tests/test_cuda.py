@@ -653,25 +653,35 @@ def test_host_device_pcg_edge_cases(host_cupy):
         pcg(lambda p: p, host_cupy.asarray(b), lambda r: r, ops=VectorOps(host_cupy))
 
 
-@pytest.mark.parametrize("check_every", [1, 4])
-def test_host_device_lm_with_q_tolerance(host_cupy, check_every):
+def test_host_device_lm_with_q_tolerance(host_cupy, monkeypatch):
     """LM with a fixed PCG tolerance (Q test on, residual resets every 10 iterations) on the
-    device loop takes the oracle's iterates, PCG counts and reasons."""
+    device loop takes the oracle's iterates, PCG counts and reasons, checking PCG's state every
+    iteration or every 4; the latter saves k - ceil(k / 4) synchronisations on a k-iteration
+    PCG solve, and nothing else changes."""
     dev, ref = plans("arap_mesh", "float64")
-    runs = []
-    for plan in (dev, ref):
+
+    def run(plan, **kw):
         xs = []
         res = solve(plan, plan.x0, max_iterations=4, pcg_tolerance=1e-9, pcg_max_iterations=40,
-                    pcg_check_every=check_every, callback=lambda entry, x: xs.append(np.copy(x)))
-        runs.append((res, xs))
-    (rd, xd), (rr, xr) = runs
-    assert [e.pcg_reason for e in rd.log] == [e.pcg_reason for e in rr.log]
-    assert set(e.pcg_reason for e in rr.log) == {"q tolerance"}, [e.pcg_reason for e in rr.log]
-    assert [e.pcg_iterations for e in rd.log] == [e.pcg_iterations for e in rr.log]
-    assert max(e.pcg_iterations for e in rr.log) > 10  # a residual reset happened
-    for a, b in zip(xd, xr, strict=True):
-        np.testing.assert_allclose(a, b, rtol=0, atol=1e-9 * max(np.abs(b).max(), 1.0))
-    np.testing.assert_allclose(rd.cost, rr.cost, rtol=1e-12)
+                    callback=lambda entry, x: xs.append(np.copy(x)), **kw)
+        return res, xs
+
+    rr, xr = run(ref)
+    pcg_iterations = [e.pcg_iterations for e in rr.log]
+    assert {e.pcg_reason for e in rr.log} == {"q tolerance"}, [e.pcg_reason for e in rr.log]
+    assert max(pcg_iterations) > 10  # a residual reset happened
+    fetches = Fetches(monkeypatch)
+    syncs = {}
+    for check_every in (1, 4):
+        before = fetches.count
+        rd, xd = run(dev, pcg_check_every=check_every)
+        syncs[check_every] = fetches.count - before
+        assert [e.pcg_reason for e in rd.log] == [e.pcg_reason for e in rr.log]
+        assert [e.pcg_iterations for e in rd.log] == pcg_iterations
+        for a, b in zip(xd, xr, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-9 * max(np.abs(b).max(), 1.0))
+        np.testing.assert_allclose(rd.cost, rr.cost, rtol=1e-12)
+    assert syncs[1] - syncs[4] == sum(k - -(-k // 4) for k in pcg_iterations), syncs
 
 
 def test_host_device_loop_bad_input(host_cupy):

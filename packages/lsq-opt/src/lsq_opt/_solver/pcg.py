@@ -106,7 +106,8 @@ def pcg(
     ``ops``: the vectors' array module (:class:`.vectors.VectorOps`; default numpy).
     ``check_every``: device vectors only (:mod:`.device_pcg`): the host fetches the stopping
     state every that many iterations (up to ``check_every - 1`` iterations more are launched,
-    as no-ops, after the one that stops; the iterate and the counts are unchanged).
+    as no-ops, after the one that stops: the step, iteration count and reason are unchanged,
+    ``n_apply`` counts their products).
     """
     if int(check_every) != check_every or check_every < 1:
         raise ValueError(f"check_every must be a positive integer, got {check_every!r}")
