@@ -55,6 +55,12 @@ DOTS = ("pq", "zr", "rr", "xq")
 _SOURCES: dict = {}
 
 
+def _finite(v: str) -> str:
+    """C for ``isfinite(v)`` spelled arithmetically, as core_ad's CUDA sources do: no header
+    needed under NVRTC."""
+    return f"({v} - {v} == {v} - {v})"
+
+
 def _slot(row: str, block: str) -> str:
     return f"acc[({DOTS.index(row)} * {PCG_GRID} + {block}) * {SLOT}]"
 
@@ -69,7 +75,7 @@ def _gate(w, T):
     w.line("// lsq_pcg_dot ran on this grid: one slot per block")
     w.line(f"for (unsigned int k = 0; k < gridDim.x; ++k) pq += {_slot('pq', 'k')};")
     w.line(f"const {T} den = ({T})pq;")
-    w.line(f"if (!(den > ({T})0) || !isfinite(den)) return;")
+    w.line(f"if (!(den > ({T})0) || !{_finite('den')}) return;")
 
 
 def _accumulate(w, names):
@@ -154,7 +160,7 @@ def _source(name: str, T: str, with_q: bool) -> str:
                     w.line(f"{row} += {_slot(row, 'k')};")
                     w.line(f"{_slot(row, 'k')} = 0.0;")
             w.line(f"const {T} den = ({T})pq;")
-            w.line(f"if (!isfinite(den)) {{ {S['reason']} = {_CODE['non-finite']}; return; }}")
+            w.line(f"if (!{_finite('den')}) {{ {S['reason']} = {_CODE['non-finite']}; return; }}")
             w.line(f"if (!(den > ({T})0)) {{ {S['reason']} = {_CODE['breakdown']}; return; }}")
             w.line(f"const double it = {S['iterations']} + 1.0;")
             w.line(f"{S['iterations']} = it;")
@@ -163,7 +169,7 @@ def _source(name: str, T: str, with_q: bool) -> str:
             w.line(f"{S['rho']} = rho_new;")
             w.line("const double r_norm = sqrt(rr);")
             w.line(f"{S['residual_norm']} = r_norm;")
-            w.line(f"if (!isfinite(r_norm)) {{ {S['reason']} = {_CODE['non-finite']}; return; }}")
+            w.line(f"if (!{_finite('r_norm')}) {{ {S['reason']} = {_CODE['non-finite']}; return; }}")
             w.line(f"if (r_norm <= tol_abs) {{ {S['reason']} = {_CODE['tolerance']}; return; }}")
             if with_q:
                 w.line("const double Q = 0.5 * xq;")
