@@ -35,7 +35,7 @@ import math
 
 import numpy as np
 
-__all__ = ["device_pcg", "STATE", "kernel_sources"]
+__all__ = ["device_pcg", "KERNELS", "PCG_GRID", "STATE", "kernel_sources"]
 
 #: the state vector's slots (float64); the Q history (Q_1, Q_2, ...) follows them
 STATE = ("reason", "iterations", "rho", "beta", "residual_norm", "q_previous", "q_count")
