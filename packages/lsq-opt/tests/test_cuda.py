@@ -19,14 +19,19 @@ in core_ad's four tiers (``packages/core-ad/tests/test_codegen_cuda.py``), which
   1e-5), one kernel launch each, without the per-term lane kernels; short LM and GN solves take the oracle's
   iterates both with the all-device loop (the default) and over the host protocol
   (``device_loop=False``), and the device loop moves no n-vector between host and device
-  inside its PCG iterations.
+  inside its PCG iterations. The device PCG (scalars on the device,
+  :mod:`lsq_opt._solver.device_pcg`) takes the host PCG's step, iteration count, stop reason
+  (tolerance, Q tolerance, max iterations, breakdown, non-finite), residual norm and Q history
+  for several check periods, synchronising exactly ceil(iterations / check period) + 1 times
+  (transfers counted through the stand-in).
 * **gpu** (``@pytest.mark.gpu``: CuPy and a CUDA device): the same checks on the device.
 
 Tolerances (relative to the largest entry of the oracle's vector): float64 1e-12, float32 1e-4
 (float32 transcendentals differ by a few ulp between glibc / CUDA and numpy, J^T J p sums
 many of them, and the fused kernels' atomic sums run in a device-chosen order). LM / GN
 iterates: 1e-9 / 1e-3 relative after 4 iterations (a PCG loop amplifies the rounding
-differences of its products); final costs 1e-12 / 1e-5 relative.
+differences of its products); final costs 1e-12 / 1e-5 relative. Device PCG against host PCG:
+:data:`PCG_TOL`.
 """
 
 from __future__ import annotations
