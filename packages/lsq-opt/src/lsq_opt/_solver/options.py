@@ -53,9 +53,10 @@ pcg_check_every            4                the device loop: PCG checks its stop
                                             fetches the outcome every that many iterations
                                             (one synchronisation); a PCG solve that stops
                                             launches up to pcg_check_every - 1 more
-                                            iterations, which change nothing (the step and
-                                            counts are unchanged). 1: check every
-                                            iteration. No effect on host vectors
+                                            iterations, which change nothing (the step, the
+                                            PCG iteration count and the stop reason are
+                                            unchanged). 1: check every iteration. No effect
+                                            on host vectors
 =========================  ===============  ================================================
 """
 from __future__ import annotations
@@ -72,7 +73,8 @@ FORCING_MAX = 0.5
 FORCING_SAFEGUARD_EXPONENT = 1.618
 AUTO_PCG_MAX_ITERATIONS = 100
 # device PCG: iterations between two host checks (a check is a synchronisation, ~10-20 us plus
-# the launch queue draining; an iteration launched after the stop wastes about 7 launches)
+# the launch queue draining; an iteration launched after the stop costs the product and four
+# no-op launches)
 PCG_CHECK_EVERY = 4
 
 
