@@ -24,8 +24,9 @@ above is a no-op, so ``x`` stays the iterate of the stopping iteration exactly. 
 the state (one transfer) every ``check_every`` iterations and at the iteration cap; a solve that
 stops at iteration ``k`` therefore launches up to ``check_every - 1`` iterations more (products
 included) whose kernels change nothing, and synchronises ``ceil(k / check_every) + 1`` times
-(the first: ``||b||`` for the zero / non-finite right-hand side checks). ``check_every=1``
-checks after every iteration. The iterates are the host loop's up to rounding (the dots sum in
+(the first: ``||b||`` for the zero / non-finite right-hand side checks), and once more with
+the Q test (the history of Q, fetched at the end). ``check_every=1`` checks after every
+iteration. The iterates are the host loop's up to rounding (the dots sum in
 another order, a device may contract ``a * x + y`` into a fused multiply-add); ``n_apply``
 counts every product launched, the ones after the stop included.
 """
@@ -276,11 +277,13 @@ def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, res
         k.scalars(state, acc, *consts)
         k.vector("lsq_pcg_direction", state, p, z)
         if i % check_every == 0 or i == max_iterations:
-            s = ops.to_host(state)
+            s = ops.to_host(state[:len(STATE)])  # the history stays behind: it grows
             if s[_S["reason"]]:
                 break
     iterations = int(s[_S["iterations"]])
     reason = REASONS[int(s[_S["reason"]])] or "max iterations"
     r_norm = float(s[_S["residual_norm"]])
-    q_hist = [float(v) for v in s[len(STATE):len(STATE) + int(s[_S["q_count"]])]] if with_q else []
+    q_hist = []
+    if with_q and s[_S["q_count"]]:
+        q_hist = ops.to_host(state[len(STATE):len(STATE) + int(s[_S["q_count"]])]).tolist()
     return PCGResult(x, iterations, reason, r_norm, b_norm, n_apply, q_hist)
