@@ -14,9 +14,11 @@ Per problem and dtype (float64, float32), alternated, median of ``--repeats``:
     one kernel plus a device sum), synchronised after each call so that the time is the
     device's;
 
-* a fixed-length LM solve (``--lm-iterations``, PCG ``--pcg`` iterations, Jacobi; no early
-  stop): CPU fused and the cuda all-device loop (the default for a cuda plan), warm-up then
-  median of ``--solve-repeats``; the cuda host protocol (``device_loop=False``, 0.3-1.1 s per solve on an H100
+* a fixed-length LM solve (``--lm-iterations``, PCG ``--pcg`` iterations at most, Jacobi; no
+  early stop of LM): CPU fused and the cuda all-device loop (the default for a cuda plan), once
+  per PCG check period of ``--check-every`` (``pcg_check_every``: the host fetches PCG's
+  device-side stopping state every that many iterations; default: the solver's default, then
+  1), warm-up then median of ``--solve-repeats``; the cuda host protocol (``device_loop=False``, 0.3-1.1 s per solve on an H100
   at the default sizes) once, to keep the run short -- its kernels are warm from the product
   timings. Wall time, final cost, and the relative difference of the final costs to the CPU's
   (the same iterates up to rounding: float64 about 1e-12).
@@ -47,11 +49,19 @@ from bench_solvers import arap_problem, mesh_example, poisson_problem  # noqa: E
 
 from lsq_opt import LsqCompileError, compile_problem, solve  # noqa: E402
 from lsq_opt._compiler.cuda import require_device  # noqa: E402
+from lsq_opt._solver.options import PCG_CHECK_EVERY  # noqa: E402
 
 COLUMNS = ("cpu fused", "cuda host", "cuda device")
-# label: (plan, solve options, warm-up and --solve-repeats runs; False: one cold run)
-SOLVES = {"cpu fused": ("cpu fused", {}, True), "cuda device": ("cuda", {}, True),
-          "cuda host": ("cuda", {"device_loop": False}, False)}
+
+
+def solve_variants(check_every):
+    """label -> (plan, solve options, warm-up and --solve-repeats runs; False: one cold run);
+    one all-device solve per PCG check period."""
+    out = {"cpu fused": ("cpu fused", {}, True)}
+    for k in check_every:
+        out[f"cuda device, check every {k}"] = ("cuda", {"pcg_check_every": k}, True)
+    out["cuda host"] = ("cuda", {"device_loop": False}, False)
+    return out
 
 
 def problems(args):
@@ -128,6 +138,8 @@ def main(argv=None):
     ap.add_argument("--lm-iterations", type=int, default=10)
     ap.add_argument("--pcg", type=int, default=50)
     ap.add_argument("--solve-repeats", type=int, default=5)
+    ap.add_argument("--check-every", type=int, nargs="+", default=[PCG_CHECK_EVERY, 1],
+                    help="PCG check periods of the all-device LM solves (pcg_check_every)")
     args = ap.parse_args(argv)
     try:
         cupy = require_device()
@@ -186,7 +198,7 @@ def main(argv=None):
                             + [f"{m['cpu fused'] / m['cuda device']:.2f}x",
                                f"{m['cuda host'] / m['cuda device']:.2f}x"])
             solves = {}
-            for label, (plan_key, kw_solve, repeated) in SOLVES.items():
+            for label, (plan_key, kw_solve, repeated) in solve_variants(args.check_every).items():
                 plan = plans[plan_key]
                 n_runs = args.solve_repeats if repeated else 1
                 if repeated:
@@ -199,10 +211,12 @@ def main(argv=None):
                 f"{abs(r.cost - solves['cpu fused'][1].cost) / cost_scale:.1e}, {r.pcg_iterations} PCG)"
                 for label, (t, r) in solves.items()))
             t = {label: v[0] for label, v in solves.items()}
-            rows.append([pname, dt, f"LM solve ({args.lm_iterations} it)"]
-                        + [bench.fmt_time(t[c]) for c in COLUMNS]
-                        + [f"{t['cpu fused'] / t['cuda device']:.2f}x",
-                           f"{t['cuda host'] / t['cuda device']:.2f}x"])
+            for k in args.check_every:
+                t["cuda device"] = t[f"cuda device, check every {k}"]
+                rows.append([pname, dt, f"LM solve ({args.lm_iterations} it), check every {k}"]
+                            + [bench.fmt_time(t[c]) for c in COLUMNS]
+                            + [f"{t['cpu fused'] / t['cuda device']:.2f}x",
+                               f"{t['cuda host'] / t['cuda device']:.2f}x"])
     print()
     bench.print_table(["problem", "dtype", "operation", *COLUMNS, "cpu fused / device",
                        "host / device"], rows,

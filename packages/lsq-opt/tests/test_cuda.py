@@ -19,14 +19,19 @@ in core_ad's four tiers (``packages/core-ad/tests/test_codegen_cuda.py``), which
   1e-5), one kernel launch each, without the per-term lane kernels; short LM and GN solves take the oracle's
   iterates both with the all-device loop (the default) and over the host protocol
   (``device_loop=False``), and the device loop moves no n-vector between host and device
-  inside its PCG iterations.
+  inside its PCG iterations. The device PCG (scalars on the device,
+  :mod:`lsq_opt._solver.device_pcg`) takes the host PCG's step, iteration count, stop reason
+  (tolerance, Q tolerance, max iterations, breakdown, non-finite), residual norm and Q history
+  for several check periods, synchronising exactly ceil(iterations / check period) + 1 times,
+  once more with the Q test (transfers counted through the stand-in).
 * **gpu** (``@pytest.mark.gpu``: CuPy and a CUDA device): the same checks on the device.
 
 Tolerances (relative to the largest entry of the oracle's vector): float64 1e-12, float32 1e-4
 (float32 transcendentals differ by a few ulp between glibc / CUDA and numpy, J^T J p sums
 many of them, and the fused kernels' atomic sums run in a device-chosen order). LM / GN
 iterates: 1e-9 / 1e-3 relative after 4 iterations (a PCG loop amplifies the rounding
-differences of its products); final costs 1e-12 / 1e-5 relative.
+differences of its products); final costs 1e-12 / 1e-5 relative. Device PCG against host PCG:
+:data:`PCG_TOL`.
 """
 
 from __future__ import annotations
@@ -42,6 +47,10 @@ import pytest
 from core_ad._codegen.cuda import launcher
 from lsq_opt import LsqCompileError, compile_problem, solve
 from lsq_opt._compiler import _Term
+from lsq_opt._solver.device_pcg import KERNELS as PCG_KERNELS
+from lsq_opt._solver.device_pcg import kernel_sources
+from lsq_opt._solver.pcg import pcg
+from lsq_opt._solver.vectors import VectorOps
 from lsq_opt.examples import arap, cotangent, flow, intrinsic, laplacian, mesh
 
 NVCC = shutil.which("nvcc")
@@ -429,9 +438,9 @@ def test_host_fused_linearize_and_cost_equal_the_numpy_oracle(host_cupy, name, d
 @pytest.mark.parametrize("name", ["laplacian", "arap_image", "arap_mesh", "intrinsic"])
 def test_host_lm_takes_the_oracle_iterates(host_cupy, name, dtype, device_loop):
     check_lm_iterates(name, dtype, device_loop=device_loop)
-    # the device loop's PCG vector updates are generated kernels; the host protocol's are numpy
-    updates = {"lsq_axpy", "lsq_scale_add"} & set(host_cupy.built)
-    assert updates == ({"lsq_axpy", "lsq_scale_add"} if device_loop else set())
+    # the device loop's PCG runs its generated kernels; the host protocol's PCG is numpy
+    pcg_kernels = {k for k in host_cupy.built if k.startswith("lsq_pcg_")}
+    assert pcg_kernels == (set(PCG_KERNELS) if device_loop else set()), pcg_kernels
 
 
 @pytest.mark.parametrize("name", ["laplacian", "arap_mesh"])
@@ -471,6 +480,237 @@ def test_host_device_loop_moves_no_vector_per_iteration(host_cupy, monkeypatch):
         counts[iterations] = (list(moved), res.pcg_iterations)
     assert counts[5][1] >= counts[1][1] + 20, counts
     assert counts[5][0] == counts[1][0] and len(counts[1][0]) <= 4, counts
+
+
+def spd_system(dtype, n=120, seed=3, shift=0.0):
+    """A dense SPD ``A`` (indefinite with ``shift`` < 0), a right-hand side and the Jacobi
+    preconditioner, as host arrays of ``dtype``."""
+    rng = np.random.default_rng(seed)
+    M = rng.standard_normal((n, n))
+    A = M @ M.T / n + np.diag(0.2 + 3 * rng.random(n)) + shift * np.eye(n)
+    return A.astype(dtype), rng.standard_normal(n).astype(dtype), (1 / np.diag(A)).astype(dtype)
+
+
+class Fetches:
+    """Counts the device-to-host transfers of the stand-in (``get``, scalar conversions)."""
+
+    def __init__(self, monkeypatch):
+        from core_ad._codegen.cuda.host_emulation import HostDeviceArray
+
+        self.count = 0
+        for name in ("get", "item", "__float__", "__int__", "__bool__"):
+            monkeypatch.setattr(HostDeviceArray, name, self._counting(getattr(HostDeviceArray, name)))
+
+    def _counting(self, method):
+        def call(array, *args):
+            self.count += 1
+            return method(array, *args)
+        return call
+
+
+def device_pcg_run(cp, A, b, minv, calls=None, **kw):
+    """PCG on device vectors (``cp``: the stand-in or CuPy) of the system ``A``; ``calls``
+    collects each product's direction (``cupy.asnumpy``: outside the stand-in's fetch count)."""
+    Ad = cp.asarray(A)
+
+    def apply_A(p):
+        if calls is not None:
+            calls.append(cp.asnumpy(p))
+        return cp.dot(Ad, p)
+
+    return pcg(apply_A, cp.asarray(b), None if minv is None else cp.asarray(minv), ops=VectorOps(cp),
+               **kw)
+
+
+def launched_products(iterations, check_every, max_iterations=100, reset_period=0):
+    """The products a device PCG that stops after ``iterations`` launches: its iterations up to
+    the next check (or the cap), plus their residual resets."""
+    launched = min(-(-iterations // check_every) * check_every, max_iterations)
+    return launched + (launched // reset_period if reset_period else 0)
+
+
+PCG_CASES = {
+    "tolerance": dict(tolerance=1e-6),
+    "q tolerance": dict(tolerance=1e-12, q_tolerance=1e-6, residual_reset_period=5),
+    "max iterations": dict(tolerance=1e-14, max_iterations=17, residual_reset_period=3),
+}
+# device PCG against the host PCG, relative: the step (to its largest entry), the Q history, the
+# final residual norm (of a converged solve: its own rounding is large). The host emulation
+# rounds as numpy does; a GPU contracts a * x + y into FMAs and sums the dots in another order.
+PCG_TOL = {"host": {"float64": (1e-12, 1e-9), "float32": (1e-5, 1e-2)},
+           "gpu": {"float64": (1e-10, 1e-6), "float32": (1e-4, 5e-2)}}
+
+
+def run_device_pcg(cp, case, dtype, check_every):
+    """(device, host) PCG results on a stopping ``case`` of :data:`PCG_CASES`."""
+    kw = PCG_CASES[case]
+    A, b, minv = spd_system(dtype)
+    ref = pcg(lambda p: A @ p, b, minv, **kw)
+    assert ref.reason == case and ref.iterations >= 8, (ref.reason, ref.iterations)
+    return device_pcg_run(cp, A, b, minv, check_every=check_every, **kw), ref
+
+
+def check_device_pcg(got, ref, case, dtype, tier):
+    """The device PCG took the host PCG's step, iteration count, stop reason, residual norm and
+    Q history."""
+    assert (got.iterations, got.reason) == (ref.iterations, ref.reason)
+    tol, r_tol = PCG_TOL[tier][dtype]
+    np.testing.assert_allclose(got.x.get(), ref.x, rtol=0, atol=tol * float(np.abs(ref.x).max()))
+    np.testing.assert_allclose(got.residual_norm, ref.residual_norm, rtol=r_tol)
+    assert got.rhs_norm == pytest.approx(ref.rhs_norm, rel=tol)
+    assert len(got.q_history) == len(ref.q_history) == (ref.iterations if case == "q tolerance" else 0)
+    np.testing.assert_allclose(got.q_history, ref.q_history, rtol=tol)
+
+
+@pytest.mark.parametrize("check_every", [1, 3, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(PCG_CASES))
+def test_host_device_pcg_takes_the_host_iterates(host_cupy, monkeypatch, case, dtype, check_every):
+    """Device-resident scalars: the host loop's results, with ceil(iterations / check_every) + 1
+    synchronisations (+1 with the Q test); the iterations launched after the stop change
+    nothing."""
+    fetches = Fetches(monkeypatch)
+    got, ref = run_device_pcg(host_cupy, case, dtype, check_every)
+    # one more with the Q test: the history of Q, fetched once at the end
+    assert fetches.count == -(-ref.iterations // check_every) + 1 + (case == "q tolerance"), fetches.count
+    check_device_pcg(got, ref, case, dtype, "host")
+    kw = PCG_CASES[case]
+    assert got.n_apply == launched_products(ref.iterations, check_every, kw.get("max_iterations", 100),
+                                            kw.get("residual_reset_period", 0))
+
+
+def check_device_pcg_on_a_full_grid(cp, tol):
+    """A system larger than the vector kernels' grid (every block's slot of every dot used, and
+    a grid-stride loop wrapping around): a tridiagonal SPD operator, with residual resets and the
+    Q test's dot."""
+    from core_ad._codegen.cuda.launcher import BLOCK
+    from lsq_opt._solver.device_pcg import PCG_GRID
+
+    n = PCG_GRID * BLOCK + 777
+    rng = np.random.default_rng(4)
+    d, b = 2.2 + 3 * rng.random(n), rng.standard_normal(n)
+    minv = 1 / d
+
+    def tridiagonal(d):
+        def apply_A(p):
+            q = d * p
+            q[1:] -= p[:-1]
+            q[:-1] -= p[1:]
+            return q
+        return apply_A
+
+    kw = dict(tolerance=1e-7, q_tolerance=1e-12, residual_reset_period=4)
+    ref = pcg(tridiagonal(d), b, minv, **kw)
+    got = pcg(tridiagonal(cp.asarray(d)), cp.asarray(b), cp.asarray(minv), ops=VectorOps(cp), **kw)
+    assert (got.reason, got.iterations) == (ref.reason, ref.iterations) == ("tolerance", ref.iterations)
+    assert ref.iterations >= 8
+    np.testing.assert_allclose(got.x.get(), ref.x, rtol=0, atol=tol * np.abs(ref.x).max())
+    np.testing.assert_allclose(got.q_history, ref.q_history, rtol=tol)
+
+
+def test_host_device_pcg_on_a_full_grid(host_cupy):
+    check_device_pcg_on_a_full_grid(host_cupy, PCG_TOL["host"]["float64"][0])
+
+
+def test_host_device_pcg_synchronisations_do_not_grow_per_iteration(host_cupy, monkeypatch):
+    """The default check period: a 40-iteration solve synchronises 11 times (once for ||b||,
+    then every 4 iterations), where the host loop's scalars would cost 80."""
+    A, b, minv = spd_system("float64", n=200, seed=9)
+    kw = dict(tolerance=1e-30, max_iterations=40)
+    fetches = Fetches(monkeypatch)
+    res = device_pcg_run(host_cupy, A, b, minv, **kw)
+    assert (res.iterations, res.reason) == (40, "max iterations")
+    assert fetches.count == 1 + 40 // 4
+
+
+def check_device_pcg_breakdown_and_non_finite_stop(cp, check_every, tol):
+    """p.Ap <= 0 (an indefinite system) stops with "breakdown", a non-finite product with
+    "non-finite", at the host loop's iteration and step; the directions after the stop are
+    the stopping one (the direction update is a no-op)."""
+    A, b, minv = spd_system("float64", seed=5, shift=-0.7)
+    ref = pcg(lambda p: A @ p, b, minv, tolerance=1e-12)
+    assert ref.reason == "breakdown" and ref.iterations >= 8, (ref.reason, ref.iterations)
+    calls: list = []
+    got = device_pcg_run(cp, A, b, minv, calls=calls, tolerance=1e-12, check_every=check_every)
+    assert (got.reason, got.iterations) == ("breakdown", ref.iterations)
+    np.testing.assert_allclose(got.x.get(), ref.x, rtol=0, atol=tol * np.abs(ref.x).max())
+    assert len(calls) == -(-(ref.iterations + 1) // check_every) * check_every == got.n_apply
+    assert all(np.array_equal(c, calls[ref.iterations]) for c in calls[ref.iterations:])
+
+    A, b, minv = spd_system("float64")
+    for on_device in (False, True):
+        n_calls = [0]
+        Ad = cp.asarray(A) if on_device else A
+
+        def apply_A(p, Ad=Ad, on_device=on_device):
+            n_calls[0] += 1
+            q = (cp.dot(Ad, p) if on_device else A @ p)
+            if n_calls[0] == 3:
+                q[5] = np.nan
+            return q
+
+        if on_device:
+            got = pcg(apply_A, cp.asarray(b), cp.asarray(minv), tolerance=1e-12,
+                      ops=VectorOps(cp), check_every=check_every)
+        else:
+            ref = pcg(apply_A, b, minv, tolerance=1e-12)
+    assert (got.reason, got.iterations) == (ref.reason, ref.iterations) == ("non-finite", 2)
+    np.testing.assert_allclose(got.x.get(), ref.x, rtol=0, atol=tol * np.abs(ref.x).max())
+    assert got.residual_norm == pytest.approx(ref.residual_norm, rel=tol)
+
+
+@pytest.mark.parametrize("check_every", [1, 4])
+def test_host_device_pcg_breakdown_and_non_finite_stop(host_cupy, check_every):
+    check_device_pcg_breakdown_and_non_finite_stop(host_cupy, check_every, PCG_TOL["host"]["float64"][0])
+
+
+def test_host_device_pcg_edge_cases(host_cupy):
+    A, b, minv = spd_system("float64")
+    zero = device_pcg_run(host_cupy, A, np.zeros_like(b), minv)
+    assert (zero.reason, zero.iterations, zero.n_apply) == ("zero rhs", 0, 0)
+    b_inf = b.copy()
+    b_inf[3] = np.inf
+    assert device_pcg_run(host_cupy, A, b_inf, minv).reason == "non-finite"
+    capped = device_pcg_run(host_cupy, A, b, minv, max_iterations=0)
+    assert (capped.reason, capped.iterations) == ("max iterations", 0)
+    plain = device_pcg_run(host_cupy, A, b, None, tolerance=1e-8)
+    ref = pcg(lambda p: A @ p, b, None, tolerance=1e-8)
+    assert (plain.reason, plain.iterations) == (ref.reason, ref.iterations) == ("tolerance", ref.iterations)
+    with pytest.raises(ValueError, match="check_every must be a positive integer"):
+        device_pcg_run(host_cupy, A, b, minv, check_every=0)
+    with pytest.raises(TypeError, match="inverse diagonal preconditioner"):
+        pcg(lambda p: p, host_cupy.asarray(b), lambda r: r, ops=VectorOps(host_cupy))
+
+
+def test_host_device_lm_with_q_tolerance(host_cupy, monkeypatch):
+    """LM with a fixed PCG tolerance (Q test on, residual resets every 10 iterations) on the
+    device loop takes the oracle's iterates, PCG counts and reasons, checking PCG's state every
+    iteration or every 4; the latter saves k - ceil(k / 4) synchronisations on a k-iteration
+    PCG solve, and nothing else changes."""
+    dev, ref = plans("arap_mesh", "float64")
+
+    def run(plan, **kw):
+        xs = []
+        res = solve(plan, plan.x0, max_iterations=4, pcg_tolerance=1e-9, pcg_max_iterations=40,
+                    callback=lambda entry, x: xs.append(np.copy(x)), **kw)
+        return res, xs
+
+    rr, xr = run(ref)
+    pcg_iterations = [e.pcg_iterations for e in rr.log]
+    assert {e.pcg_reason for e in rr.log} == {"q tolerance"}, [e.pcg_reason for e in rr.log]
+    assert max(pcg_iterations) > 10  # a residual reset happened
+    fetches = Fetches(monkeypatch)
+    syncs = {}
+    for check_every in (1, 4):
+        before = fetches.count
+        rd, xd = run(dev, pcg_check_every=check_every)
+        syncs[check_every] = fetches.count - before
+        assert [e.pcg_reason for e in rd.log] == [e.pcg_reason for e in rr.log]
+        assert [e.pcg_iterations for e in rd.log] == pcg_iterations
+        for a, b in zip(xd, xr, strict=True):
+            np.testing.assert_allclose(a, b, rtol=0, atol=1e-9 * max(np.abs(b).max(), 1.0))
+        np.testing.assert_allclose(rd.cost, rr.cost, rtol=1e-12)
+    assert syncs[1] - syncs[4] == sum(k - -(-k // 4) for k in pcg_iterations), syncs
 
 
 def test_host_device_loop_bad_input(host_cupy):
@@ -565,6 +805,25 @@ def test_gpu_gn_takes_the_oracle_iterates(cupy_dev, name):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("check_every", [1, 4])
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("case", list(PCG_CASES))
+def test_gpu_device_pcg_takes_the_host_iterates(cupy_dev, case, dtype, check_every):
+    check_device_pcg(*run_device_pcg(cupy_dev, case, dtype, check_every), case, dtype, "gpu")
+
+
+@pytest.mark.gpu
+def test_gpu_device_pcg_on_a_full_grid(cupy_dev):
+    check_device_pcg_on_a_full_grid(cupy_dev, PCG_TOL["gpu"]["float64"][0])
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("check_every", [1, 4])
+def test_gpu_device_pcg_breakdown_and_non_finite_stop(cupy_dev, check_every):
+    check_device_pcg_breakdown_and_non_finite_stop(cupy_dev, check_every, PCG_TOL["gpu"]["float64"][0])
+
+
+@pytest.mark.gpu
 def test_gpu_device_loop_multigrid_is_refused(cupy_dev):
     dev, _ = plans("laplacian", "float64")
     with pytest.raises(ValueError, match="cannot precondition the all-device solver loop"):
@@ -576,11 +835,9 @@ def test_nvcc_compiles_every_fused_kernel(host_cupy, tmp_path):
     per dtype (vector updates), compile with nvcc: the host tier runs them through g++ only."""
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
-    from lsq_opt._solver.vectors import _UPDATES, update_source
-
     units = []
     for dtype in DTYPES:
-        units += [update_source(name, dtype) for name in _UPDATES]
+        units += [source for _, source in kernel_sources(dtype)]
         for name in [*PROBLEMS, *DEVICE_PRODUCT_PROBLEMS]:
             builder = DEVICE_PRODUCT_PROBLEMS.get(name)
             energy, kw = builder() if builder else problem(name)

@@ -25,10 +25,11 @@ through CuPy, and the all-device solver loop.
 * :class:`DeviceProblem` (``Plan.device_problem()``): the ``LeastSquaresProblem`` protocol over
   CuPy vectors, which :func:`lsq_opt.solve` uses by default for a cuda plan
   (``device_loop=True``): the GN / LM / PCG code of :mod:`lsq_opt._solver` runs with every
-  vector (x, r, z, p, Ap, diag, D, F, J) on the device (PCG's vector updates are generated
-  kernels too, :mod:`lsq_opt._solver.vectors`); the host sees only the scalars the
-  control flow needs (per PCG iteration two small transfers: ``p.Ap``, then ``z.r``, ``r.r``
-  and the Q dot together; per non-linear iteration the costs, norms and max-norms). Multigrid
+  vector (x, r, z, p, Ap, diag, D, F, J) on the device, and PCG's scalars too
+  (:mod:`lsq_opt._solver.device_pcg`: generated kernels read alpha and beta from device
+  memory and run the stopping tests; the host fetches their outcome every
+  ``pcg_check_every`` iterations); per non-linear iteration the host fetches the costs, norms
+  and max-norms its control flow needs. Multigrid
   preconditioners are host-only (scipy): "auto" picks Jacobi there, and asking for multigrid
   with the device loop is a ValueError.
 * The host protocol of the Plan itself stays numpy in / numpy out (each call uploads x or p

@@ -64,7 +64,8 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
         t0 = time.perf_counter()
         jtjp = jtjp_operator(problem, x)
         pcg_kw = dict(max_iterations=opts.pcg_cap(), tolerance=forcing.tolerance(), q_tolerance=None,
-                      residual_reset_period=0, ops=ops)
+                      residual_reset_period=0, ops=ops,
+                      check_every=opts.pcg_check_every)
         if adaptive is not None:
             res = adaptive.solve(jtjp, -g, inverse_diagonal(diag, "jacobi"),
                                  lambda: multigrid_preconditioner(problem, x), **pcg_kw)

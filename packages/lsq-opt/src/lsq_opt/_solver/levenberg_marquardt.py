@@ -229,7 +229,8 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             return out
 
         pcg_kw = dict(max_iterations=pcg_cap, tolerance=forcing.tolerance(), q_tolerance=q_tolerance,
-                      residual_reset_period=opts.residual_reset_period, ops=ops)
+                      residual_reset_period=opts.residual_reset_period, ops=ops,
+                      check_every=opts.pcg_check_every)
         if adaptive is not None:
             res = adaptive.solve(apply_A, -g, inverse_diagonal(diag + D, "jacobi"),
                                  lambda D=D: multigrid_preconditioner(problem, x, D), **pcg_kw)

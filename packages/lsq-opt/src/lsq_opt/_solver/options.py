@@ -48,6 +48,15 @@ device_loop                True             a cuda plan (``backend="cuda"``): GN
                                             solvers on the plan's numpy protocol (an upload
                                             and a download per product). No effect on the
                                             host backends
+pcg_check_every            4                the device loop: PCG checks its stopping tests on
+                                            the device after every iteration, and the host
+                                            fetches the outcome every that many iterations
+                                            (one synchronisation); a PCG solve that stops
+                                            launches up to pcg_check_every - 1 more
+                                            iterations, which change nothing (the step, the
+                                            PCG iteration count and the stop reason are
+                                            unchanged). 1: check every iteration. No effect
+                                            on host vectors
 =========================  ===============  ================================================
 """
 from __future__ import annotations
@@ -63,6 +72,10 @@ FORCING_INITIAL = 0.1
 FORCING_MAX = 0.5
 FORCING_SAFEGUARD_EXPONENT = 1.618
 AUTO_PCG_MAX_ITERATIONS = 100
+# device PCG: iterations between two host checks (a check is a synchronisation, ~10-20 us plus
+# the launch queue draining; an iteration launched after the stop costs the product and four
+# no-op launches)
+PCG_CHECK_EVERY = 4
 
 
 @dataclass
@@ -90,6 +103,7 @@ class SolverOptions:
     progress: Callable[[str], Any] | None = None  # receives each formatted progress line
     callback: Callable[..., Any] | None = None  # callback(entry, x); a true result stops ("user callback")
     device_loop: bool = True  # a cuda plan: the whole solve on the device (False: host protocol)
+    pcg_check_every: int = PCG_CHECK_EVERY  # device loop: PCG iterations between host checks (see module docstring)
 
     @classmethod
     def paper(cls, **kw: Any) -> "SolverOptions":

@@ -3,9 +3,9 @@
 Solves ``A delta = b`` for SPD ``A`` given only ``apply_A(p)`` (matrix-free), starting from
 ``delta = 0``, with a diagonal (Jacobi) preconditioner ``M^-1`` given as a vector.  All work
 vectors stay in the dtype of ``b`` and in its array module (``ops``, :mod:`.vectors`: numpy, or
-CuPy for the cuda backend's all-device loop, where one iteration fetches its scalars in two
-transfers: ``p.q`` for the step, then ``z.r``, ``r.r`` (and ``delta.(r + b)`` for the Q test)
-together).
+CuPy for the cuda backend's all-device loop, which runs this loop in :mod:`.device_pcg` with
+alpha, beta and the stopping tests on the device, the host checking the outcome every
+``check_every`` iterations).
 
 Loop (spec §4.4, 1-based iteration counter i)::
 
@@ -36,6 +36,8 @@ from typing import Callable
 
 import numpy as np
 
+from .device_pcg import device_pcg
+from .options import PCG_CHECK_EVERY
 from .vectors import VectorOps
 
 __all__ = ["PCGResult", "pcg", "inverse_diagonal", "PRECONDITIONERS"]
@@ -92,6 +94,7 @@ def pcg(
     q_tolerance: float | None = None,
     residual_reset_period: int = 0,
     ops: VectorOps | None = None,
+    check_every: int = PCG_CHECK_EVERY,
 ) -> PCGResult:
     """Solve ``A x = b`` by PCG from ``x = 0`` (see the module docstring for the exact loop).
 
@@ -101,8 +104,18 @@ def pcg(
     ``q_tolerance``: Nash-Sofer / Ceres early exit (None disables; LM uses 1e-4).
     ``residual_reset_period``: recompute ``r = b - A x`` every that many iterations (0 disables).
     ``ops``: the vectors' array module (:class:`.vectors.VectorOps`; default numpy).
+    ``check_every``: device vectors only (:mod:`.device_pcg`): the host fetches the stopping
+    state every that many iterations (up to ``check_every - 1`` iterations more are launched,
+    as no-ops, after the one that stops: the step, iteration count and reason are unchanged,
+    ``n_apply`` counts their products).
     """
+    if int(check_every) != check_every or check_every < 1:
+        raise ValueError(f"check_every must be a positive integer, got {check_every!r}")
     ops = VectorOps(np) if ops is None else ops
+    if not ops.on_host:
+        return device_pcg(apply_A, b, m_inv, max_iterations=max_iterations, tolerance=tolerance,
+                          q_tolerance=q_tolerance, residual_reset_period=residual_reset_period,
+                          ops=ops, check_every=int(check_every))
     xp = ops.xp
     b = xp.asarray(b)
     dt = b.dtype

@@ -26,7 +26,8 @@ def solve(problem: Any, x0: np.ndarray, method: str = "lm", *, options: SolverOp
     ``max_lm_diagonal`` (aliases ``min_diagonal`` / ``max_diagonal``), ``min_relative_decrease``,
     ``jacobi_scaling``, ``preconditioner`` ("jacobi" | "none" | "ceres" | "modified_ceres" |
     "epsilon"), ``verbose``, ``progress`` (callable receiving each progress line), ``callback``
-    (``callback(entry, x)``; returning True stops with "user callback"), ``device_loop``.
+    (``callback(entry, x)``; returning True stops with "user callback"), ``device_loop``,
+    ``pcg_check_every``.
 
     A cuda plan (``compile_problem(..., backend="cuda")``) is solved on the device: the same
     GN / LM / PCG code runs over its ``device_problem()`` with every vector in device memory
