@@ -57,6 +57,11 @@ pcg_check_every            4                the device loop: PCG checks its stop
                                             PCG iteration count and the stop reason are
                                             unchanged). 1: check every iteration. No effect
                                             on host vectors
+linear_system              "matrix_free"    how PCG gets J^T J p: the generated product
+                                            ("matrix_free"), J assembled per linearisation
+                                            and two sparse products ("jacobian"), or J^T J
+                                            formed by SpGEMM per linearisation ("jtj"); spec
+                                            AE-9. The materialised forms are host-only
 =========================  ===============  ================================================
 """
 from __future__ import annotations
@@ -104,6 +109,7 @@ class SolverOptions:
     callback: Callable[..., Any] | None = None  # callback(entry, x); a true result stops ("user callback")
     device_loop: bool = True  # a cuda plan: the whole solve on the device (False: host protocol)
     pcg_check_every: int = PCG_CHECK_EVERY  # device loop: PCG iterations between host checks (see module docstring)
+    linear_system: str = "matrix_free"  # "matrix_free" | "jacobian" | "jtj" (see module docstring)
 
     @classmethod
     def paper(cls, **kw: Any) -> "SolverOptions":

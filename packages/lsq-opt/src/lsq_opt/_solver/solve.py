@@ -7,6 +7,7 @@ import numpy as np
 
 from .gauss_newton import gauss_newton
 from .levenberg_marquardt import levenberg_marquardt
+from .materialized import with_linear_system
 from .options import SolverOptions
 from .report import SolveResult
 
@@ -27,7 +28,8 @@ def solve(problem: Any, x0: np.ndarray, method: str = "lm", *, options: SolverOp
     ``jacobi_scaling``, ``preconditioner`` ("jacobi" | "none" | "ceres" | "modified_ceres" |
     "epsilon"), ``verbose``, ``progress`` (callable receiving each progress line), ``callback``
     (``callback(entry, x)``; returning True stops with "user callback"), ``device_loop``,
-    ``pcg_check_every``.
+    ``pcg_check_every``, ``linear_system`` ("matrix_free" | "jacobian" | "jtj": the generated
+    J^T J p, or J materialised as a sparse matrix and two products, or J^T J by SpGEMM).
 
     A cuda plan (``compile_problem(..., backend="cuda")``) is solved on the device: the same
     GN / LM / PCG code runs over its ``device_problem()`` with every vector in device memory
@@ -50,7 +52,11 @@ def solve(problem: Any, x0: np.ndarray, method: str = "lm", *, options: SolverOp
     device = problem.device_problem() if options.device_loop and hasattr(problem, "device_problem") \
         else None
     if device is None:
-        return methods[m](problem, x0, options)
+        return methods[m](with_linear_system(problem, options.linear_system), x0, options)
+    if options.linear_system != "matrix_free":
+        device.finish()
+        raise ValueError(f"linear_system={options.linear_system!r} assembles J with scipy on the "
+                         "host; the cuda device loop is matrix-free (pass device_loop=False)")
     try:
         return methods[m](device, x0, options)
     finally:
