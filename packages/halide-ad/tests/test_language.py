@@ -238,3 +238,17 @@ def test_clamped_data_dependent_index_is_safe_for_nan_and_inf():
     f = hl.Func("f")
     f[x] = lut[hl.clamp(hl.i32(data[x]), 0, 3)]
     np.testing.assert_array_equal(np.asarray(f.realize([6])), [10, 40, 10, 30, 40, 10])
+
+
+def test_multi_output_pipeline_with_per_output_sizes():
+    """Outputs of different dimensionality (an image and its row sums) in one realize."""
+    img, sums = hl.Func("img"), hl.Func("sums")
+    r = hl.RDom([(0, 5)])
+    img[x, y] = x + 10 * y
+    img.compute_root()
+    sums[y] = 0
+    sums[y] += img[r.x, y]
+    o_img, o_sums = hl.Pipeline([img, sums]).realize([[5, 3], [3]])
+    want = np.arange(5)[None, :] + 10 * np.arange(3)[:, None]
+    np.testing.assert_array_equal(np.asarray(o_img), want)
+    np.testing.assert_array_equal(np.asarray(o_sums), want.sum(axis=1))

@@ -133,6 +133,10 @@ class Pipeline:
 
     # ---- realize -----------------------------------------------------------------------
     def realize(self, sizes=None, target=None):
+        """Compute every output: ``sizes`` is one list of extents for all outputs (``[W, H]``),
+        one list per output (``[[W, H], [N]]``: outputs of different shapes or
+        dimensionality), or output Buffers (one per output value, realized into in place).
+        Returns one array per output value (a single array for a single-valued output)."""
         c = self._compile()
         g = c.graph
         outs = self._outputs(sizes)
@@ -239,8 +243,18 @@ class Pipeline:
                         )
                 outs.append((f, [bf.numpy() for bf in group]))
             return outs
-        sizes = [] if sizes is None else [int(s) for s in sizes]
-        for f in self.outputs:
+        sizes = [] if sizes is None else list(sizes)
+        if sizes and all(isinstance(s, (list, tuple)) for s in sizes):  # one list per output
+            if len(sizes) != len(self.outputs):
+                raise FuncError(f"realize: {len(sizes)} size lists for {len(self.outputs)} "
+                                f"outputs ({', '.join(f.name() for f in self.outputs)})")
+            per_output = [[int(e) for e in s] for s in sizes]
+        elif any(isinstance(s, (list, tuple)) for s in sizes):
+            raise FuncError(f"realize: sizes must be one list of extents or one list per "
+                            f"output, got {sizes}")
+        else:
+            per_output = [[int(e) for e in sizes]] * len(self.outputs)
+        for f, sizes in zip(self.outputs, per_output):
             if len(sizes) != f.dimensions():
                 raise FuncError(
                     f"realize: {f.name()} has {f.dimensions()} dimension(s), got {len(sizes)}"

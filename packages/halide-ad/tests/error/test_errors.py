@@ -157,6 +157,19 @@ def test_realize_with_wrong_number_of_sizes():
         f.realize([4])
 
 
+def test_realize_with_per_output_sizes_of_the_wrong_count_or_shape():
+    f, g = hl.Func("f"), hl.Func("g")
+    f[x, y] = x
+    g[x] = x
+    p = hl.Pipeline([f, g])
+    with pytest.raises(hl.FuncError, match="1 size lists for 2 outputs \\(f, g\\)"):
+        p.realize([[4, 3]])
+    with pytest.raises(hl.FuncError, match="one list of extents or one list per output"):
+        p.realize([[4, 3], 5])
+    with pytest.raises(hl.FuncError, match="g has 1 dimension\\(s\\), got 2 size"):
+        p.realize([[4, 3], [4, 3]])
+
+
 def test_scatter_outside_the_realized_output():
     h = hl.Func("h")
     r = hl.RDom([(0, 10)])
