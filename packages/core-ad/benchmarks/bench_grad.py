@@ -55,11 +55,18 @@ def f_jax(x):
 # ---- setup of each system ---------------------------------------------------------------------
 
 def setup_core(x):
+    """Eager mode (numpy per operation), whatever the default mode."""
     vg = ad.value_and_grad(f_core)
-    return {
-        "core_ad primal": lambda: f_core(x),
-        "core_ad value_and_grad": lambda: vg(x),
-    }, lambda: vg(x)
+
+    def primal():
+        with ad.lazy(False):
+            return f_core(x)
+
+    def value_and_grad():
+        with ad.lazy(False):
+            return vg(x)
+
+    return {"core_ad primal": primal, "core_ad value_and_grad": value_and_grad}, value_and_grad
 
 
 def setup_core_lazy(x):

@@ -60,13 +60,41 @@ def test_repeated_iterations_hit_the_kernel_cache(xy):
 
 
 def test_lazy_switch_restores_the_previous_mode():
-    before = ad.is_lazy()  # eager, or lazy when the suite runs with CORE_AD_LAZY=1
+    before = ad.lazy_mode()  # "auto", or True / False from CORE_AD_LAZY
     with ad.lazy():
-        assert ad.is_lazy()
+        assert ad.lazy_mode() is True
         with ad.lazy(False):
             assert not ad.is_lazy()
-        assert ad.is_lazy()
-    assert ad.is_lazy() == before
+            with ad.lazy("auto"):
+                assert ad.lazy_mode() == "auto" and ad.is_lazy()
+        assert ad.lazy_mode() is True
+    assert ad.lazy_mode() == before
+
+
+def test_auto_mode_fuses_large_arrays_and_runs_small_ones_eagerly(xy):
+    """The default: lazy from AUTO_MIN_LANES lanes (fusion pays), eager below (a kernel's
+    compile and launch cost more than numpy on a few lanes); results agree with eager mode."""
+    x0, y0 = xy
+    big = np.tile(x0, _lazy.AUTO_MIN_LANES // len(x0) + 1)
+    with ad.lazy("auto"):
+        assert isinstance((ad.Array(big) * 2.0)._value, _lazy.Pending)
+        small = ad.Array(x0[:16]) * 2.0
+        assert isinstance(small._value, np.ndarray)
+        auto = _value_and_grads(big, np.tile(y0, len(big) // len(y0) + 1)[:len(big)])
+    with ad.lazy(False):
+        eager = _value_and_grads(big, np.tile(y0, len(big) // len(y0) + 1)[:len(big)])
+    for a, b in zip(auto, eager):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-14)
+
+
+def test_set_lazy_takes_truthy_flags():
+    prev = ad.set_lazy(1)
+    try:
+        assert ad.lazy_mode() is True
+        ad.set_lazy(0)
+        assert ad.lazy_mode() is False
+    finally:
+        ad.set_lazy(prev)
 
 
 # ---- the memory argument (spec 2.6): b = b * b iterated, 2^20 float32, with a gradient ------------

@@ -50,6 +50,7 @@ from ._lazy import (
     evaluate_scope as _evaluate_scope,
     is_lazy,
     lazy,
+    lazy_mode,
     set_lazy,
     set_vertex_elimination,
 )
@@ -107,6 +108,7 @@ __all__ = [
     "eval",
     "is_lazy",
     "lazy",
+    "lazy_mode",
     "set_lazy",
     "set_vertex_elimination",
     "simplify_graph",

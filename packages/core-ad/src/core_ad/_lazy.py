@@ -1,6 +1,8 @@
-"""Lazy evaluation with fusion for traced arrays (Enoki / Dr.Jit style), opt-in.
+"""Lazy evaluation with fusion for traced arrays (Enoki / Dr.Jit style).
 
-With lazy mode on (``core_ad.set_lazy(True)`` or ``with core_ad.lazy():``), a lane-wise
+By default (mode ``"auto"``) lane-wise operations on at least ``AUTO_MIN_LANES`` lanes are lazy
+and smaller ones eager; ``core_ad.set_lazy(True)`` / ``with core_ad.lazy():`` makes every size
+lazy, ``set_lazy(False)`` every size eager. In lazy mode a lane-wise
 operation (a primitive with an LLVM lowering) on operands of one shape does not compute: it
 records a :mod:`core_ad.sym` node over *leaves* (the numpy buffers it reads) and the Array holds
 a :class:`Pending` value (shape and dtype known). Anything that needs numbers -- ``.value``,
@@ -27,6 +29,7 @@ the graph holds are folded into edge weights and never stored.
 
 from __future__ import annotations
 
+import math
 import os
 import threading
 import weakref
@@ -79,28 +82,51 @@ class Scope:
         return v
 
 
-# A thread that has not called set_lazy: ``CORE_AD_LAZY=1`` in the environment (read at import)
-# turns lazy mode on everywhere -- how the whole suite is run in lazy mode.
-DEFAULT_LAZY = os.environ.get("CORE_AD_LAZY", "0").strip().lower() in ("1", "true", "yes", "on")
+# The mode of a thread that has not called set_lazy: "auto" -- operations on at least
+# AUTO_MIN_LANES lanes are recorded and fused, smaller ones run eagerly: on a few lanes a
+# kernel's compile and launch cost more than numpy (a 20-step rotation fit on 3-vectors: 0.02 s
+# eager, 0.08 s lazy, 0.29 s on the first call), on many lanes fusion wins (bench_grad, the
+# memory argument). CORE_AD_LAZY=1 in the environment (read at import): lazy at every size --
+# how CI runs the core-ad suite a second time; CORE_AD_LAZY=0: eager everywhere.
+AUTO = "auto"
+AUTO_MIN_LANES = 4096
+_ENV = os.environ.get("CORE_AD_LAZY", AUTO).strip().lower()
+DEFAULT_LAZY = (True if _ENV in ("1", "true", "yes", "on")
+                else False if _ENV in ("0", "false", "no", "off") else AUTO)
 
 
-def is_lazy() -> bool:
+def lazy_mode():
+    """This thread's mode: True (lazy at every size), False (eager) or ``"auto"``."""
     return getattr(_state, "lazy", DEFAULT_LAZY)
 
 
-def set_lazy(flag: bool = True) -> bool:
-    """Turn lazy mode on or off (per thread); returns the previous setting. Turning it off
-    evaluates what is pending."""
-    prev = is_lazy()
+def is_lazy() -> bool:
+    """Whether operations may be recorded lazily (True in ``"auto"`` mode too)."""
+    return bool(lazy_mode())
+
+
+def min_lanes() -> int:
+    """The fewest lanes an operation needs to be recorded lazily in this thread's mode."""
+    return AUTO_MIN_LANES if lazy_mode() == AUTO else 1
+
+
+def set_lazy(flag=True):
+    """Set this thread's mode: True (lazy at every size), False (eager, evaluating what is
+    pending) or ``"auto"`` (lazy from :data:`AUTO_MIN_LANES` lanes, the default); returns the
+    previous mode."""
+    if flag != AUTO:
+        flag = bool(flag)
+    prev = lazy_mode()
     if prev and not flag:
         evaluate_scope()
-    _state.lazy = bool(flag)
+    _state.lazy = flag
     return prev
 
 
 @contextmanager
-def lazy(flag: bool = True):
-    """``with core_ad.lazy():`` -- lazy mode inside the block (evaluated when it is left)."""
+def lazy(flag=True):
+    """``with core_ad.lazy():`` -- lazy mode at every size inside the block (``lazy(False)``:
+    eager; ``lazy("auto")``: the default), evaluated when it is left."""
     prev = set_lazy(flag)
     try:
         yield
@@ -185,7 +211,9 @@ def record(prim, args, params, array_cls):
     if not prim.elementwise or prim.name not in LOWERINGS:
         return None
     shape = _lane_shape(args)
-    if shape is None:
+    if shape is None or (min_lanes() > 1 and math.prod(shape) < min_lanes()
+                         and not any(isinstance(getattr(a, "_value", None), Pending)
+                                     for a in args)):
         return None
     scope = current_scope()
     exprs = []
