@@ -6,7 +6,7 @@ import torch
 
 import edge_rt
 from edge_rt import scenes, testing
-from h2mc import (MLTError, PathSpace, PathSpaceError, bootstrap, kelemen_perturb, luminance,
+from h2mc import (NEE, MLTError, PathSpace, PathSpaceError, bootstrap, kelemen_perturb, luminance,
                   rel_mse, render_mlt)
 from h2mc._pathspace import _torch_single_thread
 
@@ -45,7 +45,8 @@ def _check_converges(ps, refs, result, n_boot):
     ref_means = luminance(refs).mean(axis=(1, 2))
     se_ref = ref_means.std(ddof=1) / np.sqrt(len(ref_means))
     assert abs(lum - ref_means.mean()) < 4 * np.hypot(se_b, se_ref)
-    assert abs(lum / ref_means.mean() - 1) < 0.03
+    # ~3.5 combined standard errors at 2^15 bootstrap samples (1 at 2^17)
+    assert abs(lum / ref_means.mean() - 1) < 0.04
     errors = [rel_mse(result.snapshots[m], ref) for m in sorted(result.snapshots)]
     assert all(a > b for a, b in zip(errors, errors[1:])), errors
     assert np.isfinite(result.image).all() and result.nonfinite == 0
@@ -134,7 +135,7 @@ def test_kelemen_perturbation_is_symmetric_and_log_uniform():
 def test_nonfinite_contributions_are_counted_rejections(monkeypatch):
     scene = scenes.cornell_box((8, 6))
     ps = PathSpace(scene, backend="numpy")
-    kernel = ps._value_kernel(3)
+    kernel = ps._value_kernel(3, NEE)
     calls = {"n": 0}
 
     def poisoned(*cols):
@@ -144,7 +145,8 @@ def test_nonfinite_contributions_are_counted_rejections(monkeypatch):
             out[0][::3] = np.nan
         return out
 
-    monkeypatch.setattr(ps, "_value_kernel", lambda k: poisoned)
+    monkeypatch.setattr(ps, "_value_kernel", lambda k, s: poisoned if s == NEE else
+                        PathSpace._value_kernel(ps, k, s))
     r = render_mlt(scene, 8, chains=64, bootstrap_samples=4096, direct_spp=0, seed=5,
                    path_space=ps)
     assert r.nonfinite > 0

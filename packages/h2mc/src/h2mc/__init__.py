@@ -36,7 +36,7 @@ from ._mlt import (
     kelemen_perturb,
     render_mlt,
 )
-from ._pathspace import LUMINANCE, Paths, PathSpace, PathSpaceError, luminance
+from ._pathspace import HIT, LUMINANCE, NEE, Paths, PathSpace, PathSpaceError, luminance
 from ._png import histogram_png, read_png_size, write_png
 from ._proposal import (
     GaussianProposal,
@@ -71,9 +71,11 @@ __all__ = [
     "IsotropicStep",
     "Kernel",
     "KernelStats",
+    "HIT",
     "LUMINANCE",
     "LargeStep",
     "MALA",
+    "NEE",
     "NonSymmetricHessianError",
     "OFFSET_VARIANTS",
     "PathSpace",
