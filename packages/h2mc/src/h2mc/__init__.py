@@ -27,6 +27,8 @@ from ._diagnostics import (
 from ._dynamics import OFFSET_VARIANTS, T_DEFAULT, dynamics_coefficients, dynamics_position
 from ._kernels import HMC, MALA, H2MCStep, IsotropicStep, Kernel, LargeStep, RandomWalk
 from ._mlt import (
+    LARGE_STEPS,
+    METHODS,
     SMALL_STEPS,
     Bootstrap,
     MLTError,
@@ -56,6 +58,8 @@ __all__ = [
     "MLTError",
     "MLTResult",
     "MutationStats",
+    "LARGE_STEPS",
+    "METHODS",
     "SMALL_STEPS",
     "bootstrap",
     "kelemen_perturb",
