@@ -3,12 +3,14 @@
 No peer here: the quantity of interest is the ratio the spec asks for (AE-7: wall time of
 value + gradient + Hessian <= c * n * (time of value), c recorded), measured on edge_rt's
 Cornell box with h2mc's PathSpace (core_ad LLVM kernels), and the mutation rates of
-``render_mlt`` with Kelemen and H2MC small steps. Per path length k (n = its coordinates):
+``render_mlt``'s PSSMLT, MMLT and H2MC side by side (with the ratio to PSSMLT). Per technique
+(k, s) (path length k closed by a light sample NEE or an emitter hit HIT; n = its
+coordinates):
 
 * ``value kernel``: the compiled RGB contribution of ``B`` paths with known structure;
 * ``v+g+H kernel``: the compiled log f*, gradient and Hessian of the same paths;
 * ``trace``: a full evaluation of ``B`` states (Embree casts, BSDF and light sampling through
-  edge_rt, then the value kernels of every length), the cost of one MLT proposal;
+  edge_rt, then the value kernels of every technique), the cost of one MLT proposal;
 * ``trace + v+g+H``: what an H2MC proposal costs.
 
 Kernel compile times are printed separately (first call). Median of ``--repeats`` runs. Run
@@ -82,13 +84,16 @@ def main():
         print(f"{k:>6} {n:>3} {m:>6} {cs:>10.1f} {tv * 1e3:>9.2f} {th * 1e3:>9.2f} {r:>7.1f}"
               f" {c:>10.2f} {full:>18.2f}")
 
-    print("\nMLT mutation rates (32x32, chains 1024, after compilation):")
-    for step in ("kelemen", "h2mc"):
-        r = h2mc.render_mlt(scene, args.mpp, chains=1024, bootstrap_samples=1 << 14,
-                            direct_spp=0, seed=1, path_space=ps, small_step=step,
+    print("\nMLT mutation rates (32x32, chains 1024, after compilation; ratio to PSSMLT):")
+    base = None
+    for method in ("pssmlt", "mmlt", "h2mc"):
+        r = h2mc.render_mlt(scene, args.mpp, method=method, chains=1024,
+                            bootstrap_samples=1 << 14, direct_spp=0, seed=1, path_space=ps,
                             sigma2=1e-3)
+        rate = r.mutations_per_second
+        base = base or rate
         acc = {k: round(v.acceptance, 3) for k, v in r.stats.items()}
-        print(f"  {step:<8} {r.mutations_per_second:8.0f} mutations/s  acceptance {acc}")
+        print(f"  {method:<7} {rate:8.0f} mutations/s  {rate / base:6.3f}x  acceptance {acc}")
 
 
 if __name__ == "__main__":
