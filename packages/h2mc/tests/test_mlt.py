@@ -296,7 +296,10 @@ def test_resampling_acceptance_is_exact_and_the_reference_rule_is_not():
 
 @pytest.mark.slow
 def test_ae12_long():
-    """AE-12, longer: 32x24, paths of 3..5 segments, 256 mutations per pixel, 1024 chains."""
+    """AE-12, longer: 32x24, paths of 3..5 segments, 256 mutations per pixel, 1024 chains.
+    Measured (23 s): large-step acceptance 0.27 (resampling) vs 0.079 (MMLT); relMSE to
+    edge_rt (4 x 256 spp) 0.010 / 0.011 resampling, 0.019 / 0.020 MMLT; between the variants
+    0.015-0.026, within one variant up to 0.035."""
     ps, refs, renders = _large_step_variants((32, 24), 5, 256, (7, 8), 256, 1024, 1 << 17)
     _check_large_step_variants(ps, refs, renders, 1 << 17)
 
