@@ -6,8 +6,9 @@ import torch
 
 import edge_rt
 from edge_rt import scenes, testing
-from h2mc import (NEE, MLTError, PathSpace, PathSpaceError, bootstrap, kelemen_perturb, luminance,
-                  rel_mse, render_mlt)
+from h2mc import (NEE, Bootstrap, MLTError, PathSpace, PathSpaceError, bootstrap,
+                  kelemen_perturb, luminance, rel_mse, render_mlt)
+from h2mc._mlt import LENGTH_FLOOR
 from h2mc._pathspace import _torch_single_thread
 
 RES = (16, 12)  # non-square: a swapped axis in splatting fails
@@ -115,6 +116,22 @@ def test_direct_lighting_from_edge_rt():
     ref = (edge_rt.render_image(scene, max_depth=2, **kw).numpy()
            - edge_rt.render_image(scene, max_depth=0, **kw).numpy())
     assert luminance(r.indirect).mean() == pytest.approx(luminance(ref).mean(), rel=0.05)
+
+
+def test_bootstrap_technique_pmf_and_seeds():
+    """The MMLT large step's technique pmf is P_len(L) / n_tech(L) with P_len the per-length
+    score sums (plus LENGTH_FLOOR spread evenly: a length without bootstrap light stays
+    reachable); multiplexed seeds are systematic resamples of (sample, technique) pairs."""
+    techniques = [(3, 0), (3, 1), (4, 0), (4, 1)]
+    scores = np.array([[1.0, 2.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
+    boot = Bootstrap(float(scores.sum(1).mean()), np.arange(3.0)[:, None], scores, techniques)
+    p3 = (1 - LENGTH_FLOOR) + LENGTH_FLOOR / 2
+    np.testing.assert_allclose(boot.technique_pmf(), [p3 / 2, p3 / 2, (1 - p3) / 2,
+                                                      (1 - p3) / 2])
+    u, t = boot.technique_seeds(4000, np.random.default_rng(0))
+    pairs = u[:, 0].astype(int) * 4 + t
+    np.testing.assert_array_equal(np.bincount(pairs, minlength=12)[[0, 1, 5]], [1000, 2000, 1000])
+    assert np.bincount(pairs, minlength=12).sum() == 4000
 
 
 def test_kelemen_perturbation_is_symmetric_and_log_uniform():

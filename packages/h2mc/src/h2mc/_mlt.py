@@ -229,7 +229,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         x, t = boot.technique_seeds(C, rng)
     else:
         x, t = boot.seeds(C, rng), np.zeros(C, np.int64)  # t: the Gaussians' group below
-    log_pmf = np.log(boot.technique_pmf()) if large_step == "mmlt" else None
+    pmf = boot.technique_pmf() if large_step == "mmlt" else None
     px = ps.trace(x)
     rgb, f = _target(px, t if multiplexed else None)
     state = _Chains(x, t, rgb, f, px.f_star, px.pixel)
@@ -252,8 +252,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         y[large] = rng.random((int(large.sum()), ps.dim))
         y[iso] = kelemen_perturb(state.x[iso], rng, s1, s2)
         ty = state.t.copy()
-        if large_step == "mmlt":
-            ty[large] = rng.choice(len(log_pmf), size=int(large.sum()), p=np.exp(log_pmf))
+        if pmf is not None:
+            ty[large] = rng.choice(len(pmf), size=int(large.sum()), p=pmf)
         pending = gauss.propose(state, h2, y, rng) if h2.any() else []
         py = ps.trace(y)
         nonfinite += int(py.nonfinite.sum())
@@ -264,8 +264,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         S_y = py.f_star
         with np.errstate(divide="ignore", invalid="ignore"):
             log_a = np.log(fy) - np.log(state.f)
-            if log_pmf is not None:
-                log_a[large] += log_pmf[state.t[large]] - log_pmf[ty[large]]
+            if pmf is not None:
+                log_a[large] += np.log(pmf[state.t[large]] / pmf[ty[large]])
             log_a[resampled] = np.log(S_y[resampled]) - np.log(state.S[resampled])
         gy = [gauss.at_proposal(y, py, g, sel, z, gx, log_a) for g, sel, gx, z in pending]
         a = np.where(fy > 0, np.exp(np.minimum(log_a, 0.0)), 0.0)

@@ -89,9 +89,9 @@ def load_scene(name, size):
 
 def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=3,
            seed=0, chains=1024, sigma2=1e-3, direct_spp=16):
-    """``(image, stats, mutations, chain_seconds, rounds)``: one round of
-    ``mutations_per_pixel``, or rounds until ``seconds`` of wall clock (after compiling the
-    kernels) are spent."""
+    """``(image, stats, mutations, chain_seconds, rounds)`` of ``method`` (a render_mlt
+    method: pssmlt, mmlt, h2mc): one round of ``mutations_per_pixel``, or rounds until
+    ``seconds`` of wall clock (after compiling the kernels) are spent."""
     ps = PathSpace(scene, max_length=max_length)
     # compile the path kernels now, outside the budget and the mutations-per-second figure
     u = np.random.default_rng(seed).random((256, ps.dim))
