@@ -423,11 +423,8 @@ class PathSpace:
                 dist2 = _dot(to_light, to_light)
                 wo = tuple(x * sym.rsqrt(dist2) for x in to_light)
             elif last:  # s = HIT: where the sampled ray meets the emitter's plane
-                lv = [tuple(light[f"v{j}{a}"] for a in "xyz") for j in range(3)]
-                y = self._plane_point(p, wo, *lv)
-                cross = _cross(_sub(lv[1], lv[0]), _sub(lv[2], lv[0]))
-                norm = sym.sqrt(_dot(cross, cross))
-                nl, area = tuple(x / norm for x in cross), 0.5 * norm
+                y = self._plane_point(p, wo, *self._light_corners(light))
+                nl, area = self._light_frame(light)
                 to_light = _sub(y, p)
                 dist2 = _dot(to_light, to_light)
             if last:
@@ -486,17 +483,26 @@ class PathSpace:
         return p, ng, tuple(side * x for x in ns)
 
     @staticmethod
-    def _light_point(light, u1, u2):
-        """edge_rt's uniform triangle sampling (Geometry.sample_light) as an expression."""
-        v0 = (light["v0x"], light["v0y"], light["v0z"])
-        v1 = (light["v1x"], light["v1y"], light["v1z"])
-        v2 = (light["v2x"], light["v2y"], light["v2z"])
+    def _light_corners(light):
+        return [tuple(light[f"v{j}{a}"] for a in "xyz") for j in range(3)]
+
+    @classmethod
+    def _light_frame(cls, light):
+        """The light triangle's unit winding normal (its emitting side) and area."""
+        v0, v1, v2 = cls._light_corners(light)
+        cross = _cross(_sub(v1, v0), _sub(v2, v0))
+        norm = sym.sqrt(_dot(cross, cross))
+        return tuple(x / norm for x in cross), 0.5 * norm
+
+    @classmethod
+    def _light_point(cls, light, u1, u2):
+        """edge_rt's uniform triangle sampling (Geometry.sample_light) as an expression: the
+        point, the light's normal and area."""
+        v0, v1, v2 = cls._light_corners(light)
         su = sym.sqrt(u1)
         b0, b1 = 1.0 - su, u2 * su
         y = tuple(b0 * v0[c] + b1 * v1[c] + (1.0 - b0 - b1) * v2[c] for c in range(3))
-        cross = _cross(_sub(v1, v0), _sub(v2, v0))
-        norm = sym.sqrt(_dot(cross, cross))
-        return y, tuple(x / norm for x in cross), 0.5 * norm
+        return (y, *cls._light_frame(light))
 
     @staticmethod
     def _bsdf(e_vars, e_out, ns, ng, wi, wo, mat):
