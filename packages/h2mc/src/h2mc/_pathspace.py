@@ -430,14 +430,15 @@ class PathSpace:
             if last:
                 cos_l = -_dot(nl, wo)
                 p_light = light["pmf"] * dist2 / (area * sym.maximum(cos_l, 1e-300))
-                env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
-                               (*ns, *wi, *wo)))
-                p_bsdf = (pdf if s == HIT else
-                          sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name))
-                                                   for v in p_in})[0])
-                a, b = (p_light, p_bsdf) if s == NEE else (p_bsdf, p_light)
+                if s == NEE:  # the light sample's pdf against the BSDF's for its direction
+                    env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
+                                   (*ns, *wi, *wo)))
+                    p_bsdf = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name))
+                                                      for v in p_in})[0]
+                    a, b, pdf = p_light, p_bsdf, p_light
+                else:  # the BSDF sample's pdf against the light's for the hit point
+                    a, b = pdf, p_light
                 mis = a * a / (a * a + b * b)  # power heuristic (a > 0 on the smooth piece)
-                pdf = p_light if s == NEE else pdf
             f = self._bsdf(e_vars, e_out, ns, ng, wi, wo, mat)
             weight = [f[c] / pdf for c in range(3)]
             if last:
