@@ -3,12 +3,14 @@
 No peer here: the quantity of interest is the ratio the spec asks for (AE-7: wall time of
 value + gradient + Hessian <= c * n * (time of value), c recorded), measured on edge_rt's
 Cornell box with h2mc's PathSpace (core_ad LLVM kernels), and the mutation rates of
-``render_mlt`` with Kelemen and H2MC small steps. Per path length k (n = its coordinates):
+``render_mlt``'s PSSMLT, MMLT and H2MC side by side (with the ratio to PSSMLT). Per technique
+(k, s) (path length k closed by a light sample NEE or an emitter hit HIT; n = its
+coordinates):
 
 * ``value kernel``: the compiled RGB contribution of ``B`` paths with known structure;
 * ``v+g+H kernel``: the compiled log f*, gradient and Hessian of the same paths;
 * ``trace``: a full evaluation of ``B`` states (Embree casts, BSDF and light sampling through
-  edge_rt, then the value kernels of every length), the cost of one MLT proposal;
+  edge_rt, then the value kernels of every technique), the cost of one MLT proposal;
 * ``trace + v+g+H``: what an H2MC proposal costs.
 
 Kernel compile times are printed separately (first call). Median of ``--repeats`` runs. Run
@@ -51,16 +53,16 @@ def main():
     u = np.random.default_rng(0).random((args.B, ps.dim))
     t0 = time.perf_counter()
     paths = ps.trace(u)
-    print(f"value kernels, lengths 3..{args.max_length}: compiled in "
+    print(f"value kernels, lengths 3..{args.max_length}, both techniques: compiled in "
           f"{time.perf_counter() - t0:.1f} s")
     t_trace = median_time(lambda: ps.trace(u), args.repeats)
     rows = []
-    for k in range(3, args.max_length + 1):
-        lanes, params = paths.structure[k]
-        cols = [np.ascontiguousarray(u[lanes, j]) for j in ps.dims(k)] + list(params)
-        value = ps._value_kernel(k)
+    for k, s in ps.techniques:
+        lanes, params = paths.structure[k, s]
+        cols = [np.ascontiguousarray(u[lanes, j]) for j in ps.dims(k, s)] + list(params)
+        value = ps._value_kernel(k, s)
         t0 = time.perf_counter()
-        hess, _ = ps._hessian_kernel(k)
+        hess = ps._kernel("hessian", k, s)
         compile_s = time.perf_counter() - t0
         # the two kernels agree on the value
         lf = np.asarray(hess(*cols)[0])
@@ -69,25 +71,29 @@ def main():
             assert np.allclose(lf, np.log(h2mc.luminance(rgb)), rtol=1e-12, equal_nan=True)
         t_v = median_time(lambda: value(*cols), args.repeats)
         t_h = median_time(lambda: hess(*cols), args.repeats)
-        t_full = median_time(lambda: ps.log_f_derivatives(u, k, paths), args.repeats)
-        n = len(ps.dims(k))
-        rows.append((k, n, len(lanes), compile_s, t_v, t_h, t_h / t_v, t_h / (n * t_v),
+        t_full = median_time(lambda: ps.log_f_derivatives(u, k, s, paths=paths),
+                             args.repeats)
+        n = len(ps.dims(k, s))
+        rows.append((f"{k},{'NEE' if s else 'HIT'}", n, len(lanes), compile_s, t_v, t_h, t_h / t_v, t_h / (n * t_v),
                      (t_trace + t_full) / t_trace))
     print(f"\ntrace of {args.B} states (all lengths): {t_trace * 1e3:.1f} ms "
           f"({args.B / t_trace:.0f} states/s)")
-    print(f"{'k':>2} {'n':>3} {'paths':>6} {'compile s':>10} {'value ms':>9} {'v+g+H ms':>9}"
+    print(f"{'k,s':>6} {'n':>3} {'paths':>6} {'compile s':>10} {'value ms':>9} {'v+g+H ms':>9}"
           f" {'ratio':>7} {'c=ratio/n':>10} {'(trace+vgH)/trace':>18}")
     for k, n, m, cs, tv, th, r, c, full in rows:
-        print(f"{k:>2} {n:>3} {m:>6} {cs:>10.1f} {tv * 1e3:>9.2f} {th * 1e3:>9.2f} {r:>7.1f}"
+        print(f"{k:>6} {n:>3} {m:>6} {cs:>10.1f} {tv * 1e3:>9.2f} {th * 1e3:>9.2f} {r:>7.1f}"
               f" {c:>10.2f} {full:>18.2f}")
 
-    print("\nMLT mutation rates (32x32, chains 1024, after compilation):")
-    for step in ("kelemen", "h2mc"):
-        r = h2mc.render_mlt(scene, args.mpp, chains=1024, bootstrap_samples=1 << 14,
-                            direct_spp=0, seed=1, path_space=ps, small_step=step,
+    print("\nMLT mutation rates (32x32, chains 1024, after compilation; ratio to PSSMLT):")
+    base = None
+    for method in ("pssmlt", "mmlt", "h2mc"):
+        r = h2mc.render_mlt(scene, args.mpp, method=method, chains=1024,
+                            bootstrap_samples=1 << 14, direct_spp=0, seed=1, path_space=ps,
                             sigma2=1e-3)
+        rate = r.mutations_per_second
+        base = base or rate
         acc = {k: round(v.acceptance, 3) for k, v in r.stats.items()}
-        print(f"  {step:<8} {r.mutations_per_second:8.0f} mutations/s  acceptance {acc}")
+        print(f"  {method:<7} {rate:8.0f} mutations/s  {rate / base:6.3f}x  acceptance {acc}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ def _run(capsys, *argv):
     return rc, out, err
 
 
-@pytest.mark.parametrize("method", ["pssmlt", "h2mc"])
+@pytest.mark.parametrize("method", ["pssmlt", "mmlt", "h2mc"])
 def test_tiny_render_writes_exr_and_png_and_prints_numbers(tmp_path, capsys, method):
     rc, out, _ = _run(capsys, "cornell_box", "--method", method, "--size", 16, 12,
                       "--mutations", 4, "--chains", 64, "--direct-spp", 2, "--out", tmp_path)
@@ -31,8 +31,9 @@ def test_tiny_render_writes_exr_and_png_and_prints_numbers(tmp_path, capsys, met
     image = edge_rt.read_exr(exr)
     assert image.shape == (12, 16, 3) and np.isfinite(image).all() and image.mean() > 0
     assert read_png_size(png) == (16, 12)
-    small = "kelemen" if method == "pssmlt" else "h2mc"
-    for label in ("large", small):
+    small, large = {"pssmlt": ("kelemen", "uniform"), "mmlt": ("kelemen", "mmlt"),
+                    "h2mc": ("h2mc", "resample")}[method]
+    for label in (f"large ({large})", small):
         assert f"acceptance {label}: " in out
     assert "mutations per second: " in out
     assert "mutations per pixel: 4.00" in out  # 4 x 192 pixels = 12 steps x 64 chains
@@ -69,7 +70,7 @@ def test_json_scene_with_size(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["cornell_box", "--method", "mmlt"], "MMLT (multiplexed MLT) is not built yet"),
+    (["cornell_box", "--method", "bdpt"], "unknown --method 'bdpt': use h2mc, mmlt or pssmlt"),
     (["no_such_scene", "--method", "h2mc"], "unknown scene 'no_such_scene'"),
     (["cornell_box", "--method", "h2mc", "--size", "0", "12"], "bad --size 0 12"),
     (["cornell_box", "--method", "h2mc", "--size", "16"], "--size: expected 2 arguments"),
@@ -91,6 +92,6 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
 
 def test_module_entry_point_exit_status():
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    p = subprocess.run([sys.executable, "-m", "h2mc.render", "cornell_box", "--method", "mmlt"],
+    p = subprocess.run([sys.executable, "-m", "h2mc.render", "cornell_box", "--method", "bdpt"],
                        capture_output=True, text=True, env=env)
-    assert p.returncode == 2 and "MMLT" in p.stderr and p.stderr.count("\n") == 1
+    assert p.returncode == 2 and "--method" in p.stderr and p.stderr.count("\n") == 1

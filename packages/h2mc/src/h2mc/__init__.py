@@ -27,6 +27,8 @@ from ._diagnostics import (
 from ._dynamics import OFFSET_VARIANTS, T_DEFAULT, dynamics_coefficients, dynamics_position
 from ._kernels import HMC, MALA, H2MCStep, IsotropicStep, Kernel, LargeStep, RandomWalk
 from ._mlt import (
+    LARGE_STEPS,
+    METHODS,
     SMALL_STEPS,
     Bootstrap,
     MLTError,
@@ -36,7 +38,7 @@ from ._mlt import (
     kelemen_perturb,
     render_mlt,
 )
-from ._pathspace import LUMINANCE, Paths, PathSpace, PathSpaceError, luminance
+from ._pathspace import HIT, LUMINANCE, NEE, Paths, PathSpace, PathSpaceError, luminance
 from ._png import histogram_png, read_png_size, write_png
 from ._proposal import (
     GaussianProposal,
@@ -56,6 +58,8 @@ __all__ = [
     "MLTError",
     "MLTResult",
     "MutationStats",
+    "LARGE_STEPS",
+    "METHODS",
     "SMALL_STEPS",
     "bootstrap",
     "kelemen_perturb",
@@ -71,9 +75,11 @@ __all__ = [
     "IsotropicStep",
     "Kernel",
     "KernelStats",
+    "HIT",
     "LUMINANCE",
     "LargeStep",
     "MALA",
+    "NEE",
     "NonSymmetricHessianError",
     "OFFSET_VARIANTS",
     "PathSpace",

@@ -1,22 +1,49 @@
 """Primary-sample-space Metropolis light transport on an edge_rt scene (spec 1.1-1.6).
 
-The chain state is a point ``u`` of :class:`~h2mc.PathSpace`; its target is the luminance of
-the Kelemen contribution (the sum over path lengths). Mutations:
+Two chain states over the techniques ``t = (length, s)`` of :class:`~h2mc.PathSpace`:
 
-* large step: a fresh uniform ``u`` (ergodicity);
-* small step ``"kelemen"``: Kelemen et al.'s symmetric exponential perturbation of every
-  coordinate, offsets in ``[s1, s2]`` with density ~ 1/offset, wrapped (PSSMLT);
-* small step ``"h2mc"``: the H2MC Gaussian from the gradient and Hessian of log f* at the
-  state (h2mc_proposal), with probability ``uniform_mixing`` replaced by the Kelemen step
-  (spec 4.7 rule 4); the Gaussian is cached with the state, so an H2MC step costs one
-  value + gradient + Hessian evaluation, at the proposal.
+* *Kelemen* (PSSMLT): the state is ``u``; its target is ``S(u) = sum_t f*_t(u)``, the
+  luminance of the sum of all (MIS-weighted) techniques; large steps are fresh uniform ``u``
+  with acceptance ``min(1, S_y / S_x)``.
+* *multiplexed* (MMLT, Hachisuka et al. 2014; spec 1.4): the state is ``(u, t)``; its target
+  is ``f*_t(u)``, the luminance of technique ``t``'s MIS-weighted contribution. Small steps
+  keep ``t`` fixed. Large steps (fresh uniform ``u``):
 
-Normalisation ``b = E[f*(u)]`` over uniform ``u`` from a bootstrap of independent samples,
-which also seeds the chains by systematic resampling in proportion to f* (spec 1.5; Veach's
-start-up bias fix). Splatting by expected values: every step adds the current state with
-weight ``1 - a`` and the proposal with weight ``a``, each as ``rgb * b / f*`` into its pixel;
-the image is scaled by ``pixels / (steps * chains)``. Paths shorter than ``min_length`` (direct
-lighting, and emitters seen directly) come from edge_rt's path tracer (spec 1.5).
+  - ``"mmlt"``: the path length ``L`` from the pmf ``P_len`` of the bootstrap's per-length
+    score sums, then ``s`` uniformly among ``L``'s ``n_tech(L)`` techniques; an independence
+    proposal of probability ``P_len(L) / n_tech(L)``, so the acceptance is
+    ``min(1, (n_tech(L_y) s_y / P_len(L_y)) / (n_tech(L_x) s_x / P_len(L_x)))``.
+  - ``"resample"`` (the thesis' large step): all techniques of ``y`` are evaluated, ``t`` is
+    picked with probability ``s_t / S_y`` (importance resampling), an independence proposal
+    of density ``s_t(y) / S_y``, so the exact MH acceptance is ``min(1, S_y / S_x)``. The
+    reference renderer cannot evaluate ``S_x`` after small steps and uses
+    ``min(1, s_y (s_last / S_last) / (s_x (s_y / S_y)))`` with the last accepted large-step
+    state's ``(s_last, S_last)``; that equals ``S_y / S_x`` while the chain sits on that state
+    but is not detailed-balanced once small steps moved it (an exact stationary computation on
+    a 4-state example is 11% off the target; tests/test_mlt.py). ``PathSpace.trace``
+    evaluates every technique of every state, so ``S_x`` is known here and the exact ratio
+    costs nothing.
+
+Small steps: ``"kelemen"``, Kelemen et al.'s symmetric exponential perturbation of every
+coordinate, offsets in ``[s1, s2]`` with density ~ 1/offset, wrapped; ``"h2mc"``, the H2MC
+Gaussian from the gradient and Hessian of log f* at the state (h2mc_proposal; on a
+multiplexed state of ``log f*_t`` over the technique's coordinates, the others held), with
+probability ``uniform_mixing`` replaced by the Kelemen step (spec 4.7 rule 4); the Gaussian is
+cached with the state, so an H2MC step costs one value + gradient + Hessian evaluation, at the
+proposal. Methods: ``"pssmlt"`` = Kelemen state, Kelemen small steps; ``"mmlt"`` = multiplexed
+state, Kelemen small steps, MMLT large step; ``"h2mc"`` = multiplexed state, H2MC small steps,
+resampling large step (``small_step`` / ``large_step`` override a method's choice).
+
+Normalisation ``b = E[S(u)]`` over uniform ``u`` from a bootstrap of independent samples;
+the multiplexed target ``f*_t`` integrates (summed over ``t``) to the same ``b``. The bootstrap
+also seeds the chains by systematic resampling in proportion to ``S`` (Kelemen) or to the
+per-technique scores (multiplexed) (spec 1.5; Veach's start-up bias fix). Splatting by
+expected values: every step adds the current state with weight ``1 - a`` and the proposal with
+weight ``a``, each as ``rgb_t * b / f*_t`` into its pixel; a resampling large step's proposal
+is splatted as the expectation over its technique choice, ``sum_k (s_k / S_y) rgb_k b / s_k =
+rgb(y) b / S_y`` (all its techniques, spec 1.4 step 4; ``a`` does not depend on the choice).
+The image is scaled by ``pixels / (steps * chains)``. Paths shorter than ``min_length``
+(direct lighting, and emitters seen directly) come from edge_rt's path tracer (spec 1.5).
 
 A non-finite contribution is a counted rejection (PathSpace voids the state; ``nonfinite``
 counts it), never a NaN pixel.
@@ -34,9 +61,15 @@ import edge_rt
 
 from ._kernels import _wrap
 from ._pathspace import PathSpace
-from ._proposal import h2mc_proposal
+from ._proposal import GaussianProposal, h2mc_proposal
 
 SMALL_STEPS = ("kelemen", "h2mc")
+LARGE_STEPS = ("uniform", "mmlt", "resample")
+METHODS = {"pssmlt": ("kelemen", "uniform"), "mmlt": ("kelemen", "mmlt"),
+           "h2mc": ("h2mc", "resample")}  # method -> (small step, large step)
+# Share of the MMLT length pmf spread evenly over the lengths: a length whose bootstrap
+# scores are all zero would otherwise never be proposed (its light lost).
+LENGTH_FLOOR = 0.01
 
 
 class MLTError(ValueError):
@@ -51,32 +84,63 @@ def kelemen_perturb(u, rng, s1=1.0 / 1024, s2=1.0 / 64):
     return _wrap(u + np.where(rng.random(u.shape) < 0.5, dv, -dv))
 
 
+def _systematic(weights, n, rng):
+    """``n`` indices by systematic (equal-spaced) resampling in proportion to ``weights``
+    (Veach, p. 340)."""
+    cdf = np.cumsum(weights)
+    picks = (np.arange(n) + rng.random()) / n * cdf[-1]
+    return np.minimum(np.searchsorted(cdf, picks, side="right"), len(cdf) - 1)
+
+
 @dataclass
 class Bootstrap:
-    """``b`` (mean f* over uniform states), the samples and their f*."""
+    """``b`` (mean of S = sum_t f*_t over uniform states), the samples, their per-technique
+    scores ``(n, T)`` and the techniques' ``(length, s)`` keys."""
 
     b: float
     u: np.ndarray
-    f_star: np.ndarray
+    scores: np.ndarray
+    techniques: list
+
+    @property
+    def f_star(self):
+        """The Kelemen target S of each sample, (n,)."""
+        return self.scores.sum(1)
 
     def seeds(self, n, rng):
-        """``n`` states by systematic resampling in proportion to f* (Veach, p. 340)."""
-        cdf = np.cumsum(self.f_star)
-        picks = (np.arange(n) + rng.random()) / n * cdf[-1]
-        return self.u[np.minimum(np.searchsorted(cdf, picks, side="right"), len(cdf) - 1)]
+        """``n`` Kelemen states by systematic resampling in proportion to S."""
+        return self.u[_systematic(self.f_star, n, rng)]
+
+    def technique_seeds(self, n, rng):
+        """``n`` multiplexed states ``(u (n, dim), t (n,))`` by systematic resampling in
+        proportion to each (sample, technique) score."""
+        i = _systematic(self.scores.ravel(), n, rng)
+        return self.u[i // self.scores.shape[1]], i % self.scores.shape[1]
+
+    def technique_pmf(self):
+        """Probability of each technique under the MMLT large step, (T,): ``P_len(L) /
+        n_tech(L)``, ``P_len`` the bootstrap's per-length score sums (normalised), with
+        ``LENGTH_FLOOR`` of the mass spread evenly over the lengths."""
+        lengths = np.array([k for k, _ in self.techniques])
+        sums = self.scores.sum(0)
+        per_length = {k: sums[lengths == k].sum() for k in np.unique(lengths)}
+        total = sum(per_length.values())
+        p_len = {k: (1 - LENGTH_FLOOR) * v / total + LENGTH_FLOOR / len(per_length)
+                 for k, v in per_length.items()}
+        return np.array([p_len[k] / (lengths == k).sum() for k in lengths])
 
 
 def bootstrap(path_space, n, rng, batch=8192):
     """Estimate ``b`` from ``n`` independent uniform states (raises :class:`MLTError` when
     none carries light)."""
     u = rng.random((int(n), path_space.dim))
-    f = np.concatenate([path_space.trace(u[s:s + batch]).f_star
-                        for s in range(0, len(u), batch)])
-    if not (f > 0).any():
+    scores = np.concatenate([path_space.trace(u[s:s + batch]).scores
+                             for s in range(0, len(u), batch)])
+    if not (scores > 0).any():
         raise MLTError(f"bootstrap: none of {n} paths of lengths {path_space.min_length}.."
                        f"{path_space.max_length} carries light (b = 0); raise the sample "
                        "count or check the scene's lights")
-    return Bootstrap(float(f.mean()), u, f)
+    return Bootstrap(float(scores.sum(1).mean()), u, scores, list(path_space.techniques))
 
 
 @dataclass
@@ -94,7 +158,8 @@ class MLTResult:
     """``image`` = ``indirect`` (the chains) + ``direct`` (edge_rt, or zeros), (H, W, 3)
     float64; ``snapshots``: mutations per pixel -> indirect image at that point; ``seconds``:
     wall time of the bootstrap and the chains (not of the direct lighting); ``nonfinite``:
-    proposals rejected because their contribution was NaN / inf."""
+    proposals rejected because their contribution was NaN / inf; ``stats``: per mutation type
+    ("large", "small" and, with H2MC small steps, "isotropic" for the uniform mixing)."""
 
     image: np.ndarray
     indirect: np.ndarray
@@ -111,14 +176,17 @@ class MLTResult:
         return self.mutations / self.seconds if self.seconds > 0 else float("nan")
 
 
-def render_mlt(scene, mutations_per_pixel=64, *, max_length=3, min_length=3, chains=256,
-               large_step_prob=0.3, small_step="kelemen", s1=1.0 / 1024, s2=1.0 / 64,
-               sigma2=1e-4, uniform_mixing=0.2, bootstrap_samples=1 << 16, direct_spp=16,
-               seed=0, checkpoints=(), path_space=None, progress=None):
-    """Render ``scene`` (an edge_rt Scene) by PSSMLT (``small_step="kelemen"``) or with H2MC
-    small steps (``"h2mc"``, prior *variance* ``sigma2``: the default is the reference
-    renderer's sigma = 0.01; tune it for 50-70% small-step acceptance, 1e-3 on the Cornell
-    box).
+def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=None,
+               large_step=None, max_length=3, min_length=3, chains=256, large_step_prob=0.3,
+               s1=1.0 / 1024, s2=1.0 / 64, sigma2=1e-4, uniform_mixing=0.2,
+               bootstrap_samples=1 << 16, direct_spp=16, seed=0, checkpoints=(),
+               path_space=None, progress=None):
+    """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
+    ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
+    ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
+    state) override the method's. H2MC small steps use the prior *variance* ``sigma2``: the
+    default is the reference renderer's sigma = 0.01; tune it for 50-70% small-step
+    acceptance, 1e-3 on the Cornell box.
 
     ``mutations_per_pixel``: total mutations = this x pixels, split over ``chains``;
     ``checkpoints``: mutations-per-pixel values at which to keep a copy of the indirect image;
@@ -127,9 +195,16 @@ def render_mlt(scene, mutations_per_pixel=64, *, max_length=3, min_length=3, cha
     scene (its kernels are compiled once; its lengths replace ``max_length`` / ``min_length``);
     ``progress``: called with the number of mutations done so far after every step.
     """
+    if method not in METHODS:
+        raise MLTError(f"render_mlt: method must be one of {tuple(METHODS)}, got {method!r}")
+    small_step = METHODS[method][0] if small_step is None else small_step
+    large_step = METHODS[method][1] if large_step is None else large_step
     if small_step not in SMALL_STEPS:
         raise MLTError(f"render_mlt: small_step must be one of {SMALL_STEPS}, got "
                        f"{small_step!r}")
+    if large_step not in LARGE_STEPS:
+        raise MLTError(f"render_mlt: large_step must be one of {LARGE_STEPS}, got "
+                       f"{large_step!r}")
     if not 0.0 <= large_step_prob <= 1.0 or not 0.0 <= uniform_mixing <= 1.0:
         raise MLTError("render_mlt: large_step_prob and uniform_mixing must be in [0, 1]")
     if not 0.0 < s1 < s2 < 0.5:
@@ -149,56 +224,72 @@ def render_mlt(scene, mutations_per_pixel=64, *, max_length=3, min_length=3, cha
     steps = int(np.ceil(mutations_per_pixel * npix / C))
     checkpoints = {int(np.ceil(m * npix / C)): m for m in checkpoints}
 
-    x = boot.seeds(C, rng)
+    multiplexed = large_step != "uniform"
+    if multiplexed:
+        x, t = boot.technique_seeds(C, rng)
+    else:
+        x, t = boot.seeds(C, rng), np.zeros(C, np.int64)  # t: the Gaussians' group below
+    pmf = boot.technique_pmf() if large_step == "mmlt" else None
     px = ps.trace(x)
-    state = _Chains(x, px.rgb, px.f_star, px.pixel)
+    rgb, f = _target(px, t if multiplexed else None)
+    state = _Chains(x, t, rgb, f, px.f_star, px.pixel)
     use_h2mc = small_step == "h2mc"
     if use_h2mc:
-        state.gaussian = _gaussian(ps, x, px, np.arange(C), sigma2)
+        gauss = _Gaussians(ps, multiplexed, sigma2, C)
+        gauss.update(x, px, np.arange(C), t)
     stats = {"large": MutationStats(), "small": MutationStats()}
     if use_h2mc:
         stats["isotropic"] = MutationStats()
     accum = np.zeros((npix, 3))
     nonfinite = 0
     snapshots = {}
+    lanes_all = np.arange(C)
     for step in range(1, steps + 1):
         large = rng.random(C) < large_step_prob
         iso = ~large & (rng.random(C) < uniform_mixing) if use_h2mc else ~large
         h2 = ~large & ~iso
-        y = np.empty_like(state.x)
+        y = state.x.copy()  # an H2MC step on a technique moves only that technique's dims
         y[large] = rng.random((int(large.sum()), ps.dim))
         y[iso] = kelemen_perturb(state.x[iso], rng, s1, s2)
-        if h2.any():
-            gx = state.gaussian.take(h2)
-            z = gx.sample(xi=rng.standard_normal((int(h2.sum()), ps.dim)))
-            y[h2] = _wrap(state.x[h2] + z)
+        ty = state.t.copy()
+        if pmf is not None:
+            ty[large] = rng.choice(len(pmf), size=int(large.sum()), p=pmf)
+        pending = gauss.propose(state, h2, y, rng) if h2.any() else []
         py = ps.trace(y)
         nonfinite += int(py.nonfinite.sum())
-        fy = py.f_star
-        with np.errstate(divide="ignore"):
+        resampled = large if large_step == "resample" else np.zeros(C, bool)
+        if resampled.any():
+            ty[resampled] = _pick(py.scores[resampled], rng)
+        rgb_y, fy = _target(py, ty if multiplexed else None)
+        S_y = py.f_star
+        with np.errstate(divide="ignore", invalid="ignore"):
             log_a = np.log(fy) - np.log(state.f)
-        if h2.any():
-            lanes = np.flatnonzero(h2)
-            gy = _gaussian(ps, y, py, lanes, sigma2)
-            log_a[lanes] += gy.log_density(-z) - gx.log_density(z)
+            if pmf is not None:
+                log_a[large] += np.log(pmf[state.t[large]] / pmf[ty[large]])
+            log_a[resampled] = np.log(S_y[resampled]) - np.log(state.S[resampled])
+        gy = [gauss.at_proposal(y, py, g, sel, z, gx, log_a) for g, sel, gx, z in pending]
         a = np.where(fy > 0, np.exp(np.minimum(log_a, 0.0)), 0.0)
         _splat(accum, state.pixel, (1.0 - a) / state.f, state.rgb)
+        # a resampling large step's proposal: the expectation over its technique choice
+        prop_rgb = np.where(resampled[:, None], py.rgb, rgb_y)
+        prop_f = np.where(resampled, S_y, fy)
         live = a > 0
-        _splat(accum, py.pixel[live], a[live] / fy[live], py.rgb[live])
+        _splat(accum, py.pixel[live], a[live] / prop_f[live], prop_rgb[live])
         accept = rng.random(C) < a
         for name, sel in (("large", large), ("small", h2 if use_h2mc else iso),
                           ("isotropic", iso if use_h2mc else None)):
             if sel is not None:
                 stats[name].proposed += int(sel.sum())
                 stats[name].accepted += int((accept & sel).sum())
-        state.x[accept], state.rgb[accept] = y[accept], py.rgb[accept]
-        state.f[accept], state.pixel[accept] = fy[accept], py.pixel[accept]
+        state.x[accept], state.t[accept], state.rgb[accept] = y[accept], ty[accept], rgb_y[accept]
+        state.f[accept], state.S[accept] = fy[accept], S_y[accept]
+        state.pixel[accept] = py.pixel[accept]
         if use_h2mc:
-            moved = np.flatnonzero(accept & ~h2)
+            for (g, sel, _, _), gp in zip(pending, gy):
+                gauss.put(g, sel[accept[sel]], gp.take(accept[sel]))
+            moved = lanes_all[accept & ~h2]
             if moved.size:  # large / isotropic moves: derivatives at the new state
-                state.gaussian.put(moved, _gaussian(ps, y, py, moved, sigma2))
-            if h2.any() and accept[h2].any():
-                state.gaussian.put(lanes[accept[h2]], gy.take(accept[h2]))
+                gauss.update(y, py, moved, ty)
         if progress is not None:
             progress(step * C)
         if step in checkpoints:
@@ -217,16 +308,84 @@ def render_mlt(scene, mutations_per_pixel=64, *, max_length=3, min_length=3, cha
 @dataclass
 class _Chains:
     x: np.ndarray
-    rgb: np.ndarray
-    f: np.ndarray
+    t: np.ndarray  # technique index (multiplexed state)
+    rgb: np.ndarray  # the state's contribution (its technique's, or the sum: Kelemen)
+    f: np.ndarray  # its target f*
+    S: np.ndarray  # the sum over all techniques' scores at x (the resampling large step's)
     pixel: np.ndarray
-    gaussian: object = None
 
 
-def _gaussian(ps, u, paths, lanes, sigma2):
-    """The H2MC Gaussians at ``u[lanes]`` (one value + gradient + Hessian evaluation each)."""
-    logf, g, H = ps.log_f_star_derivatives(u, paths, lanes)
-    return h2mc_proposal(g[lanes], H[lanes], sigma2, log_f=logf[lanes])
+def _target(paths, t):
+    """``(rgb (B, 3), f* (B,))`` of the Kelemen state (``t`` None: the sum over techniques)
+    or of technique ``t[i]`` on lane ``i``."""
+    if t is None:
+        return paths.rgb, paths.f_star
+    lanes = np.arange(len(t))
+    return paths.contrib[lanes, t], paths.scores[lanes, t]
+
+
+def _pick(scores, rng):
+    """Per row, an index drawn with probability ``scores / scores.sum()`` (zero-score
+    entries never; rows summing to 0 get an arbitrary index, their proposal has f* = 0)."""
+    cdf = np.cumsum(scores, axis=1)
+    r = rng.random(len(scores)) * cdf[:, -1]
+    return np.minimum((cdf <= r[:, None]).sum(1), scores.shape[1] - 1)
+
+
+class _Gaussians:
+    """The H2MC Gaussians at the chains' states, cached per group: one group on all of ``u``
+    (Kelemen state, derivatives of log S) or one per technique on its coordinates
+    (multiplexed state, derivatives of log f*_t)."""
+
+    def __init__(self, ps, multiplexed, sigma2, chains):
+        self.ps, self.sigma2, self.chains = ps, sigma2, chains
+        keys = ps.techniques if multiplexed else [None]
+        self.dims = [np.arange(ps.dim) if key is None else ps.dims(*key) for key in keys]
+        self.keys = keys
+        self.cache = {}
+
+    def compute(self, g, u, paths, lanes):
+        """The Gaussians of group ``g`` at ``u[lanes]`` (one value + gradient + Hessian
+        evaluation each)."""
+        key = self.keys[g]
+        if key is None:
+            logf, grad, H = self.ps.log_f_star_derivatives(u, paths, lanes)
+        else:
+            logf, grad, H = self.ps.log_f_derivatives(u, *key, paths=paths, lanes=lanes)
+        return h2mc_proposal(grad[lanes], H[lanes], self.sigma2, log_f=logf[lanes])
+
+    def put(self, g, lanes, gp):
+        if g not in self.cache:
+            n, C = len(self.dims[g]), self.chains
+            self.cache[g] = GaussianProposal(np.zeros((C, n, n)), np.ones((C, n)),
+                                             np.zeros((C, n)), np.zeros(C, bool),
+                                             np.zeros(C, bool))
+        self.cache[g].put(lanes, gp)
+
+    def update(self, u, paths, lanes, groups):
+        """Recompute the Gaussians of chains ``lanes`` at their new states ``u``."""
+        for g in np.unique(groups[lanes]):
+            sel = lanes[groups[lanes] == g]
+            self.put(g, sel, self.compute(g, u, paths, sel))
+
+    def propose(self, state, h2, y, rng):
+        """Write H2MC proposals of the chains ``h2`` into ``y``; ``[(group, lanes, Gaussian
+        at x, offset z)]``."""
+        lanes = np.flatnonzero(h2)
+        pending = []
+        for g in np.unique(state.t[lanes]):
+            sel, d = lanes[state.t[lanes] == g], self.dims[g]
+            gx = self.cache[g].take(sel)
+            z = gx.sample(xi=rng.standard_normal((len(sel), len(d))))
+            y[np.ix_(sel, d)] = _wrap(state.x[np.ix_(sel, d)] + z)
+            pending.append((g, sel, gx, z))
+        return pending
+
+    def at_proposal(self, y, py, g, sel, z, gx, log_a):
+        """The Gaussians at the proposals; adds the proposal-density ratio to ``log_a``."""
+        gy = self.compute(g, y, py, sel)
+        log_a[sel] += gy.log_density(-z) - gx.log_density(z)
+        return gy
 
 
 def _splat(accum, pixel, weight, rgb):

@@ -1,30 +1,38 @@
-"""Light paths of an edge_rt scene as functions of primary samples (spec 1.2, 5.5, 6.3).
+"""Light paths of an edge_rt scene as functions of primary samples (spec 1.2, 1.4, 5.5, 6.3).
 
 A state ``u`` in ``[0, 1)^dim`` (one row per chain) maps to light paths of lengths
 ``min_length..max_length`` (length = number of segments, camera -> ... -> light) by
-unidirectional path tracing with next-event estimation: the camera ray from the screen
-coordinates, a BSDF-sampled direction at each bounce, and at vertex ``k - 1`` an area-light
-sample that closes the path of length ``k``. Each length is one *technique* with its own
-contribution ``C_k(u)`` (the path throughput divided by its sampling pdf, i.e. the PSS
-contribution); the Kelemen state's contribution is their sum. A bidirectional estimator adds
-techniques (and MIS weights) without changing this interface.
+unidirectional path tracing: the camera ray from the screen coordinates and a BSDF-sampled
+direction at each bounce. A path of length ``k`` is closed by two *techniques* (the
+unidirectional subset of BDPT, spec 1.4; ``s`` = number of light-subpath vertices):
 
-Layout of ``u``: ``[screen x, screen y]``, then three numbers per bounce ``1..max_length-2``
-(lobe selector and two direction numbers, edge_rt.bsdf.sample), then three per light
-connection at vertices ``min_length-1..max_length-1`` (light-triangle selector and two
-barycentric numbers, edge_rt Geometry.sample_light). :meth:`PathSpace.dims` gives the
-coordinates one length uses.
+* ``s = 1`` (:data:`NEE`): at vertex ``k - 1`` an area-light sample (next-event estimation);
+* ``s = 0`` (:data:`HIT`): the BSDF-sampled direction at vertex ``k - 1`` hits an emitter.
+
+Each technique ``(k, s)`` has its own contribution ``C_ks(u)``: the path throughput divided by
+its sampling pdf (the PSS contribution) times its power-heuristic MIS weight (exponent 2; the
+light pdf in solid angle against the BSDF pdf of the same direction), computed inside the
+expression so derivatives include the weight. The two weights of one geometric path sum to 1,
+so ``sum_s C_ks`` estimates the same light as one unweighted technique. The Kelemen state's
+contribution is the sum over all techniques; an MMLT state holds one technique.
+
+Layout of ``u``: ``[screen x, screen y]``, then three numbers per bounce ``1..max_length-1``
+(lobe selector and two direction numbers, edge_rt.bsdf.sample; the last bounce only feeds the
+``s = 0`` technique of ``max_length``), then three per light connection at vertices
+``min_length-1..max_length-1`` (light-triangle selector and two barycentric numbers, edge_rt
+Geometry.sample_light). :meth:`PathSpace.dims` gives the coordinates one technique uses.
 
 Two halves, as the thesis' renderer (spec 5.5):
 
 * the *discrete structure* (hit triangles, sides, materials, the light triangle, visibility)
   comes from tracing with edge_rt's Embree caster, BSDF sampling and light sampling;
-* the *contribution* of each length is a core_ad expression of ``u`` with that structure frozen:
-  each vertex is the analytic intersection of the ray with its triangle's plane, and the BSDF
-  and its sampling are edge_rt's own expressions (edge_rt.bsdf). Compiled once per length into
-  a value kernel and a value + gradient + Hessian kernel of ``log f*``, ``f* = luminance(C)``.
-  Values and derivatives therefore come from one expression; derivatives are those of the
-  smooth piece (visibility, lobe and triangle choices held), which keeps MH exact.
+* the *contribution* of each technique is a core_ad expression of ``u`` with that structure
+  frozen: each vertex (the emitter hit included) is the analytic intersection of the ray with
+  its triangle's plane, and the BSDF, its sampling and its pdf are edge_rt's own expressions
+  (edge_rt.bsdf). Compiled once per technique into a value kernel and a value + gradient +
+  Hessian kernel of ``log f*``, ``f* = luminance(C)``. Values and derivatives therefore come
+  from one expression; derivatives are those of the smooth piece (visibility, lobe and
+  triangle choices held), which keeps MH exact.
 
 Textured materials are looked up at the traced hit and held constant in the derivatives (the
 texture's variation over the surface is not differentiated).
@@ -85,11 +93,15 @@ def luminance(rgb):
     return rgb @ np.asarray(LUMINANCE)
 
 
+HIT, NEE = 0, 1  # techniques by their number of light-subpath vertices s (spec 1.4)
+
+
 @dataclass
 class Paths:
     """Paths of a batch of states: ``xy`` (B, 2) image position in pixels, ``contrib``
-    (B, L, 3) RGB contribution per length ``min_length + l``, ``valid`` (B, L) whether the
-    length's path exists (hit every surface, light visible), ``nonfinite`` (B,) lanes whose
+    (B, T, 3) MIS-weighted RGB contribution per technique ``techniques[t]`` (``(length, s)``
+    keys, :attr:`PathSpace.techniques`), ``valid`` (B, T) whether the technique's path exists
+    (hit every surface, light visible / emitter hit), ``nonfinite`` (B,) lanes whose
     contribution was NaN / inf (set to zero and counted, never splatted)."""
 
     xy: np.ndarray
@@ -97,12 +109,12 @@ class Paths:
     contrib: np.ndarray
     valid: np.ndarray
     nonfinite: np.ndarray
-    structure: dict  # length -> (lanes, frozen per-lane parameters of its kernel)
-    min_length: int
+    structure: dict  # (length, s) -> (lanes, frozen per-lane parameters of its kernel)
+    techniques: list
 
     @property
     def rgb(self):
-        """Kelemen contribution: the sum over lengths, (B, 3)."""
+        """Kelemen contribution: the sum over techniques, (B, 3)."""
         return self.contrib.sum(axis=1)
 
     @property
@@ -110,17 +122,42 @@ class Paths:
         """Scalar target luminance(rgb), (B,)."""
         return luminance(self.rgb)
 
-    def f_star_of(self, length):
-        """Luminance of the contribution of one length, (B,)."""
-        return luminance(self.contrib[:, length - self.min_length])
+    @property
+    def scores(self):
+        """Luminance of each technique's contribution (the MMLT targets f*_t), (B, T)."""
+        return luminance(self.contrib)
 
-    def same_structure(self, other, length):
-        """Lanes whose path of ``length`` exists in both and has the same discrete structure
-        (triangles, sides, materials, light triangle), (B,) bool."""
+    def _columns_of(self, length, technique):
+        cols = [t for t, (k, s) in enumerate(self.techniques)
+                if k == length and technique in (None, s)]
+        if not cols:
+            raise PathSpaceError(f"Paths: no technique ({length}, {technique}) among "
+                                 f"{self.techniques}")
+        return cols
+
+    def f_star_of(self, length, technique=None):
+        """Luminance of the contribution of one technique, or of the sum over the
+        techniques of ``length`` (``technique=None``), (B,)."""
+        return self.scores[:, self._columns_of(length, technique)].sum(1)
+
+    def same_structure(self, other, length, technique=None):
+        """Lanes whose path of technique ``(length, technique)`` exists in both and has the
+        same discrete structure (triangles, sides, materials, light triangle), (B,) bool.
+        ``technique=None``: every technique of ``length`` exists in both with the same
+        structure or in neither, and at least one exists."""
+        if technique is None:
+            same, some = np.ones(len(self.xy), bool), np.zeros(len(self.xy), bool)
+            for t in self._columns_of(length, None):
+                s = self.techniques[t][1]
+                both = self.same_structure(other, length, s)
+                same &= both | ~(self.valid[:, t] | other.valid[:, t])
+                some |= both
+            return same & some
         out = np.zeros(len(self.xy), bool)
-        if length not in self.structure or length not in other.structure:
+        key = (length, technique)
+        if key not in self.structure or key not in other.structure:
             return out
-        (la, pa), (lb, pb) = self.structure[length], other.structure[length]
+        (la, pa), (lb, pb) = self.structure[key], other.structure[key]
         common, ia, ib = np.intersect1d(la, lb, assume_unique=True, return_indices=True)
         same = np.ones(len(common), bool)
         for a, b in zip(pa, pb):
@@ -153,6 +190,8 @@ class PathSpace:
     indirect bounce, ...); the default ``min_length=3`` leaves direct lighting to edge_rt's path
     tracer (spec 1.5). ``backend``: core_ad's ``sym.compile`` backend for the path kernels
     (default LLVM; ``"numpy"`` builds in a fraction of a second but runs slower).
+    ``techniques``: the ``(length, s)`` keys, ``s`` in (:data:`HIT`, :data:`NEE`), in the
+    order of :attr:`Paths.contrib`'s technique axis.
     """
 
     def __init__(self, scene, max_length=3, min_length=3, backend=None):
@@ -172,23 +211,25 @@ class PathSpace:
                                  "emission); every path contribution would be zero")
         self.scene = scene
         self.width, self.height = scene.camera.width, scene.camera.height
-        self._tri_normals = self._vertex_normals()
+        self._winding_normals, self._tri_normals = self._vertex_normals()
         self._emission = np.zeros((len(scene.meshes), 3))
         for mi, m in enumerate(scene.meshes):
             if m.emission is not None:
                 self._emission[mi] = m.emission.detach().double().numpy()
-        n_bounce = self.max_length - 2
+        n_bounce = self.max_length - 1
         self.bsdf_dims = [2 + 3 * b + np.arange(3) for b in range(n_bounce)]
         first = 2 + 3 * n_bounce
         self.light_dims = {k: first + 3 * (k - self.min_length) + np.arange(3)
                            for k in range(self.min_length, self.max_length + 1)}
         self.dim = first + 3 * (self.max_length - self.min_length + 1)
+        self.techniques = [(k, s) for k in self.light_dims for s in (HIT, NEE)]
         self.backend = backend
-        self._value_kernels, self._hessian_kernels, self._branch_kernels = {}, {}, {}
+        self._kernels = {}  # (kind, length, s) -> compiled kernel
 
     def _vertex_normals(self):
-        """(T, 3, 3) shading normals at each triangle's corners (the geometric normal three
-        times where the mesh has none, which interpolates back to it)."""
+        """(T, 3) unit winding normals and (T, 3, 3) shading normals at each triangle's
+        corners (the geometric normal three times where the mesh has none, which
+        interpolates back to it)."""
         g = self.geometry
         v = g.tri_verts.detach().numpy()
         ng = np.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
@@ -200,18 +241,27 @@ class PathSpace:
                 sel = mesh_of == mi
                 out[sel] = m.normals.detach().double().numpy()[
                     g.faces.numpy()[sel] - g.vertex_offset[mi]]
-        return out
+        return ng, out
 
-    def dims(self, length):
-        """Indices into ``u`` of the coordinates the path of ``length`` depends on."""
-        self._check_length(length)
-        parts = [np.arange(2)] + self.bsdf_dims[:length - 2] + [self.light_dims[length]]
-        return np.concatenate(parts)
+    def dims(self, length, technique=None):
+        """Indices into ``u`` of the coordinates technique ``(length, technique)`` depends
+        on; ``technique=None``: those of any technique of ``length`` (sorted)."""
+        self._check_technique(length, HIT if technique is None else technique)
+        if technique is None:
+            return np.union1d(self.dims(length, HIT), self.dims(length, NEE))
+        if technique == HIT:
+            return np.concatenate([np.arange(2)] + self.bsdf_dims[:length - 1])
+        return np.concatenate([np.arange(2)] + self.bsdf_dims[:length - 2]
+                              + [self.light_dims[length]])
 
-    def _check_length(self, length):
+    def _check_technique(self, length, technique):
         if length not in self.light_dims:
             raise PathSpaceError(f"PathSpace: length {length} outside "
                                  f"[{self.min_length}, {self.max_length}]")
+        if technique not in (HIT, NEE):
+            raise PathSpaceError(f"PathSpace: technique must be {HIT} (BSDF sample hits an "
+                                 f"emitter) or {NEE} (light sample), got {technique!r}")
+        return int(length), int(technique)
 
     def _check_u(self, u):
         u = np.asarray(u, dtype=np.float64)
@@ -224,62 +274,64 @@ class PathSpace:
     # ------------------------------------------------------------------ discrete structure
     def trace(self, u):
         """Trace states ``u`` (B, dim) with edge_rt (Embree, BSDF and light sampling) and
-        evaluate each length's contribution with its compiled kernel: :class:`Paths`."""
+        evaluate each technique's contribution with its compiled kernel: :class:`Paths`."""
         u = self._check_u(u)
         B = u.shape[0]
-        L = self.max_length - self.min_length + 1
         g, cam, dt = self.geometry, self.scene.camera, torch.float64
         ut = torch.as_tensor(u)
         xy = u[:, :2] * np.array([self.width, self.height])
         pixel = (np.minimum(np.floor(xy[:, 1]).astype(np.int64), self.height - 1) * self.width
                  + np.minimum(np.floor(xy[:, 0]).astype(np.int64), self.width - 1))
-        contrib = np.zeros((B, L, 3))
-        valid = np.zeros((B, L), bool)
+        contrib = np.zeros((B, len(self.techniques), 3))
+        valid = np.zeros((B, len(self.techniques)), bool)
         verts = []  # per surface vertex: (lanes alive there, their vertex parameters)
-        lights = {}
+        ends = {}  # (length, s) -> (lanes, light parameters)
         with torch.no_grad(), _torch_single_thread():
             o, d, _ = cam.rays(torch.as_tensor(xy), dt)
             lanes = torch.arange(B)
-            for i in range(1, self.max_length):
+            for i in range(1, self.max_length + 1):
                 tri = g.intersect(o, d)
                 keep = torch.nonzero(tri >= 0).flatten()
                 lanes, o, d, tri = lanes[keep], o[keep], d[keep], tri[keep]
                 if len(lanes) == 0:
                     break
+                if i >= max(2, self.min_length):  # the BSDF sample at vertex i - 1 hit x_i
+                    ends[i, HIT] = self._emitter_hits(tri, d, lanes)
+                if i == self.max_length:
+                    break
                 si = g.interact(tri, o, d)
                 kd, ks, rough = g.material(si)
                 verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough)))
-                k = i + 1
-                if k >= self.min_length:
-                    lights[k] = self._connect(si, -d, kd, ks, rough,
-                                              ut[lanes][:, self.light_dims[k]], lanes)
-                if i == self.max_length - 1:
-                    break
+                if i + 1 >= self.min_length:
+                    ends[i + 1, NEE] = self._connect(si, -d, kd, ks, rough,
+                                                     ut[lanes][:, self.light_dims[i + 1]],
+                                                     lanes)
                 wo, pdf = bsdf.sample(si.ns, -d, kd, ks, rough,
                                       ut[lanes][:, self.bsdf_dims[i - 1]])
                 ok = torch.nonzero((pdf > 0) & ((si.ng * wo).sum(1) > 0)).flatten()
                 o, d, lanes = g.spawn(si, wo)[ok], wo[ok], lanes[ok]
         structure = {}
-        for k, (lanes_k, light_params) in lights.items():
+        for t, key in enumerate(self.techniques):
+            lanes_k, light_params = ends.get(key, (np.zeros(0, np.int64), None))
             if len(lanes_k) == 0:
                 continue
-            cols = self._columns(u, k, verts, lanes_k, light_params)
+            cols = self._columns(u, key, verts, lanes_k, light_params)
             with np.errstate(all="ignore"):
                 rgb = np.stack([np.broadcast_to(np.asarray(c), (len(lanes_k),))
-                                for c in self._value_kernel(k)(*cols)], 1)
-            contrib[lanes_k, k - self.min_length] = rgb
-            valid[lanes_k, k - self.min_length] = True
-            structure[k] = (lanes_k, cols[len(self.dims(k)):])
+                                for c in self._value_kernel(*key)(*cols)], 1)
+            contrib[lanes_k, t] = rgb
+            valid[lanes_k, t] = True
+            structure[key] = (lanes_k, cols[len(self.dims(*key)):])
         # A non-finite contribution (rounding at grazing angles) voids the whole state: its
         # lanes get f = 0, so a chain rejects it instead of splatting NaN.
         nonfinite = ~np.isfinite(contrib).all(axis=(1, 2))
         contrib[nonfinite] = 0.0
         valid[nonfinite] = False
         if nonfinite.any():
-            for k, (lanes_k, params) in structure.items():
+            for key, (lanes_k, params) in structure.items():
                 keep = ~nonfinite[lanes_k]
-                structure[k] = (lanes_k[keep], [c[keep] for c in params])
-        return Paths(xy, pixel, contrib, valid, nonfinite, structure, self.min_length)
+                structure[key] = (lanes_k[keep], [c[keep] for c in params])
+        return Paths(xy, pixel, contrib, valid, nonfinite, structure, list(self.techniques))
 
     def _vertex_params(self, si, kd, ks, rough):
         tri = si.tri.numpy()
@@ -287,6 +339,20 @@ class PathSpace:
         side = np.where(si.front.numpy(), 1.0, -1.0)[:, None]
         n = self._tri_normals[tri].reshape(-1, 9)
         return np.concatenate([v, side, n, kd.numpy(), ks.numpy(), rough.numpy()[:, None]], 1)
+
+    def _light_params(self, tri, pmf):
+        g = self.geometry
+        return np.concatenate([g.tri_verts.detach().numpy()[tri].reshape(-1, 9),
+                               self._emission[g.mesh_of.numpy()[tri]], pmf[:, None]], 1)
+
+    def _emitter_hits(self, tri, d, lanes):
+        """Lanes whose ray hit the front (emitting) side of a light triangle, and their light
+        parameters (as a light sample's, so both techniques price the same point)."""
+        t = tri.numpy()
+        pmf = self.geometry.light_pmf.numpy()[t]
+        front = np.einsum("ij,ij->i", self._winding_normals[t], d.numpy()) < 0
+        sel = np.flatnonzero(front & (pmf > 0))
+        return lanes.numpy()[sel], self._light_params(t[sel], pmf[sel])
 
     def _connect(self, si, wi, kd, ks, rough, u_light, lanes):
         """Next-event connection: lanes whose light sample is visible and lit from the front,
@@ -300,18 +366,13 @@ class PathSpace:
         blocked = g.intersect(origin, wo, tmax=tmax) >= 0
         ok = (~blocked) & (-(nl * wo).sum(1) > 0) & (pmf > 0) & ((si.ng * wo).sum(1) > 0)
         sel = torch.nonzero(ok).flatten()
-        t = tri[sel].numpy()
-        params = np.concatenate([
-            g.tri_verts.detach().numpy()[t].reshape(-1, 9),
-            self._emission[g.mesh_of.numpy()[t]],
-            pmf[sel].numpy()[:, None]], 1)
-        return lanes[sel].numpy(), params
+        return lanes[sel].numpy(), self._light_params(tri[sel].numpy(), pmf[sel].numpy())
 
-    def _columns(self, u, k, verts, lanes_k, light_params):
-        """Kernel input columns for the lanes ``lanes_k`` of length ``k``: their ``u`` on
-        :meth:`dims`, then each vertex's parameters, then the light's."""
-        cols = [np.ascontiguousarray(u[lanes_k, j]) for j in self.dims(k)]
-        for i in range(k - 1):
+    def _columns(self, u, key, verts, lanes_k, light_params):
+        """Kernel input columns for the lanes ``lanes_k`` of technique ``key``: their ``u``
+        on :meth:`dims`, then each vertex's parameters, then the light's."""
+        cols = [np.ascontiguousarray(u[lanes_k, j]) for j in self.dims(*key)]
+        for i in range(key[0] - 1):
             lanes_i, params = verts[i]
             rows = np.searchsorted(lanes_i, lanes_k)  # lanes stay sorted through tracing
             cols.extend(np.ascontiguousarray(params[rows, c]) for c in range(params.shape[1]))
@@ -320,66 +381,96 @@ class PathSpace:
         return cols
 
     # ------------------------------------------------------------------ the smooth piece
-    def expressions(self, length):
-        """``(u_vars, param_vars, rgb)``: the contribution of a path of ``length`` as core_ad
-        expressions of its primary samples (``dims(length)``) and per-lane parameters."""
-        self._check_length(length)
-        k = length
+    def expressions(self, length, technique=NEE):
+        """``(u_vars, param_vars, rgb)``: the MIS-weighted contribution of technique
+        ``(length, technique)`` as core_ad expressions of its primary samples
+        (``dims(length, technique)``) and per-lane parameters."""
+        u, params, rgb, _ = self._expressions(length, technique)
+        return u, params, rgb
+
+    def _expressions(self, length, technique):
+        """:meth:`expressions` and the technique's MIS weight (an expression)."""
+        k, s = self._check_technique(length, technique)
         cam = self.scene.camera
-        u = [sym.var(f"pss{j}") for j in range(len(self.dims(k)))]
+        u = [sym.var(f"pss{j}") for j in range(len(self.dims(k, s)))]
         verts = [{nm: sym.var(f"x{i}_{nm}") for nm in _VERTEX} for i in range(1, k)]
         light = {nm: sym.var(f"l_{nm}") for nm in _LIGHT}
         m = cam.cam_to_world.detach().double().numpy()
-        s = float(np.tan(float(cam.fov) * np.pi / 360.0))
-        local = (s * (2.0 * u[0] - 1.0), -s * (2.0 * u[1] - 1.0) * (self.height / self.width),
-                 sym.const(1.0))
+        tan = float(np.tan(float(cam.fov) * np.pi / 360.0))
+        local = (tan * (2.0 * u[0] - 1.0),
+                 -tan * (2.0 * u[1] - 1.0) * (self.height / self.width), sym.const(1.0))
         d = _normalize(tuple(sum(float(m[r, c]) * local[c] for c in range(3))
                              for r in range(3)))
         o = tuple(sym.const(float(m[r, 3])) for r in range(3))
-        (s_out, s_in), _ = bsdf.sampling_expressions("float64")
+        (s_out, s_in), ((p_out,), p_in) = bsdf.sampling_expressions("float64")
         e_vars, e_out = bsdf.bsdf_expressions("float64")
         throughput = (1.0, 1.0, 1.0)
         for i, vp in enumerate(verts):
             p, ng, ns = self._hit(o, d, vp)
             wi = tuple(-x for x in d)
-            mat = {"kdr": vp["kdr"], "kdg": vp["kdg"], "kdb": vp["kdb"], "ksr": vp["ksr"],
-                   "ksg": vp["ksg"], "ksb": vp["ksb"], "rough": vp["rough"]}
-            if i < k - 2:
+            mat = {nm: vp[nm] for nm in ("kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")}
+            last = i == k - 2
+            if not last or s == HIT:
                 du = u[2 + 3 * i: 5 + 3 * i]
                 env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "u0", "u1", "u2"),
                                (*ns, *wi, *du)))
                 wo = sym.substitute(s_out, {v: env.get(v.name, mat.get(v.name))
                                             for v in s_in})
                 wo, pdf = tuple(wo[:3]), wo[3]
-            else:
-                ul = u[-3:]
-                y, nl, area = self._light_point(light, ul[1], ul[2])
+            if last and s == NEE:
+                y, nl, area = self._light_point(light, u[-2], u[-1])
                 to_light = _sub(y, p)
                 dist2 = _dot(to_light, to_light)
                 wo = tuple(x * sym.rsqrt(dist2) for x in to_light)
+            elif last:  # s = HIT: where the sampled ray meets the emitter's plane
+                y = self._plane_point(p, wo, *self._light_corners(light))
+                nl, area = self._light_frame(light)
+                to_light = _sub(y, p)
+                dist2 = _dot(to_light, to_light)
+            if last:
                 cos_l = -_dot(nl, wo)
-                pdf = light["pmf"] * dist2 / (area * sym.maximum(cos_l, 1e-300))
+                p_light = light["pmf"] * dist2 / (area * sym.maximum(cos_l, 1e-300))
+                if s == NEE:  # the light sample's pdf against the BSDF's for its direction
+                    env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
+                                   (*ns, *wi, *wo)))
+                    p_bsdf = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name))
+                                                      for v in p_in})[0]
+                    a, b, pdf = p_light, p_bsdf, p_light
+                else:  # the BSDF sample's pdf against the light's for the hit point
+                    a, b = pdf, p_light
+                mis = a * a / (a * a + b * b)  # power heuristic (a > 0 on the smooth piece)
             f = self._bsdf(e_vars, e_out, ns, ng, wi, wo, mat)
             weight = [f[c] / pdf for c in range(3)]
-            if i == k - 2:
+            if last:
                 le = (light["ler"], light["leg"], light["leb"])
-                weight = [sym.where(cos_l > 0.0, weight[c] * le[c], 0.0) for c in range(3)]
+                weight = [sym.where(cos_l > 0.0, weight[c] * le[c] * mis, 0.0)
+                          for c in range(3)]
             throughput = tuple(throughput[c] * weight[c] for c in range(3))
             o, d = p, wo
         params = [vp[nm] for vp in verts for nm in _VERTEX] + [light[nm] for nm in _LIGHT]
-        return u, params, list(throughput)
+        return u, params, list(throughput), mis
 
     @staticmethod
-    def _hit(o, d, vp):
-        """Analytic intersection with the vertex's triangle plane (Moller-Trumbore, as
-        edge_rt's Geometry.interact): point, geometric and shading normals (facing the
-        viewer by the traced side)."""
-        v0 = (vp["v0x"], vp["v0y"], vp["v0z"])
-        e1 = _sub((vp["v1x"], vp["v1y"], vp["v1z"]), v0)
-        e2 = _sub((vp["v2x"], vp["v2y"], vp["v2z"]), v0)
+    def _plane_point(o, d, v0, v1, v2):
+        """Moller-Trumbore (as edge_rt's Geometry.interact): the point where the ray meets
+        the triangle's plane."""
+        e1, e2 = _sub(v1, v0), _sub(v2, v0)
         pvec = _cross(d, e2)
         inv_det = 1.0 / _dot(e1, pvec)
         tvec = _sub(o, v0)
+        qvec = _cross(tvec, e1)
+        t = _dot(e2, qvec) * inv_det
+        return tuple(o[c] + t * d[c] for c in range(3))
+
+    @classmethod
+    def _hit(cls, o, d, vp):
+        """Analytic intersection with the vertex's triangle plane: point, geometric and
+        shading normals (facing the viewer by the traced side)."""
+        v = [(vp[f"v{j}x"], vp[f"v{j}y"], vp[f"v{j}z"]) for j in range(3)]
+        e1, e2 = _sub(v[1], v[0]), _sub(v[2], v[0])
+        pvec = _cross(d, e2)
+        inv_det = 1.0 / _dot(e1, pvec)
+        tvec = _sub(o, v[0])
         b1 = _dot(tvec, pvec) * inv_det
         qvec = _cross(tvec, e1)
         b2 = _dot(d, qvec) * inv_det
@@ -393,17 +484,26 @@ class PathSpace:
         return p, ng, tuple(side * x for x in ns)
 
     @staticmethod
-    def _light_point(light, u1, u2):
-        """edge_rt's uniform triangle sampling (Geometry.sample_light) as an expression."""
-        v0 = (light["v0x"], light["v0y"], light["v0z"])
-        v1 = (light["v1x"], light["v1y"], light["v1z"])
-        v2 = (light["v2x"], light["v2y"], light["v2z"])
+    def _light_corners(light):
+        return [tuple(light[f"v{j}{a}"] for a in "xyz") for j in range(3)]
+
+    @classmethod
+    def _light_frame(cls, light):
+        """The light triangle's unit winding normal (its emitting side) and area."""
+        v0, v1, v2 = cls._light_corners(light)
+        cross = _cross(_sub(v1, v0), _sub(v2, v0))
+        norm = sym.sqrt(_dot(cross, cross))
+        return tuple(x / norm for x in cross), 0.5 * norm
+
+    @classmethod
+    def _light_point(cls, light, u1, u2):
+        """edge_rt's uniform triangle sampling (Geometry.sample_light) as an expression: the
+        point, the light's normal and area."""
+        v0, v1, v2 = cls._light_corners(light)
         su = sym.sqrt(u1)
         b0, b1 = 1.0 - su, u2 * su
         y = tuple(b0 * v0[c] + b1 * v1[c] + (1.0 - b0 - b1) * v2[c] for c in range(3))
-        cross = _cross(_sub(v1, v0), _sub(v2, v0))
-        norm = sym.sqrt(_dot(cross, cross))
-        return y, tuple(x / norm for x in cross), 0.5 * norm
+        return (y, *cls._light_frame(light))
 
     @staticmethod
     def _bsdf(e_vars, e_out, ns, ng, wi, wo, mat):
@@ -412,107 +512,135 @@ class PathSpace:
         env.update(mat)
         return sym.substitute(e_out, {v: env[name] for name, v in e_vars.items()})
 
-    def _branch_kernel(self, k):
-        if k not in self._branch_kernels:
-            u, params, rgb = self.expressions(k)
-            preds = {}
-            for node in sym.toposort(rgb):
-                rule = _PIECEWISE.get(getattr(getattr(node, "prim", None), "name", None))
-                if rule is not None:
-                    for pred in rule(node.args):
-                        preds.setdefault(id(pred), pred)
-            outs = [sym.where(pred, 1.0, 0.0) for pred in preds.values()]
-            self._branch_kernels[k] = sym.compile(outs, u + params, backend=self.backend)
-        return self._branch_kernels[k]
+    def _kernel(self, kind, length, technique):
+        key = (kind, *self._check_technique(length, technique))
+        if key not in self._kernels:
+            u, params, rgb, mis = self._expressions(length, technique)
+            if kind == "value":
+                outs = rgb
+            elif kind == "mis":
+                outs = [mis]
+            elif kind == "branch":
+                preds = {}
+                for node in sym.toposort(rgb):
+                    rule = _PIECEWISE.get(getattr(getattr(node, "prim", None), "name", None))
+                    if rule is not None:
+                        for pred in rule(node.args):
+                            preds.setdefault(id(pred), pred)
+                outs = [sym.where(pred, 1.0, 0.0) for pred in preds.values()]
+            else:  # "hessian": log f*, its gradient and its lower-triangle Hessian
+                logf = sym.log(sum(w * c for w, c in zip(LUMINANCE, rgb)))
+                grad = sym.grad(logf, u)
+                hess = sym.hessian(logf, u)
+                tri = [(i, j) for i in range(len(u)) for j in range(i + 1)]
+                outs = [logf, *grad, *(hess[i][j] for i, j in tri)]
+            self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
+        return self._kernels[key]
 
-    def _value_kernel(self, k):
-        if k not in self._value_kernels:
-            u, params, rgb = self.expressions(k)
-            self._value_kernels[k] = sym.compile(rgb, u + params, backend=self.backend)
-        return self._value_kernels[k]
+    def _value_kernel(self, length, technique):
+        return self._kernel("value", length, technique)
 
-    def _hessian_kernel(self, k):
-        if k not in self._hessian_kernels:
-            u, params, rgb = self.expressions(k)
-            lum = sum(w * c for w, c in zip(LUMINANCE, rgb))
-            logf = sym.log(lum)
-            grad = sym.grad(logf, u)
-            hess = sym.hessian(logf, u)
-            tri = [(i, j) for i in range(len(u)) for j in range(i + 1)]
-            kernel = sym.compile([logf, *grad, *(hess[i][j] for i, j in tri)], u + params,
-                                 backend=self.backend)
-            self._hessian_kernels[k] = (kernel, tri)
-        return self._hessian_kernels[k]
-
-    # ------------------------------------------------------------------ derivatives
-    def log_f_derivatives(self, u, length, paths=None, lanes=None):
-        """Value, gradient and Hessian of ``log f*`` of the path of ``length`` with respect
-        to its primary samples ``u[:, dims(length)]``, per lane: ``(logf (B,), grad (B, n),
-        hess (B, n, n))``. Lanes without a path of that length get ``-inf`` and zero
-        derivatives. ``paths``: the result of :meth:`trace` on the same ``u`` (re-traced
-        when omitted); ``lanes``: compute only these lanes (the others are left at -inf)."""
-        u = self._check_u(u)
-        paths = self.trace(u) if paths is None else paths
-        n = len(self.dims(length))
-        B = u.shape[0]
-        logf, grad, hess = np.full(B, -np.inf), np.zeros((B, n)), np.zeros((B, n, n))
-        if length not in paths.structure:
-            return logf, grad, hess
-        lanes_k, params = paths.structure[length]
+    def _run(self, kind, u, length, technique, paths, lanes=None):
+        """``(lanes, outputs)`` of one kernel on the lanes (of ``lanes``, if given) that have
+        a path of technique ``(length, technique)``."""
+        key = self._check_technique(length, technique)
+        if key not in paths.structure:
+            return np.zeros(0, np.int64), None
+        lanes_k, params = paths.structure[key]
         if lanes is not None:
             keep = np.isin(lanes_k, lanes)
             lanes_k, params = lanes_k[keep], [c[keep] for c in params]
-        lanes = lanes_k
-        kernel, tri = self._hessian_kernel(length)
-        cols = [np.ascontiguousarray(u[lanes, j]) for j in self.dims(length)] + list(params)
+        cols = [np.ascontiguousarray(u[lanes_k, j]) for j in self.dims(*key)] + list(params)
         with np.errstate(all="ignore"):
-            res = [np.broadcast_to(np.asarray(r), (len(lanes),)) for r in kernel(*cols)]
+            res = [np.broadcast_to(np.asarray(r), (len(lanes_k),))
+                   for r in self._kernel(kind, *key)(*cols)]
+        return lanes_k, res
+
+    def mis_weights(self, u, length, technique, paths=None):
+        """Power-heuristic MIS weight of technique ``(length, technique)`` per lane, (B,);
+        0 for lanes without that path."""
+        u = self._check_u(u)
+        paths = self.trace(u) if paths is None else paths
+        out = np.zeros(len(u))
+        lanes, res = self._run("mis", u, length, technique, paths)
+        if len(lanes):
+            out[lanes] = res[0]
+        return out
+
+    # ------------------------------------------------------------------ derivatives
+    def log_f_derivatives(self, u, length, technique=None, *, paths=None, lanes=None):
+        """Value, gradient and Hessian of ``log f*`` of technique ``(length, technique)``
+        with respect to its primary samples ``u[:, dims(length, technique)]``, per lane:
+        ``(logf (B,), grad (B, n), hess (B, n, n))``. ``technique=None``: of the sum over the
+        techniques of ``length``, on ``dims(length)``. Lanes without a path get ``-inf`` and
+        zero derivatives. ``paths``: the result of :meth:`trace` on the same ``u``
+        (re-traced when omitted); ``lanes``: compute only these lanes (the others are left
+        at -inf)."""
+        if isinstance(technique, Paths) or not isinstance(paths, (Paths, type(None))):
+            raise PathSpaceError("log_f_derivatives: paths must be a Paths from trace, "
+                                 "passed as paths= (the third argument is the technique)")
+        u = self._check_u(u)
+        paths = self.trace(u) if paths is None else paths
+        if technique is None:
+            keys = [(length, s) for s in (HIT, NEE)]
+            return self._log_sum_derivatives(u, keys, self.dims(length), paths, lanes)
+        n = len(self.dims(length, technique))
+        B = u.shape[0]
+        logf, grad, hess = np.full(B, -np.inf), np.zeros((B, n)), np.zeros((B, n, n))
+        lanes, res = self._run("hessian", u, length, technique, paths, lanes)
+        if not len(lanes):
+            return logf, grad, hess
         # f* = 0 on an existing path (a BSDF gate): log f = -inf and no derivatives, as for
         # a missing path.
         ok = np.isfinite(res[0])
         lanes = lanes[ok]
         logf[lanes] = res[0][ok]
         grad[lanes] = np.stack(res[1:n + 1], 1)[ok]
+        tri = [(i, j) for i in range(n) for j in range(i + 1)]
         for (i, j), h in zip(tri, res[n + 1:]):
             hess[lanes, i, j] = h[ok]
             hess[lanes, j, i] = h[ok]
         return logf, grad, hess
 
-    def branches(self, u, length, paths=None):
-        """The smooth piece each path of ``length`` lies on: every branch decision of its
-        contribution expression (``where`` conditions, which side of ``maximum`` / ``minimum``
-        / ``clamp`` / ``abs`` is taken), (B, m) bool, False for lanes without a path. Two
+    def branches(self, u, length, technique=None, paths=None):
+        """The smooth piece each path of technique ``(length, technique)`` lies on: every
+        branch decision of its contribution expression (``where`` conditions, which side of
+        ``maximum`` / ``minimum`` / ``clamp`` / ``abs`` is taken), (B, m) bool, False for
+        lanes without a path; ``technique=None``: both techniques' columns side by side. Two
         states whose structure (:meth:`Paths.same_structure`) and branches agree lie on the
         same smooth piece, where finite differences may be compared with the derivatives."""
         u = self._check_u(u)
         paths = self.trace(u) if paths is None else paths
-        kernel = self._branch_kernel(length)
-        if length not in paths.structure:
+        if technique is None:
+            return np.concatenate([self.branches(u, length, s, paths) for s in (HIT, NEE)], 1)
+        lanes, res = self._run("branch", u, length, technique, paths)
+        if res is None:
             return np.zeros((len(u), 0), bool)
-        lanes, params = paths.structure[length]
-        cols = [np.ascontiguousarray(u[lanes, j]) for j in self.dims(length)] + list(params)
-        with np.errstate(all="ignore"):
-            res = [np.broadcast_to(np.asarray(r), (len(lanes),)) for r in kernel(*cols)]
         out = np.zeros((len(u), len(res)), bool)
         out[lanes] = np.stack(res, 1) > 0.5
         return out
 
     def log_f_star_derivatives(self, u, paths=None, lanes=None):
-        """Value, gradient and Hessian of ``log f*`` of the Kelemen state (the sum over
-        lengths) with respect to all of ``u``: ``(logf (B,), grad (B, dim), hess (B, dim,
-        dim))``. From the per-length derivatives, with ``w_k = f*_k / f*``:
-        ``grad = sum_k w_k g_k`` and ``hess = sum_k w_k (H_k + g_k g_k^T) - grad grad^T``."""
+        """Value, gradient and Hessian of ``log f*`` of the Kelemen state (the sum over all
+        techniques) with respect to all of ``u``: ``(logf (B,), grad (B, dim), hess (B, dim,
+        dim))``."""
         u = self._check_u(u)
         paths = self.trace(u) if paths is None else paths
-        B, dim = u.shape
-        total = paths.f_star
-        grad, second = np.zeros((B, dim)), np.zeros((B, dim, dim))
+        return self._log_sum_derivatives(u, self.techniques, np.arange(self.dim), paths, lanes)
+
+    def _log_sum_derivatives(self, u, keys, dims, paths, lanes):
+        """Derivatives of ``log sum_t f*_t`` over techniques ``keys`` on ``u[:, dims]``, from
+        the per-technique ones, with ``w_t = f*_t / f*``: ``grad = sum_t w_t g_t`` and
+        ``hess = sum_t w_t (H_t + g_t g_t^T) - grad grad^T``."""
+        B, n = len(u), len(dims)
+        total = sum(paths.f_star_of(*key) for key in keys)
+        grad, second = np.zeros((B, n)), np.zeros((B, n, n))
         with np.errstate(divide="ignore", invalid="ignore"):
             logf = np.log(total)
-            for k in self.light_dims:
-                lf, g, H = self.log_f_derivatives(u, k, paths, lanes)
-                w = np.where(np.isfinite(lf), paths.f_star_of(k) / total, 0.0)
-                d = self.dims(k)
+            for key in keys:
+                lf, g, H = self.log_f_derivatives(u, *key, paths=paths, lanes=lanes)
+                w = np.where(np.isfinite(lf), paths.f_star_of(*key) / total, 0.0)
+                d = np.searchsorted(dims, self.dims(*key))
                 grad[:, d] += w[:, None] * g
                 second[:, d[:, None], d] += w[:, None, None] * (H + g[:, :, None] * g[:, None, :])
         hess = second - grad[:, :, None] * grad[:, None, :]

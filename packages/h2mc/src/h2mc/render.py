@@ -24,13 +24,12 @@ from tqdm import tqdm
 import edge_rt
 from edge_rt import SceneError, scenes
 
-from ._mlt import MLTError, MutationStats, render_mlt
+from ._mlt import METHODS, MLTError, MutationStats, render_mlt
 from ._pathspace import PathSpace, PathSpaceError
 from ._png import write_png
 
 BUILTIN = {"cornell_box": scenes.cornell_box, "textured_sphere": scenes.textured_sphere,
            "closed_cube": scenes.closed_cube, "teapot_scene": scenes.teapot_scene}
-METHODS = {"h2mc": "h2mc", "pssmlt": "kelemen"}  # --method -> render_mlt's small_step
 
 
 class UsageError(Exception):
@@ -45,7 +44,9 @@ class _Parser(argparse.ArgumentParser):
 def _parser():
     p = _Parser(prog="h2mc-render", description=__doc__.split("\n\n")[0])
     p.add_argument("scene", help=f"built-in ({', '.join(BUILTIN)}) or a JSON scene file")
-    p.add_argument("--method", required=True, help="h2mc or pssmlt (mmlt: not built yet)")
+    p.add_argument("--method", required=True,
+                   help="h2mc (H2MC small steps, resampling large step), mmlt (Kelemen small "
+                   "steps, MMLT large step) or pssmlt (Kelemen small steps and state)")
     budget = p.add_mutually_exclusive_group()
     budget.add_argument("--time", type=float, help="wall-clock budget in seconds")
     budget.add_argument("--mutations", type=float,
@@ -86,19 +87,19 @@ def load_scene(name, size):
         raise UsageError(f"bad scene file {name}: {e}") from e
 
 
-def render(scene, small_step, *, seconds=None, mutations_per_pixel=None, max_length=3,
+def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=3,
            seed=0, chains=1024, sigma2=1e-3, direct_spp=16):
-    """``(image, stats, mutations, chain_seconds, rounds)``: one round of
-    ``mutations_per_pixel``, or rounds until ``seconds`` of wall clock (after compiling the
-    kernels) are spent."""
+    """``(image, stats, mutations, chain_seconds, rounds)`` of ``method`` (a render_mlt
+    method: pssmlt, mmlt, h2mc): one round of ``mutations_per_pixel``, or rounds until
+    ``seconds`` of wall clock (after compiling the kernels) are spent."""
     ps = PathSpace(scene, max_length=max_length)
     # compile the path kernels now, outside the budget and the mutations-per-second figure
     u = np.random.default_rng(seed).random((256, ps.dim))
     paths = ps.trace(u)
-    if small_step == "h2mc":
-        ps.log_f_star_derivatives(u, paths)
+    if METHODS[method][0] == "h2mc":
+        ps.log_f_star_derivatives(u, paths)  # every technique's Hessian kernel
     npix = ps.width * ps.height
-    kw = dict(chains=chains, small_step=small_step, sigma2=sigma2, path_space=ps)
+    kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps)
     indirect, direct, stats = 0.0, None, {}
     mutations, chain_seconds, rounds = 0, 0.0, 0
     t0 = time.perf_counter()
@@ -137,11 +138,8 @@ def render(scene, small_step, *, seconds=None, mutations_per_pixel=None, max_len
 def main(argv=None):
     args = _parser().parse_args(argv)
     try:
-        if args.method == "mmlt":
-            raise UsageError("--method mmlt: MMLT (multiplexed MLT) is not built yet; use "
-                             "--method h2mc or --method pssmlt")
         if args.method not in METHODS:
-            raise UsageError(f"unknown --method {args.method!r}: use h2mc or pssmlt")
+            raise UsageError(f"unknown --method {args.method!r}: use h2mc, mmlt or pssmlt")
         if args.time is not None and not args.time > 0:
             raise UsageError(f"--time must be positive, got {args.time}")
         if args.mutations is not None and not args.mutations > 0:
@@ -151,7 +149,7 @@ def main(argv=None):
         scene, stem = load_scene(args.scene, args.size)
         mpp = None if args.time is not None else (args.mutations or 64.0)
         image, stats, mutations, secs, rounds = render(
-            scene, METHODS[args.method], seconds=args.time, mutations_per_pixel=mpp,
+            scene, args.method, seconds=args.time, mutations_per_pixel=mpp,
             max_length=args.max_length, seed=args.seed, chains=args.chains,
             sigma2=args.sigma2, direct_spp=args.direct_spp)
     except (UsageError, MLTError, PathSpaceError) as e:
@@ -163,7 +161,8 @@ def main(argv=None):
     edge_rt.write_exr(exr, image)
     write_png(png, np.clip(image, 0.0, 1.0) ** (1 / 2.2))
     h, w = image.shape[:2]
-    labels = {"large": "large", "small": METHODS[args.method],
+    small, large = METHODS[args.method]
+    labels = {"large": f"large ({large})", "small": small,
               "isotropic": "kelemen (uniform mixing)"}
     print(f"{stem} {w}x{h}, {args.method}, paths of 3..{args.max_length} segments, "
           f"{rounds} round(s)")
