@@ -170,3 +170,36 @@ def test_bilateral_slice_grid_adjoint_is_a_partial_gather():
     s = hl.auto_schedule([d_grid], {d_grid: list(reversed(app.buffers["grid"].numpy().shape))})
     done = [s.stages[f"{s.key(d_src)}.update({k})"] for k in range(8)]
     assert all(ds[0].startswith(f"reorder({names[3]} innermost") for ds in done), done
+
+
+def _passes(nest):
+    """{Func: (top-level loop nests, stores)} of a ``loop_nest()`` text."""
+    out, name = {}, None
+    for line in nest.splitlines():
+        if line.startswith("produce "):
+            name = line[len("produce "):-1]
+            out[name] = [0, 0]
+        elif line.startswith("  ") and line[2] != " " and line.split()[0] in (
+                "for", "parallel", "vectorized", "unrolled"):
+            out[name][0] += 1
+        elif line.lstrip().startswith(f"{name}("):
+            out[name][1] += 1
+    return {k: tuple(v) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("op", ["spatial_transformer", "flow_warp"])
+def test_gather_adjoint_is_one_fused_pass(op):
+    """The adjoint of a bilinear gather: the four corner scatters into d_input (and the
+    coordinate-gradient updates of one Func) run as ONE loop pass over the output domain
+    after the initialising pass, not one pass per call site; ``fuse=False`` keeps one pass
+    per update."""
+    mod, wrt, _ = OPS[op]
+    app = mod.build(hl, *_inputs(op, np.float32, False))
+    g = np.ones(list(reversed(app.sizes["output"])), np.float32)
+    want = {"spatial_transformer": {"image_constant_exterior_1_d": 4, "theta_d": 6},
+            "flow_warp": {"image_d": 4, "warp_d": 2}}[op]
+    for fuse in (False, True):
+        p, _, _ = _common.adjoint_pipeline(hl, app, g, wrt, fuse=fuse)
+        passes = _passes(p.loop_nest())
+        for name, k in want.items():
+            assert passes[name] == (2 if fuse else 1 + k, 1 + k), (name, passes)

@@ -26,6 +26,13 @@ Decisions, in order (spec §4.2 normative rules, §4.3 default thresholds):
    pure Vars are tiled like a pure definition (RVars innermost), or fused and parallel, or
    (a scatter) left serial.
 
+5. **Fusion** (``fuse=True``, the default): consecutive updates of one Func are computed
+   with the first of their run (``compute_with``) at the innermost loop the lowering accepts
+   (same loop kinds and extents, only additive updates that read the Func only where they
+   add, the same parallel points): the k scatters and coordinate gradients that
+   ``propagate_adjoints`` makes of a k-tap gather run as one pass over its domain, the
+   coordinates and weights computed once per iteration.
+
 ``compute_at`` is not used (paper: "We currently do not use compute_at").
 """
 
@@ -40,7 +47,8 @@ from . import _expr as E
 from ._bounds import const_value, interval
 from ._derivative import _AllRootGraph, _values
 from ._func import Func, FuncError
-from ._lower import root_regions
+from ._graph import Graph
+from ._lower import _lower_def, fuse_stages, root_regions
 from ._rfactor import check_rfactor
 from ._schedule import ScheduleError, StageSchedule
 
@@ -83,14 +91,16 @@ class _Options:
 
 
 def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=(),
-                  rule="pointwise", dims="paper", tile=(16, 16), vector_width=8, min_threads=8):
+                  rule="pointwise", dims="paper", tile=(16, 16), vector_width=8, min_threads=8,
+                  fuse=True):
     """Schedule every Func of the pipeline computing ``outputs`` (a Func or a list).
 
     ``estimates``: ``{output Func: [extent, ...]}`` or ``[(min, extent), ...]`` per output (x
     first, as ``realize``); an output missing from it uses its ``set_estimates``. Input sizes
     are the Buffers' own. ``inline`` / ``no_inline``: Funcs (or their names) to inline / to
-    compute at the root whatever the rules say. Existing schedules of these Funcs are
-    replaced. Returns an :class:`AutoSchedule` describing the decisions.
+    compute at the root whatever the rules say. ``fuse``: step 5 (False leaves every update
+    its own loop nest, for comparison). Existing schedules of these Funcs are replaced.
+    Returns an :class:`AutoSchedule` describing the decisions.
     """
     if target != "cpu":
         raise ScheduleError(f"auto_schedule: target {target!r} is not supported (only 'cpu')")
@@ -139,7 +149,37 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
                                                 opts) or []
         for k, ldef in enumerate(graph.defs[fid][1:]):
             _schedule_update(f, k, ldef, ext, values, opts, result)
+    if fuse:
+        _fuse_updates(outputs, result)
     return result
+
+
+def _fuse_updates(outputs, result):
+    """Step 5: each update of a root Func joins the fused run of the update before it, at
+    the innermost of the run's loops that ``fuse_stages`` accepts, or starts a new run."""
+    g = Graph(outputs)
+    roots = [fid for fid in g.order if g.levels[fid].kind == "root"]
+    order = [(fid, ld.index) for fid in roots for ld in g.defs[fid]]
+    stmts = {(fid, k): _lower_def(g, fid, g.defs[fid][k]) for fid, k in order}
+    for fid in roots:
+        if len(g.defs[fid]) < 3:
+            continue
+        f = g.funcs[fid]
+        first = g.defs[fid][1]
+        for ld in g.defs[fid][2:]:
+            sched = ld.source.schedule
+            for dm in first.schedule.dims:  # innermost first
+                sched.compute_with = (f, first.index, dm.name)
+                try:
+                    fuse_stages(g, order, stmts)
+                except ScheduleError:
+                    continue
+                result.stages.setdefault(f"{result.key(f)}.update({ld.index - 1})", []).append(
+                    f"compute_with({result.key(f)}.update({first.index - 1}), {dm.name})")
+                break
+            else:
+                sched.compute_with = None
+                first = ld
 
 
 # ---- inputs ---------------------------------------------------------------------------------

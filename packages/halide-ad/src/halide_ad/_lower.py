@@ -4,7 +4,7 @@
    consumers need (and that its own updates write), outputs the requested region; every
    Buffer access is checked against the buffer (an error names the buffer, the dimension,
    and the required and available ranges).
-2. ``lower_root`` -- the loop nest of each definition of a root Func, with the Funcs computed
+2. ``lower_pipeline`` -- the loop nest of each definition of a root Func, with the Funcs computed
    at its loop levels nested inside (their per-iteration regions are symbolic intervals of
    the loop variables, bound with ``LetStmt``), as a small statement IR:
 
@@ -13,6 +13,10 @@
    * ``LetStmt(leaf, value)`` -- binds a leaf for the statements after it in its Block;
    * ``Allocate(func, body)`` -- storage of a Func computed inside a loop;
    * ``Provide(func, args, values, predicate)`` -- one store per value.
+
+   Stages scheduled with ``compute_with`` share their parent's outer loops: the merged nest
+   runs at the parent's position, each shared iteration running the bodies in order
+   (``fuse_stages`` states the rules).
 
 Region and storage of a Func are leaves too: ``("hl.region", (fid, d, "min"|"extent"))`` is
 the region computed, ``("hl.store", ...)`` the region allocated; calls index storage.
@@ -38,10 +42,12 @@ __all__ = [
     "LetStmt",
     "Provide",
     "bufdim_leaf",
-    "lower_root",
+    "fuse_stages",
+    "lower_pipeline",
     "provide_nodes",
     "region_leaf",
     "root_regions",
+    "stmt_accesses",
     "store_leaf",
 ]
 
@@ -361,9 +367,15 @@ def _subst(node, mapping):
     return node if node is None else sym.substitute(node, mapping)
 
 
-def lower_root(graph, fid):
-    """One statement per definition of the root Func ``fid`` (its outermost loop first)."""
-    return [_lower_def(graph, fid, d) for d in graph.defs[fid]]
+def lower_pipeline(graph, roots):
+    """``(fid, definition index, statement)`` of every definition of the root Funcs, in
+    order; the stages scheduled with ``compute_with`` are merged into their parent's loop
+    nest (``fuse_stages``), which runs at the position of the group's last stage."""
+    order = [(fid, d.index) for fid in roots for d in graph.defs[fid]]
+    stmts = {key: _lower_def(graph, key[0], graph.defs[key[0]][key[1]]) for key in order}
+    fused = fuse_stages(graph, order, stmts)
+    return [(fid, k, fused.get((fid, k), stmts[(fid, k)])) for fid, k in order
+            if (fid, k) not in fused or fused[(fid, k)] is not None]
 
 
 def lower_func(graph, fid):
@@ -454,4 +466,233 @@ def provide_nodes(stmt):
             stack.append(s.body)
         elif isinstance(s, LetStmt):
             out.append(s.value)
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# compute_with: fused loop nests
+
+
+def _where(graph, key):
+    return f"{graph.funcs[key[0]].name()}{graph.defs[key[0]][key[1]].source.stage_name()}"
+
+
+def stmt_accesses(stmt):
+    """(Funcs and Buffers read, Funcs written) by ``stmt``, less the Funcs it allocates."""
+    reads = {c.params["fid"] for c in sym.calls(provide_nodes(stmt), E.CALL)}
+    writes, local = set(), set()
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, Provide):
+            writes.add(s.func.fid)
+        elif isinstance(s, Block):
+            stack += s.stmts
+        elif isinstance(s, For):
+            stack.append(s.body)
+        elif isinstance(s, Allocate):
+            local.add(s.func.fid)
+            stack.append(s.body)
+    return reads - local, writes - local
+
+
+def _additive_rest(ld):
+    """For an update ``f(a) = f(a) + e`` (or ``- e``) of one value: the nodes of the update
+    other than that read of ``f(a)`` (``e``, ``a``, the predicate); else None."""
+    if not ld.index or len(ld.values) != 1:
+        return None
+    v = ld.values[0]
+    name = getattr(getattr(v, "prim", None), "name", None)
+    if name not in ("add", "sub"):
+        return None
+    own = [k for k, a in enumerate(v.args)
+           if E.is_call(a) and a.params["fid"] == ld.func.fid and a.params["index"] == 0
+           and len(a.args) == len(ld.args) and all(x is y for x, y in zip(a.args, ld.args))]
+    if not own or (name == "sub" and own[0] != 0):
+        return None
+    rest = [a for k, a in enumerate(v.args) if k != own[0]] + list(ld.args)
+    if ld.predicate is not None:
+        rest.append(ld.predicate)
+    return rest + [e for _, lo, ext in ld.rvars for e in (lo, ext)]
+
+
+def _commuting(graph, a, b, fid):
+    """Both definitions add into ``fid`` and read it only through their own accumulation:
+    running them interleaved changes only the order of the additions (rounding)."""
+    for key in (a, b):
+        ld = graph.defs[key[0]][key[1]]
+        rest = None if key[0] != fid else _additive_rest(ld)
+        if rest is None or any(c.params["fid"] == fid for c in sym.calls(rest, E.CALL)):
+            return False
+    return True
+
+
+def _check_independent(graph, child, other, acc, moved):
+    """``child`` may run interleaved with (``moved`` False: before the later iterations of)
+    or after (``moved`` True) ``other``: neither writes what the other reads or writes,
+    except accumulations into one Func (``_commuting``)."""
+    (r1, w1), (r2, w2) = acc[child], acc[other]
+    for fid in (w1 & (r2 | w2)) | (w2 & r1):
+        if not moved and _commuting(graph, child, other, fid):
+            continue
+        name = graph.funcs[fid].name()
+        if moved:
+            raise ScheduleError(
+                f"compute_with: {_where(graph, child)} would run after {_where(graph, other)}"
+                " (the fused loops run where the last fused stage was scheduled), and both"
+                f" access {name}; fuse that stage too or keep them apart")
+        raise ScheduleError(
+            f"{_where(graph, child)}.compute_with({_where(graph, other)}): both access {name}"
+            " and fusion would reorder those accesses across iterations (only additive"
+            " updates of one Func that read it only at the point they update may fuse)")
+
+
+def _loop_chain(stmt, n, where):
+    """The ``n`` outermost For loops of ``stmt`` (a definition's nest), outermost first."""
+    out = []
+    for _ in range(n):
+        if not isinstance(stmt, For):
+            raise ScheduleError(f"{where}.compute_with: a Func is computed or stored at one of"
+                                " the fused loops; compute it at a loop inside them")
+        out.append(stmt)
+        stmt = stmt.body
+    return out
+
+
+def _subst_stmt(s, m):
+    if isinstance(s, Block):
+        return Block([_subst_stmt(t, m) for t in s.stmts])
+    if isinstance(s, For):
+        return For(s.name, s.leaf, sym.substitute(s.extent, m), s.kind, s.factor,
+                   _subst_stmt(s.body, m), _subst(s.split_extent, m))
+    if isinstance(s, LetStmt):
+        return LetStmt(s.leaf, sym.substitute(s.value, m))
+    if isinstance(s, Allocate):
+        return Allocate(s.func, _subst_stmt(s.body, m))
+    return Provide(s.func, tuple(sym.substitute(a, m) for a in s.args),
+                   tuple(sym.substitute(v, m) for v in s.values), _subst(s.predicate, m))
+
+
+def _merge(graph, merged, child, stmt, n):
+    """``merged`` with ``stmt``'s body below its ``n`` outermost loops appended to the body
+    of the ``n``-th loop of ``merged``, ``stmt``'s loop variables renamed to ``merged``'s."""
+    where = _where(graph, child)
+    mine = _loop_chain(stmt, n, where)
+    try:
+        theirs = _loop_chain(merged, n, where)
+    except ScheduleError:
+        raise ScheduleError(f"{where}.compute_with: an earlier stage of its group shares fewer"
+                            " loops with the parent; fuse it at that loop or deeper") from None
+    m = {}
+    for a, b in zip(mine, theirs):
+        ext = sym.substitute(a.extent, m)
+        if (a.kind, a.factor) != (b.kind, b.factor):
+            raise ScheduleError(f"{where}.compute_with: its loop {a.name} is {a.kind}, the"
+                                f" parent's {b.name} is {b.kind}; fused loops need one kind")
+        if a.kind.startswith("gpu"):
+            raise ScheduleError(f"{where}.compute_with: fusing GPU loops is not supported")
+        if ext is not b.extent:
+            raise ScheduleError(
+                f"{where}.compute_with: its loop {a.name} runs over [0,"
+                f" {sym.to_str(ext, limit=80)}), the parent's {b.name} over [0,"
+                f" {sym.to_str(b.extent, limit=80)}); fused loops need provably equal extents")
+        m[a.leaf] = b.leaf
+    body = _subst_stmt(mine[-1].body, m)
+
+    def rebuild(node, depth):
+        if depth == n:
+            return Block((node.stmts if isinstance(node, Block) else [node]) + [body])
+        inner = rebuild(node.body, depth + 1)
+        return For(node.name, node.leaf, node.extent, node.kind, node.factor, inner,
+                   node.split_extent)
+    top = rebuild(merged, 0)
+    return top, m
+
+
+def _same_points(graph, group, fid):
+    """Stages of ``group`` writing ``fid`` in parallel or vector lanes write the same pure
+    coordinates in the same fused iteration (so distinct iterations write distinct points)."""
+    vals = None
+    for key, m in group:
+        if key[0] != fid:
+            continue
+        ld = graph.defs[key[0]][key[1]]
+        loops = _Loops(graph, key[0], ld)
+        mine = {n: sym.substitute(v, m) for n, (_, v) in loops.values.items()
+                if n in ld.source.pure_var_names()}
+        if vals is not None and (mine.keys() != vals.keys()
+                                 or any(mine[n] is not vals[n] for n in mine)):
+            raise ScheduleError(
+                f"{_where(graph, key)}.compute_with: the fused parallel or vectorized loops"
+                f" of the stages writing {graph.funcs[fid].name()} cover different points of"
+                " its pure dimensions (schedule their pure loops alike)")
+        vals = mine
+
+
+def fuse_stages(graph, order, stmts):
+    """The merged nests of the ``compute_with`` groups: ``{key: statement}`` for each group's
+    last stage and ``{key: None}`` for the others (``key``: (fid, index)).
+
+    Rules (named ScheduleErrors): both stages computed at the root; the parent runs earlier;
+    the parent's loops from ``var`` outward pair by position with the child's outermost loops,
+    of one kind and provably equal extents (no guards: a loop over a Func's region never
+    provably matches one over another Func's); no Func computed or stored at a fused loop; the
+    nest runs at the position of the group's last stage, so no stage between a group member
+    and that position may write what the member reads or access what it writes (the stages
+    of one Func before its fused update stay before the nest); within the fused loops no
+    stage may write what another
+    reads or writes, except several additive updates of one Func that read it only at the
+    point they update (interleaving them changes only the order of the additions, hence
+    rounding); stages writing one Func through fused parallel or vectorized loops must cover
+    the same pure points per iteration."""
+    pos = {key: k for k, key in enumerate(order)}
+    parent = {}
+    for fid in graph.funcs:
+        for ld in graph.defs.get(fid, []):
+            cw = ld.schedule.compute_with
+            if cw is None:
+                continue
+            key = (fid, ld.index)
+            pf, pk, var = cw
+            pkey = (pf.fid, pk)
+            if key not in pos or pkey not in pos:
+                who = graph.funcs[fid] if key not in pos else pf
+                raise ScheduleError(
+                    f"{graph.funcs[fid].name()}{ld.source.stage_name()}.compute_with: both"
+                    f" Funcs must be computed at the root ({who.name()} is not)")
+            if pos[pkey] >= pos[key]:
+                raise ScheduleError(
+                    f"{_where(graph, key)}.compute_with({_where(graph, pkey)}): the parent must"
+                    " be computed first (fuse the later stage into the earlier one)")
+            pdef = graph.defs[pkey[0]][pk]
+            dims = pdef.schedule
+            n = len(dims.dims) - dims.find(var, pf.name(), pdef.source.stage_name())
+            parent[key] = (pkey, n)
+    if not parent:
+        return {}
+    root = {}
+    for key in sorted(parent, key=pos.get):
+        p = parent[key][0]
+        root[key] = root.get(p, p)
+    out = {}
+    acc = {key: stmt_accesses(s) for key, s in stmts.items()}
+    for r in sorted(set(root.values()), key=pos.get):
+        members = sorted((k for k in root if root[k] == r), key=pos.get)
+        merged, group = stmts[r], [(r, {})]
+        inside = {r, *members}
+        for m in [r] + members[:-1]:
+            for key in order[pos[m] + 1:pos[members[-1]]]:
+                if key not in inside:
+                    _check_independent(graph, m, key, acc, moved=True)
+        for child in members:
+            for key, _ in group:
+                _check_independent(graph, child, key, acc, moved=False)
+            merged, m = _merge(graph, merged, child, stmts[child], parent[child][1])
+            group.append((child, m))
+        shared = _loop_chain(stmts[r], max(parent[c][1] for c in members), _where(graph, r))
+        if any(f.kind in ("parallel", "vectorized") for f in shared):
+            for fid in {k[0] for k, _ in group}:
+                _same_points(graph, group, fid)
+        out.update({key: None for key, _ in group})
+        out[members[-1]] = merged
     return out
