@@ -143,6 +143,36 @@ def test_auto_schedule_fuses_updates_unless_told_not_to():
     np.testing.assert_array_equal(np.asarray(f.realize([8, N])), want)
 
 
+def test_fused_loops_of_different_extents_are_guarded():
+    """Halide's guards: a shared loop runs to the largest extent, each body only over its
+    own; here RDoms of 200 and 150 samples, and the pure definitions of two Funcs of
+    different sizes (the loop over each Func's region)."""
+    idx, vals = _data()
+    ib, vb = hl.Buffer(idx, name="idx"), hl.Buffer(vals, name="vals")
+    x, y = hl.Var("x"), hl.Var("y")
+    r, s = hl.RDom([(0, M)], name="r"), hl.RDom([(0, 150)], name="s")
+    f = hl.Func("f")
+    f[x] = hl.f64(0)
+    f[hl.clamp(ib[r.x], 0, N - 1)] += vb[r.x]
+    f[hl.clamp(ib[s.x], 0, N - 1)] += 2.0 * vb[s.x]
+    want = np.asarray(f.realize([N])).copy()
+    f.update(1).compute_with(f.update(0), r.x)
+    assert "if lt(" in f.loop_nest()
+    np.testing.assert_array_equal(np.asarray(f.realize([N])), want)
+
+    img = hl.Buffer(RNG.integers(0, 9, (6, 9)).astype(np.float64), name="img")
+    a, b, out = hl.Func("a"), hl.Func("b"), hl.Func("out")
+    a[x, y] = img[x, y] * 2.0
+    b[x, y] = img[x, y] + 1.0
+    out[x, y] = a[x + 2, y + 1] + b[x, y]          # a is needed on a larger region than b
+    a.compute_root()
+    b.compute_root()
+    want = np.asarray(out.realize([5, 3])).copy()
+    b.compute_with(a, y)
+    assert out.loop_nest().count("if lt(") == 2     # the fast path's test, then b's guard
+    np.testing.assert_array_equal(np.asarray(out.realize([5, 3])), want)
+
+
 # ---- errors ---------------------------------------------------------------------------------
 
 
@@ -167,17 +197,24 @@ def test_error_unknown_loop():
     _expect(f, r"f.update\(0\) has no dimension 'z'")
 
 
-def test_error_unequal_extents_and_kinds():
+def test_error_unequal_vector_extents_and_kinds():
     idx, vals = _data()
     ib, vb = hl.Buffer(idx, name="idx"), hl.Buffer(vals, name="vals")
     x = hl.Var("x")
-    r, s = hl.RDom([(0, M)], name="r"), hl.RDom([(0, M - 1)], name="s")
+    r, s = hl.RDom([(0, 4)], name="r"), hl.RDom([(0, 3)], name="s")
     f = hl.Func("f")
     f[x] = hl.f64(0)
-    f[ib[r.x]] += vb[r.x]
-    f[ib[s.x]] += vb[s.x]
-    f.update(1).compute_with(f.update(0), r.x)
-    _expect(f, "fused loops need provably equal extents")
+    f[hl.clamp(ib[r.x], 0, N - 1)] += vb[r.x]
+    f[hl.clamp(ib[s.x], 0, N - 1)] += vb[s.x]
+    f.update(0).unroll(r.x)
+    f.update(1).unroll(s.x).compute_with(f.update(0), r.x)
+    _expect(f, "fused vector or unrolled loops need provably equal extents")
+
+    f, rs = _scatters(idx, vals, two_d=True)
+    f.update(0).reorder(x, rs[0].x).vectorize(x, 4)
+    f.update(1).reorder(x, rs[1].x).vectorize(x, 2)
+    f.update(1).compute_with(f.update(0), "x.v")
+    _expect(f, r"is vectorized \(2 wide\), the parent's x.v is vectorized \(4 wide\)", (8, N))
 
     g, rs = _scatters(idx, vals, two_d=True)
     g.update(0).parallel("x")

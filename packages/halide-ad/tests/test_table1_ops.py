@@ -173,33 +173,39 @@ def test_bilateral_slice_grid_adjoint_is_a_partial_gather():
 
 
 def _passes(nest):
-    """{Func: (top-level loop nests, stores)} of a ``loop_nest()`` text."""
+    """{Func: (top-level loop nests, the Funcs stored in them)} of a ``loop_nest()`` text."""
     out, name = {}, None
     for line in nest.splitlines():
         if line.startswith("produce "):
             name = line[len("produce "):-1]
-            out[name] = [0, 0]
+            out[name] = [0, set()]
         elif line.startswith("  ") and line[2] != " " and line.split()[0] in (
                 "for", "parallel", "vectorized", "unrolled"):
             out[name][0] += 1
-        elif line.lstrip().startswith(f"{name}("):
-            out[name][1] += 1
-    return {k: tuple(v) for k, v in out.items()}
+        elif line.rstrip().endswith(") = ..."):
+            out[name][1].add(line.strip().split("(")[0])
+    return {k: (v[0], v[1]) for k, v in out.items()}
 
 
 @pytest.mark.parametrize("op", ["spatial_transformer", "flow_warp"])
 def test_gather_adjoint_is_one_fused_pass(op):
-    """The adjoint of a bilinear gather: the four corner scatters into d_input (and the
-    coordinate-gradient updates of one Func) run as ONE loop pass over the output domain
-    after the initialising pass, not one pass per call site; ``fuse=False`` keeps one pass
-    per update."""
+    """The adjoint of a bilinear gather: the four corner scatters into d_input, and the
+    coordinate-gradient updates (of one Func, or of one Func per coordinate), run as ONE
+    loop pass over the output domain after the initialising passes, not one pass per call
+    site; ``fuse=False`` keeps one pass per update."""
     mod, wrt, _ = OPS[op]
     app = mod.build(hl, *_inputs(op, np.float32, False))
     g = np.ones(list(reversed(app.sizes["output"])), np.float32)
-    want = {"spatial_transformer": {"image_constant_exterior_1_d": 4, "theta_d": 6},
-            "flow_warp": {"image_d": 4, "warp_d": 2}}[op]
+    # Func: (its updates, the Funcs whose updates run in its fused pass)
+    want = {"spatial_transformer": {"image_constant_exterior_1_d": (4, ()), "theta_d": (6, ()),
+                                    "sample_x_1_d": (1, ("sample_y_1_d",))},
+            "flow_warp": {"image_d": (4, ()), "warp_d": (2, ())}}[op]
     for fuse in (False, True):
         p, _, _ = _common.adjoint_pipeline(hl, app, g, wrt, fuse=fuse)
         passes = _passes(p.loop_nest())
-        for name, k in want.items():
-            assert passes[name] == (2 if fuse else 1 + k, 1 + k), (name, passes)
+        for name, (k, others) in want.items():
+            loops, stored = passes[name]
+            assert loops == (2 if fuse else 1 + k), (name, passes)
+            assert stored == ({name, *others} if fuse else {name}), (name, passes)
+        for other in (o for _, os in want.values() for o in os):
+            assert passes[other][0] == (1 if fuse else 2), (other, passes)

@@ -26,7 +26,8 @@ from llvmlite import ir
 
 from . import _expr as E
 from ._bounds import const_int, const_value
-from ._lower import Allocate, Block, For, LetStmt, Provide, provide_nodes, stmt_accesses
+from ._lower import (Allocate, Block, For, IfThen, LetStmt, Provide, provide_nodes,
+                     stmt_accesses)
 from ._schedule import ScheduleError
 
 __all__ = ["ModuleBuilder", "Slots"]
@@ -375,6 +376,19 @@ class ModuleBuilder:
             self._provide(b, s, env, storage, vec)
         elif isinstance(s, Allocate):
             self._allocate(b, s, env, storage, vec)
+        elif isinstance(s, IfThen):
+            # a guard reads only loops outside the fused body: scalar even in a vector loop
+            scalars = {k: v for k, v in env.items() if not isinstance(v.type, ir.VectorType)}
+            cond = self._emit(b, s.cond, scalars, storage, None)
+            if s.otherwise is None:
+                with b.if_then(cond):
+                    self._stmt(b, s.body, env, storage, vec)
+                return
+            with b.if_else(cond) as (then, other):
+                with then:
+                    self._stmt(b, s.body, env, storage, vec)
+                with other:
+                    self._stmt(b, s.otherwise, env, storage, vec)
         else:
             raise TypeError(f"unknown statement {type(s).__name__}")
 
@@ -554,4 +568,6 @@ def _uses(stmt):
             stack += s.stmts
         elif isinstance(s, (For, Allocate)):
             stack.append(s.body)
+        elif isinstance(s, IfThen):
+            stack += [s.body] + ([s.otherwise] if s.otherwise is not None else [])
     return fids, set(sym.free_leaves(nodes))

@@ -12,7 +12,8 @@
      ``[0, extent)``; loop variables are ``sym.leaf("hl.loop", ...)``;
    * ``LetStmt(leaf, value)`` -- binds a leaf for the statements after it in its Block;
    * ``Allocate(func, body)`` -- storage of a Func computed inside a loop;
-   * ``Provide(func, args, values, predicate)`` -- one store per value.
+   * ``Provide(func, args, values, predicate)`` -- one store per value;
+   * ``IfThen(cond, body, otherwise)`` -- the guards of loops fused over different extents.
 
    Stages scheduled with ``compute_with`` share their parent's outer loops: the merged nest
    runs at the parent's position, each shared iteration running the bodies in order
@@ -24,6 +25,7 @@ the region computed, ``("hl.store", ...)`` the region allocated; calls index sto
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -39,6 +41,7 @@ __all__ = [
     "Block",
     "BoundsError",
     "For",
+    "IfThen",
     "LetStmt",
     "Provide",
     "bufdim_leaf",
@@ -102,6 +105,13 @@ class LetStmt:
 class Allocate:
     func: object
     body: object
+
+
+@dataclass
+class IfThen:
+    cond: object
+    body: object
+    otherwise: object = None
 
 
 @dataclass
@@ -466,6 +476,9 @@ def provide_nodes(stmt):
             stack.append(s.body)
         elif isinstance(s, LetStmt):
             out.append(s.value)
+        elif isinstance(s, IfThen):
+            out.append(s.cond)
+            stack += [s.body] + ([s.otherwise] if s.otherwise is not None else [])
     return out
 
 
@@ -493,6 +506,8 @@ def stmt_accesses(stmt):
         elif isinstance(s, Allocate):
             local.add(s.func.fid)
             stack.append(s.body)
+        elif isinstance(s, IfThen):
+            stack += [s.body] + ([s.otherwise] if s.otherwise is not None else [])
     return reads - local, writes - local
 
 
@@ -573,40 +588,70 @@ def _subst_stmt(s, m):
                    tuple(sym.substitute(v, m) for v in s.values), _subst(s.predicate, m))
 
 
-def _merge(graph, merged, child, stmt, n):
-    """``merged`` with ``stmt``'s body below its ``n`` outermost loops appended to the body
-    of the ``n``-th loop of ``merged``, ``stmt``'s loop variables renamed to ``merged``'s."""
-    where = _where(graph, child)
-    mine = _loop_chain(stmt, n, where)
-    try:
-        theirs = _loop_chain(merged, n, where)
-    except ScheduleError:
-        raise ScheduleError(f"{where}.compute_with: an earlier stage of its group shares fewer"
-                            " loops with the parent; fuse it at that loop or deeper") from None
-    m = {}
-    for a, b in zip(mine, theirs):
-        ext = sym.substitute(a.extent, m)
-        if (a.kind, a.factor) != (b.kind, b.factor):
-            raise ScheduleError(f"{where}.compute_with: its loop {a.name} is {a.kind}, the"
-                                f" parent's {b.name} is {b.kind}; fused loops need one kind")
-        if a.kind.startswith("gpu"):
-            raise ScheduleError(f"{where}.compute_with: fusing GPU loops is not supported")
-        if ext is not b.extent:
-            raise ScheduleError(
-                f"{where}.compute_with: its loop {a.name} runs over [0,"
-                f" {sym.to_str(ext, limit=80)}), the parent's {b.name} over [0,"
-                f" {sym.to_str(b.extent, limit=80)}); fused loops need provably equal extents")
-        m[a.leaf] = b.leaf
-    body = _subst_stmt(mine[-1].body, m)
+def _kind(loop):
+    return loop.kind + (f" ({loop.factor} wide)" if loop.factor else "")
 
-    def rebuild(node, depth):
-        if depth == n:
-            return Block((node.stmts if isinstance(node, Block) else [node]) + [body])
-        inner = rebuild(node.body, depth + 1)
-        return For(node.name, node.leaf, node.extent, node.kind, node.factor, inner,
-                   node.split_extent)
-    top = rebuild(merged, 0)
-    return top, m
+
+def _fuse_group(graph, members, stmts, depth):
+    """One loop nest for ``members`` (keys in order, the parent first), member ``k`` sharing
+    the parent's ``depth[k]`` outermost loops; returns it and each member's map of loop
+    variables to the parent's. A shared loop whose members' extents are not provably equal
+    (loops over different Funcs' regions) runs to the largest, and each member's body is
+    guarded by its own extents (Halide's compute_with guards); the bodies of one level then
+    run unguarded, sharing their common subexpressions, in the iterations all cover."""
+    n_max = depth[0]
+    root = _loop_chain(stmts[members[0]], n_max, _where(graph, members[0]))
+    exts = [[f.extent] for f in root]
+    maps, own, bodies = [{}], [[f.extent for f in root]], [root[-1].body]
+    for key, n in zip(members[1:], depth[1:]):
+        where = _where(graph, key)
+        if n > depth[len(maps) - 1]:
+            raise ScheduleError(f"{where}.compute_with: an earlier stage of its group shares"
+                                " fewer loops with the parent; fuse it at that loop or deeper")
+        m, mine = {}, []
+        for k, (a, b) in enumerate(zip(_loop_chain(stmts[key], n, where), root)):
+            if (a.kind, a.factor) != (b.kind, b.factor):
+                raise ScheduleError(
+                    f"{where}.compute_with: its loop {a.name} is {_kind(a)}, the parent's"
+                    f" {b.name} is {_kind(b)}; fused loops need one kind")
+            if a.kind.startswith("gpu"):
+                raise ScheduleError(f"{where}.compute_with: fusing GPU loops is not supported")
+            ext = sym.substitute(a.extent, m)
+            if ext is not b.extent and a.kind in ("vectorized", "unrolled"):
+                raise ScheduleError(
+                    f"{where}.compute_with: its {a.kind} loop {a.name} runs over [0,"
+                    f" {sym.to_str(ext, limit=80)}), the parent's {b.name} over [0,"
+                    f" {sym.to_str(b.extent, limit=80)}); fused vector or unrolled loops need"
+                    " provably equal extents")
+            if all(ext is not e for e in exts[k]):
+                exts[k].append(ext)
+            mine.append(ext)
+            m[a.leaf] = b.leaf
+            last = a
+        maps.append(m)
+        own.append(mine)
+        bodies.append(_subst_stmt(last.body, m))
+
+    def guard(j):
+        conds = [sym.lt(root[k].leaf, e) for k, e in enumerate(own[j]) if len(exts[k]) > 1]
+        return None if not conds else functools.reduce(sym.logical_and, conds)
+
+    def level(n):
+        here = [j for j, d in enumerate(depth) if d == n]
+        guards = [guard(j) for j in here]
+        items = [bodies[j] for j in here]
+        if any(g is not None for g in guards):
+            both = functools.reduce(sym.logical_and, [g for g in guards if g is not None])
+            items = [IfThen(both, Block(items), Block(
+                [IfThen(g, bodies[j]) if g is not None else bodies[j]
+                 for j, g in zip(here, guards)]))]
+        if n < n_max:
+            f = root[n]
+            ext = functools.reduce(sym.maximum, exts[n])
+            items.insert(0, For(f.name, f.leaf, ext, f.kind, f.factor, level(n + 1),
+                                f.split_extent if len(exts[n]) == 1 else None))
+        return items[0] if len(items) == 1 else Block(items)
+    return level(0), maps
 
 
 def _same_points(graph, group, fid):
@@ -678,18 +723,18 @@ def fuse_stages(graph, order, stmts):
     acc = {key: stmt_accesses(s) for key, s in stmts.items()}
     for r in sorted(set(root.values()), key=pos.get):
         members = sorted((k for k in root if root[k] == r), key=pos.get)
-        merged, group = stmts[r], [(r, {})]
         inside = {r, *members}
         for m in [r] + members[:-1]:
             for key in order[pos[m] + 1:pos[members[-1]]]:
                 if key not in inside:
                     _check_independent(graph, m, key, acc, moved=True)
-        for child in members:
-            for key, _ in group:
+        for j, child in enumerate(members):
+            for key in [r] + members[:j]:
                 _check_independent(graph, child, key, acc, moved=False)
-            merged, m = _merge(graph, merged, child, stmts[child], parent[child][1])
-            group.append((child, m))
-        shared = _loop_chain(stmts[r], max(parent[c][1] for c in members), _where(graph, r))
+        depth = [parent[c][1] for c in members]
+        merged, maps = _fuse_group(graph, [r] + members, stmts, [max(depth)] + depth)
+        group = list(zip([r] + members, maps))
+        shared = _loop_chain(stmts[r], max(depth), _where(graph, r))
         if any(f.kind in ("parallel", "vectorized") for f in shared):
             for fid in {k[0] for k, _ in group}:
                 _same_points(graph, group, fid)
