@@ -680,16 +680,15 @@ def fuse_stages(graph, order, stmts):
 
     Rules (named ScheduleErrors): both stages computed at the root; the parent runs earlier;
     the parent's loops from ``var`` outward pair by position with the child's outermost loops,
-    of one kind and provably equal extents (no guards: a loop over a Func's region never
-    provably matches one over another Func's); no Func computed or stored at a fused loop; the
-    nest runs at the position of the group's last stage, so no stage between a group member
-    and that position may write what the member reads or access what it writes (the stages
-    of one Func before its fused update stay before the nest); within the fused loops no
-    stage may write what another
-    reads or writes, except several additive updates of one Func that read it only at the
-    point they update (interleaving them changes only the order of the additions, hence
-    rounding); stages writing one Func through fused parallel or vectorized loops must cover
-    the same pure points per iteration."""
+    of one kind (extents that are not provably equal get guards, ``_fuse_group``; vector and
+    unrolled loops need equal ones); no Func computed or stored at a fused loop; the nest
+    runs at the position of the group's last stage, so no stage between a group member and
+    that position may write what the member reads or access what it writes (the stages of
+    one Func before its fused update stay before the nest); within the fused loops no stage
+    may write what another reads or writes, except several additive updates of one Func that
+    read it only at the point they update (interleaving them changes only the order of the
+    additions, hence rounding); stages writing one Func through fused parallel or vectorized
+    loops must cover the same pure points per iteration."""
     pos = {key: k for k, key in enumerate(order)}
     parent = {}
     for fid in graph.funcs:
