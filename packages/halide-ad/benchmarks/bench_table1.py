@@ -28,7 +28,10 @@ over the 42-line gather version (bilateral slice) of 2018's PyTorch. Goal (issue
 each of those ratios over the same PyTorch version.
 
     python packages/halide-ad/benchmarks/bench_table1.py [--ops st flow bs bs-text]
-        [--scale 1] [--repeats 5] [--threads 2]
+        [--scale 1] [--repeats 5] [--threads 2] [--unfused]
+
+``--unfused`` adds halide_ad without auto_schedule's update fusion (``fuse=False``: one loop
+pass per scatter / coordinate-gradient update) to the same run, for comparison.
 """
 from __future__ import annotations
 
@@ -95,10 +98,11 @@ def clamp_edges(op, arrays):
     return {"d_warp": (pos == 0) | (pos == size - 1)}
 
 
+UNFUSED = "halide_ad auto, unfused"
 WRT = {"st": ("image", "theta"), "flow": ("image", "warp"), "bs": ("grid", "guide", "image")}
 
 
-def halide_case(hl, op, arrays, first, notes, **options):
+def halide_case(hl, op, arrays, first, notes, name="halide_ad auto", **options):
     from halide_ad.apps import _common
     mod = modules(op)
     wrt = WRT.get(op, WRT["bs"])
@@ -107,7 +111,7 @@ def halide_case(hl, op, arrays, first, notes, **options):
         ones = np.ones(list(reversed(app.sizes["output"])), np.float32)
         p, _, outs = _common.adjoint_pipeline(hl, app, ones, wrt, **options)
         bufs = [hl.Buffer(a) for a in outs]
-        first["halide_ad auto"], _ = bench.time_first_call(lambda: p.realize(bufs))
+        first[name], _ = bench.time_first_call(lambda: p.realize(bufs))
     except Exception as err:  # noqa: BLE001 - report, skip the row
         notes.append(f"{op}: halide_ad failed ({bench.error_reason(err)})")
         return None
@@ -220,10 +224,15 @@ def run_op(op, args, hl, torch, jax, notes):
     shapes = " ".join("x".join(map(str, a.shape)) for a in arrays)
     title = f"{TITLES[op]}: inputs {shapes} float32, forward + backward"
     first, cases = {}, {}
-    fn = halide_case(hl, op, arrays, first, notes, **({"rule": args.rule} if args.rule else {}))
+    options = {"rule": args.rule} if args.rule else {}
+    fn = halide_case(hl, op, arrays, first, notes, **options)
     if fn is None:
         return None
     cases["halide_ad auto"] = fn
+    if args.unfused:  # the same pipeline without auto_schedule's update fusion, same run
+        fn = halide_case(hl, op, arrays, first, notes, UNFUSED, fuse=False, **options)
+        if fn is not None:
+            cases[UNFUSED] = fn
     cases.update(torch_cases(torch, op, arrays))
     if jax is not None:
         jfn = jax_case(jax, op, arrays, first, notes)
@@ -277,14 +286,18 @@ def table1(results):
     for s in systems:
         rows.append([f"{s}, here (ms)"] + [fmt_range(results[o][s]) if s in results[o] else "-"
                                            for o in ops])
-    for peer in ("torch grid_sample", "torch gather/scatter"):
-        cells = []
-        for o in ops:
-            res = results[o]
-            r = res[peer]["median"] / res["halide_ad auto"]["median"] if peer in res else None
-            star = "*" if PAPER_PEER.get(o.split("-")[0]) == peer else ""
-            cells.append(f"{r:.2f}x{star}" if r else "-")
-        rows.append([f"speed-up over {peer}, here"] + cells)
+    ours = ["halide_ad auto"] + ([UNFUSED] if UNFUSED in systems else [])
+    for mine in ours:
+        for peer in ("torch grid_sample", "torch gather/scatter"):
+            cells = []
+            for o in ops:
+                res = results[o]
+                r = (res[peer]["median"] / res[mine]["median"]
+                     if peer in res and mine in res else None)
+                star = "*" if PAPER_PEER.get(o.split("-")[0]) == peer else ""
+                cells.append(f"{r:.2f}x{star}" if r else "-")
+            who = "" if mine == "halide_ad auto" else f" ({mine})"
+            rows.append([f"speed-up{who} over {peer}, here"] + cells)
     bench.print_table(["operator"] + [TITLES[o] for o in ops], rows,
                       title="Table 1 (CPU rows): median (min..max) ms over the timed runs")
     print("* the PyTorch version the paper's PyTorch row timed (its benchmarks.py)")
@@ -297,6 +310,8 @@ def main(argv=None) -> int:
                    help="divide the image and grid sides by this (default 1: the paper's sizes)")
     p.add_argument("--rule", choices=("pointwise", "paper"), default=None,
                    help="auto_schedule's inlining rule (default: its own default)")
+    p.add_argument("--unfused", action="store_true",
+                   help="also time halide_ad with auto_schedule(fuse=False) in the same run")
     p.add_argument("--tol", type=float, default=1e-4)
     bench.add_common_arguments(p, repeats=5, threads=2)
     args = bench.parse_arguments(p, argv)

@@ -170,3 +170,42 @@ def test_bilateral_slice_grid_adjoint_is_a_partial_gather():
     s = hl.auto_schedule([d_grid], {d_grid: list(reversed(app.buffers["grid"].numpy().shape))})
     done = [s.stages[f"{s.key(d_src)}.update({k})"] for k in range(8)]
     assert all(ds[0].startswith(f"reorder({names[3]} innermost") for ds in done), done
+
+
+def _passes(nest):
+    """{Func: (top-level loop nests, the Funcs stored in them)} of a ``loop_nest()`` text."""
+    out, name = {}, None
+    for line in nest.splitlines():
+        if line.startswith("produce "):
+            name = line[len("produce "):-1]
+            out[name] = [0, set()]
+        elif line.startswith("  ") and line[2] != " " and line.split()[0] in (
+                "for", "parallel", "vectorized", "unrolled"):
+            out[name][0] += 1
+        elif line.rstrip().endswith(") = ..."):
+            out[name][1].add(line.strip().split("(")[0])
+    return {k: (v[0], v[1]) for k, v in out.items()}
+
+
+@pytest.mark.parametrize("op", ["spatial_transformer", "flow_warp"])
+def test_gather_adjoint_is_one_fused_pass(op):
+    """The adjoint of a bilinear gather: the four corner scatters into d_input, and the
+    coordinate-gradient updates (of one Func, or of one Func per coordinate), run as ONE
+    loop pass over the output domain after the initialising passes, not one pass per call
+    site; ``fuse=False`` keeps one pass per update."""
+    mod, wrt, _ = OPS[op]
+    app = mod.build(hl, *_inputs(op, np.float32, False))
+    g = np.ones(list(reversed(app.sizes["output"])), np.float32)
+    # Func: (its updates, the Funcs whose updates run in its fused pass)
+    want = {"spatial_transformer": {"image_constant_exterior_1_d": (4, ()), "theta_d": (6, ()),
+                                    "sample_x_1_d": (1, ("sample_y_1_d",))},
+            "flow_warp": {"image_d": (4, ()), "warp_d": (2, ())}}[op]
+    for fuse in (False, True):
+        p, _, _ = _common.adjoint_pipeline(hl, app, g, wrt, fuse=fuse)
+        passes = _passes(p.loop_nest())
+        for name, (k, others) in want.items():
+            loops, stored = passes[name]
+            assert loops == (2 if fuse else 1 + k), (name, passes)
+            assert stored == ({name, *others} if fuse else {name}), (name, passes)
+        for other in (o for _, os in want.values() for o in os):
+            assert passes[other][0] == (1 if fuse else 2), (other, passes)

@@ -26,6 +26,14 @@ Decisions, in order (spec §4.2 normative rules, §4.3 default thresholds):
    pure Vars are tiled like a pure definition (RVars innermost), or fused and parallel, or
    (a scatter) left serial.
 
+5. **Fusion** (``fuse=True``, the default): consecutive updates (of one Func, or of root
+   Funcs next to each other) are computed with the first of their run (``compute_with``) at
+   the innermost loop the lowering accepts (same loop kinds, equal extents or guards, no
+   dependence broken: several updates of one Func only if they add and read it only where
+   they add; the same parallel points): the k scatters and coordinate gradients that
+   ``propagate_adjoints`` makes of a k-tap gather run as one pass over its domain, the
+   coordinates, weights and loads computed once per iteration.
+
 ``compute_at`` is not used (paper: "We currently do not use compute_at").
 """
 
@@ -40,7 +48,8 @@ from . import _expr as E
 from ._bounds import const_value, interval
 from ._derivative import _AllRootGraph, _values
 from ._func import Func, FuncError
-from ._lower import root_regions
+from ._graph import Graph
+from ._lower import _loop_chain, _lower_def, fuse_stages, region_leaf, root_regions
 from ._rfactor import check_rfactor
 from ._schedule import ScheduleError, StageSchedule
 
@@ -83,14 +92,16 @@ class _Options:
 
 
 def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=(),
-                  rule="pointwise", dims="paper", tile=(16, 16), vector_width=8, min_threads=8):
+                  rule="pointwise", dims="paper", tile=(16, 16), vector_width=8, min_threads=8,
+                  fuse=True):
     """Schedule every Func of the pipeline computing ``outputs`` (a Func or a list).
 
     ``estimates``: ``{output Func: [extent, ...]}`` or ``[(min, extent), ...]`` per output (x
     first, as ``realize``); an output missing from it uses its ``set_estimates``. Input sizes
     are the Buffers' own. ``inline`` / ``no_inline``: Funcs (or their names) to inline / to
-    compute at the root whatever the rules say. Existing schedules of these Funcs are
-    replaced. Returns an :class:`AutoSchedule` describing the decisions.
+    compute at the root whatever the rules say. ``fuse``: step 5 (False leaves every update
+    its own loop nest, for comparison). Existing schedules of these Funcs are replaced.
+    Returns an :class:`AutoSchedule` describing the decisions.
     """
     if target != "cpu":
         raise ScheduleError(f"auto_schedule: target {target!r} is not supported (only 'cpu')")
@@ -139,7 +150,60 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
                                                 opts) or []
         for k, ldef in enumerate(graph.defs[fid][1:]):
             _schedule_update(f, k, ldef, ext, values, opts, result)
+    if fuse:
+        _fuse_updates(outputs, result, regions, values)
     return result
+
+
+def _fuse_updates(outputs, result, regions, values):
+    """Step 5: each update of a root Func joins the fused run of the update before it (of
+    its own Func, or the last run of an earlier root Func: the coordinate gradients of a
+    gather are often separate Funcs, one per coordinate), at the innermost of the run's loops
+    that ``fuse_stages`` accepts; or it starts a new run."""
+    g = Graph(outputs)
+    roots = [fid for fid in g.order if g.levels[fid].kind == "root"]
+    order = [(fid, ld.index) for fid in roots for ld in g.defs[fid]]
+    stmts = {(fid, k): _lower_def(g, fid, g.defs[fid][k]) for fid, k in order}
+    env = {leaf: (sym.const(v, leaf.dtype),) * 2 for leaf, v in values.items()}
+    for fid, reg in regions.items():
+        for d, (lo, ext) in enumerate(reg):
+            for w, v in (("min", lo), ("extent", ext)):
+                env[region_leaf(fid, d, w)] = (sym.const(v, np.int32),) * 2
+    first = None
+    for ld in (ld for fid in roots for ld in g.defs[fid][1:]):
+        sched = ld.source.schedule
+        for k, dm in enumerate(first.schedule.dims if first is not None else ()):
+            n = len(first.schedule.dims) - k  # innermost first: the loops shared
+            if ld.func is not first.func and not _same_trips(
+                    stmts[(first.func.fid, first.index)], stmts[(ld.func.fid, ld.index)], n, env):
+                continue  # other Funcs: only loops over the same domain (not one guarded)
+            sched.compute_with = (first.func, first.index, dm.name)
+            try:
+                fuse_stages(g, order, stmts)
+            except ScheduleError:
+                continue
+            result.stages.setdefault(
+                f"{result.key(ld.func)}.update({ld.index - 1})", []).append(
+                f"compute_with({result.key(first.func)}.update({first.index - 1}), {dm.name})")
+            break
+        else:
+            sched.compute_with = None
+            first = ld
+
+
+def _same_trips(a, b, n, env):
+    """The ``n`` outermost loops of the nests ``a`` and ``b`` run equal constant trip counts
+    at the estimated sizes ``env``."""
+    try:
+        pairs = list(zip(_loop_chain(a, n, ""), _loop_chain(b, n, "")))
+    except ScheduleError:  # fewer loops than n
+        return False
+    for fa, fb in pairs:
+        ia, ib = interval(fa.extent, env), interval(fb.extent, env)
+        ends = [None if iv is None else const_value(iv[j]) for iv in (ia, ib) for j in (0, 1)]
+        if None in ends or len(set(ends)) != 1:
+            return False
+    return True
 
 
 # ---- inputs ---------------------------------------------------------------------------------

@@ -334,6 +334,27 @@ class _Scheduling:
             return self.gpu_blocks(xo, yo).gpu_threads(xi, yi)
         raise ScheduleError("gpu_tile takes 4, 6 or 8 arguments")
 
+    def compute_with(self, stage, var):
+        """Halide's ``compute_with``: compute this stage inside the loop nest of ``stage`` (a
+        Func for its pure definition, or an update Stage), sharing that stage's loops from
+        ``var`` outward; in each shared iteration this stage's body runs after the parent's.
+        The shared loops pair with this stage's outermost loops by position and must have
+        the same kinds and provably equal extents; the rules (and their ScheduleErrors) are
+        checked when the pipeline is lowered (``_lower.fuse_stages``)."""
+        s, fn, st = self._sched()
+        if isinstance(stage, Func):
+            parent = stage._definition()
+        elif isinstance(stage, Stage):
+            parent = stage._definition()
+        else:
+            raise ScheduleError(f"{fn}{st}.compute_with: expected a Func or a Stage, got"
+                                f" {type(stage).__name__}")
+        if parent is self._definition():
+            raise ScheduleError(f"{fn}{st}.compute_with: a stage cannot be fused with itself")
+        s.compute_with = (parent.func, parent.stage_index, dim_name(var))
+        parent.func._touch()
+        return self
+
 
 
 def _factor(f, what) -> int:

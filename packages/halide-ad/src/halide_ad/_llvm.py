@@ -26,7 +26,8 @@ from llvmlite import ir
 
 from . import _expr as E
 from ._bounds import const_int, const_value
-from ._lower import Allocate, Block, For, LetStmt, Provide, provide_nodes
+from ._lower import (Allocate, Block, For, IfThen, LetStmt, Provide, provide_nodes,
+                     stmt_accesses)
 from ._schedule import ScheduleError
 
 __all__ = ["ModuleBuilder", "Slots"]
@@ -343,7 +344,7 @@ class ModuleBuilder:
     def _context(self, b, env, storage, vec) -> _Ctx:
         em = codegen.Emitter(b, c_semantics=True)  # Halide leaves NaN order of min/max open
         ctx = _Ctx(b, storage, vec[0] if vec else None, vec[1] if vec else None, env)
-        em.hl_ctx, ctx.em = ctx, em
+        em.hl_ctx, ctx.em, em.memo = ctx, em, ctx.memo
         return ctx
 
     def _emit(self, b, exprs, env, storage, vec):
@@ -352,19 +353,42 @@ class ModuleBuilder:
     def _stmt(self, b, s, env, storage, vec):
         if isinstance(s, Block):
             env = dict(env)
-            for t in s.stmts:
+            # the Provides of one Block (the bodies of stages fused by compute_with) share a
+            # context: their common subexpressions (coordinates, weights, loads) are emitted
+            # once, less what a store in between may have changed
+            ctx = None
+            for k, t in enumerate(s.stmts):
                 if isinstance(t, LetStmt):
                     if vec is not None:
                         raise ScheduleError("a Func computed inside a vectorized loop")
                     env[t.leaf] = self._emit(b, t.value, env, storage, vec)
+                    continue
+                if isinstance(t, Provide):
+                    ctx = ctx or self._context(b, env, storage, vec)
+                    self._provide(b, t, env, storage, vec, ctx)
                 else:
                     self._stmt(b, t, env, storage, vec)
+                if ctx is not None and k + 1 < len(s.stmts):
+                    _evict(ctx.memo, stmt_accesses(t)[1])
         elif isinstance(s, For):
             self._loop(b, s, env, storage, vec)
         elif isinstance(s, Provide):
             self._provide(b, s, env, storage, vec)
         elif isinstance(s, Allocate):
             self._allocate(b, s, env, storage, vec)
+        elif isinstance(s, IfThen):
+            # a guard reads only loops outside the fused body: scalar even in a vector loop
+            scalars = {k: v for k, v in env.items() if not isinstance(v.type, ir.VectorType)}
+            cond = self._emit(b, s.cond, scalars, storage, None)
+            if s.otherwise is None:
+                with b.if_then(cond):
+                    self._stmt(b, s.body, env, storage, vec)
+                return
+            with b.if_else(cond) as (then, other):
+                with then:
+                    self._stmt(b, s.body, env, storage, vec)
+                with other:
+                    self._stmt(b, s.otherwise, env, storage, vec)
         else:
             raise TypeError(f"unknown statement {type(s).__name__}")
 
@@ -437,13 +461,13 @@ class ModuleBuilder:
             else:
                 emit_body(e)
 
-    def _provide(self, b, s: Provide, env, storage, vec):
+    def _provide(self, b, s: Provide, env, storage, vec, ctx=None):
         st = storage[s.func.fid]
         n = len(s.values)
         exprs = list(s.values)
         if s.predicate is not None:
             exprs.append(s.predicate)
-        ctx = self._context(b, env, storage, vec)
+        ctx = ctx or self._context(b, env, storage, vec)
         vals = ctx.emit_once(exprs)
         values = vals[:n]
         pred = vals[-1] if s.predicate is not None else None
@@ -510,6 +534,19 @@ class ModuleBuilder:
             b.call(self.free, [p])
 
 
+def _evict(memo, fids):
+    """Drop the emitted values that read a Func of ``fids`` (just written)."""
+    if not fids or not memo:
+        return
+    dirty = set()
+    for n in sym.toposort([n for n, _ in memo.values()]):
+        if (E.is_call(n) and n.params["fid"] in fids) or any(
+                id(a) in dirty for a in getattr(n, "args", ())):
+            dirty.add(id(n))
+    for k in dirty:
+        memo.pop(k, None)
+
+
 def _imin(b, x, y):
     return b.select(b.icmp_signed("<", x, y), x, y)
 
@@ -531,4 +568,6 @@ def _uses(stmt):
             stack += s.stmts
         elif isinstance(s, (For, Allocate)):
             stack.append(s.body)
+        elif isinstance(s, IfThen):
+            stack += [s.body] + ([s.otherwise] if s.otherwise is not None else [])
     return fids, set(sym.free_leaves(nodes))

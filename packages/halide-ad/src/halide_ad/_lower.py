@@ -4,7 +4,7 @@
    consumers need (and that its own updates write), outputs the requested region; every
    Buffer access is checked against the buffer (an error names the buffer, the dimension,
    and the required and available ranges).
-2. ``lower_root`` -- the loop nest of each definition of a root Func, with the Funcs computed
+2. ``lower_pipeline`` -- the loop nest of each definition of a root Func, with the Funcs computed
    at its loop levels nested inside (their per-iteration regions are symbolic intervals of
    the loop variables, bound with ``LetStmt``), as a small statement IR:
 
@@ -12,7 +12,12 @@
      ``[0, extent)``; loop variables are ``sym.leaf("hl.loop", ...)``;
    * ``LetStmt(leaf, value)`` -- binds a leaf for the statements after it in its Block;
    * ``Allocate(func, body)`` -- storage of a Func computed inside a loop;
-   * ``Provide(func, args, values, predicate)`` -- one store per value.
+   * ``Provide(func, args, values, predicate)`` -- one store per value;
+   * ``IfThen(cond, body, otherwise)`` -- the guards of loops fused over different extents.
+
+   Stages scheduled with ``compute_with`` share their parent's outer loops: the merged nest
+   runs at the parent's position, each shared iteration running the bodies in order
+   (``fuse_stages`` states the rules).
 
 Region and storage of a Func are leaves too: ``("hl.region", (fid, d, "min"|"extent"))`` is
 the region computed, ``("hl.store", ...)`` the region allocated; calls index storage.
@@ -20,6 +25,7 @@ the region computed, ``("hl.store", ...)`` the region allocated; calls index sto
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -35,13 +41,16 @@ __all__ = [
     "Block",
     "BoundsError",
     "For",
+    "IfThen",
     "LetStmt",
     "Provide",
     "bufdim_leaf",
-    "lower_root",
+    "fuse_stages",
+    "lower_pipeline",
     "provide_nodes",
     "region_leaf",
     "root_regions",
+    "stmt_accesses",
     "store_leaf",
 ]
 
@@ -96,6 +105,13 @@ class LetStmt:
 class Allocate:
     func: object
     body: object
+
+
+@dataclass
+class IfThen:
+    cond: object
+    body: object
+    otherwise: object = None
 
 
 @dataclass
@@ -361,9 +377,15 @@ def _subst(node, mapping):
     return node if node is None else sym.substitute(node, mapping)
 
 
-def lower_root(graph, fid):
-    """One statement per definition of the root Func ``fid`` (its outermost loop first)."""
-    return [_lower_def(graph, fid, d) for d in graph.defs[fid]]
+def lower_pipeline(graph, roots):
+    """``(fid, definition index, statement)`` of every definition of the root Funcs, in
+    order; the stages scheduled with ``compute_with`` are merged into their parent's loop
+    nest (``fuse_stages``), which runs at the position of the group's last stage."""
+    order = [(fid, d.index) for fid in roots for d in graph.defs[fid]]
+    stmts = {key: _lower_def(graph, key[0], graph.defs[key[0]][key[1]]) for key in order}
+    fused = fuse_stages(graph, order, stmts)
+    return [(fid, k, fused.get((fid, k), stmts[(fid, k)])) for fid, k in order
+            if (fid, k) not in fused or fused[(fid, k)] is not None]
 
 
 def lower_func(graph, fid):
@@ -454,4 +476,267 @@ def provide_nodes(stmt):
             stack.append(s.body)
         elif isinstance(s, LetStmt):
             out.append(s.value)
+        elif isinstance(s, IfThen):
+            out.append(s.cond)
+            stack += [s.body] + ([s.otherwise] if s.otherwise is not None else [])
+    return out
+
+
+# --------------------------------------------------------------------------------------------
+# compute_with: fused loop nests
+
+
+def _where(graph, key):
+    return f"{graph.funcs[key[0]].name()}{graph.defs[key[0]][key[1]].source.stage_name()}"
+
+
+def stmt_accesses(stmt):
+    """(Funcs and Buffers read, Funcs written) by ``stmt``, less the Funcs it allocates."""
+    reads = {c.params["fid"] for c in sym.calls(provide_nodes(stmt), E.CALL)}
+    writes, local = set(), set()
+    stack = [stmt]
+    while stack:
+        s = stack.pop()
+        if isinstance(s, Provide):
+            writes.add(s.func.fid)
+        elif isinstance(s, Block):
+            stack += s.stmts
+        elif isinstance(s, For):
+            stack.append(s.body)
+        elif isinstance(s, Allocate):
+            local.add(s.func.fid)
+            stack.append(s.body)
+        elif isinstance(s, IfThen):
+            stack += [s.body] + ([s.otherwise] if s.otherwise is not None else [])
+    return reads - local, writes - local
+
+
+def _additive_rest(ld):
+    """For an update ``f(a) = f(a) + e`` (or ``- e``) of one value: the nodes of the update
+    other than that read of ``f(a)`` (``e``, ``a``, the predicate); else None."""
+    if not ld.index or len(ld.values) != 1:
+        return None
+    v = ld.values[0]
+    name = getattr(getattr(v, "prim", None), "name", None)
+    if name not in ("add", "sub"):
+        return None
+    own = [k for k, a in enumerate(v.args)
+           if E.is_call(a) and a.params["fid"] == ld.func.fid and a.params["index"] == 0
+           and len(a.args) == len(ld.args) and all(x is y for x, y in zip(a.args, ld.args))]
+    if not own or (name == "sub" and own[0] != 0):
+        return None
+    rest = [a for k, a in enumerate(v.args) if k != own[0]] + list(ld.args)
+    if ld.predicate is not None:
+        rest.append(ld.predicate)
+    return rest + [e for _, lo, ext in ld.rvars for e in (lo, ext)]
+
+
+def _commuting(graph, a, b, fid):
+    """Both definitions add into ``fid`` and read it only through their own accumulation:
+    running them interleaved changes only the order of the additions (rounding)."""
+    for key in (a, b):
+        ld = graph.defs[key[0]][key[1]]
+        rest = None if key[0] != fid else _additive_rest(ld)
+        if rest is None or any(c.params["fid"] == fid for c in sym.calls(rest, E.CALL)):
+            return False
+    return True
+
+
+def _check_independent(graph, child, other, acc, moved):
+    """``child`` may run interleaved with (``moved`` False: before the later iterations of)
+    or after (``moved`` True) ``other``: neither writes what the other reads or writes,
+    except accumulations into one Func (``_commuting``)."""
+    (r1, w1), (r2, w2) = acc[child], acc[other]
+    for fid in (w1 & (r2 | w2)) | (w2 & r1):
+        if not moved and _commuting(graph, child, other, fid):
+            continue
+        name = graph.funcs[fid].name()
+        if moved:
+            raise ScheduleError(
+                f"compute_with: {_where(graph, child)} would run after {_where(graph, other)}"
+                " (the fused loops run where the last fused stage was scheduled), and both"
+                f" access {name}; fuse that stage too or keep them apart")
+        raise ScheduleError(
+            f"{_where(graph, child)}.compute_with({_where(graph, other)}): both access {name}"
+            " and fusion would reorder those accesses across iterations (only additive"
+            " updates of one Func that read it only at the point they update may fuse)")
+
+
+def _loop_chain(stmt, n, where):
+    """The ``n`` outermost For loops of ``stmt`` (a definition's nest), outermost first."""
+    out = []
+    for _ in range(n):
+        if not isinstance(stmt, For):
+            raise ScheduleError(f"{where}.compute_with: a Func is computed or stored at one of"
+                                " the fused loops; compute it at a loop inside them")
+        out.append(stmt)
+        stmt = stmt.body
+    return out
+
+
+def _subst_stmt(s, m):
+    if isinstance(s, Block):
+        return Block([_subst_stmt(t, m) for t in s.stmts])
+    if isinstance(s, For):
+        return For(s.name, s.leaf, sym.substitute(s.extent, m), s.kind, s.factor,
+                   _subst_stmt(s.body, m), _subst(s.split_extent, m))
+    if isinstance(s, LetStmt):
+        return LetStmt(s.leaf, sym.substitute(s.value, m))
+    if isinstance(s, Allocate):
+        return Allocate(s.func, _subst_stmt(s.body, m))
+    return Provide(s.func, tuple(sym.substitute(a, m) for a in s.args),
+                   tuple(sym.substitute(v, m) for v in s.values), _subst(s.predicate, m))
+
+
+def _kind(loop):
+    return loop.kind + (f" ({loop.factor} wide)" if loop.factor else "")
+
+
+def _fuse_group(graph, members, stmts, depth):
+    """One loop nest for ``members`` (keys in order, the parent first), member ``k`` sharing
+    the parent's ``depth[k]`` outermost loops; returns it and each member's map of loop
+    variables to the parent's. A shared loop whose members' extents are not provably equal
+    (loops over different Funcs' regions) runs to the largest, and each member's body is
+    guarded by its own extents (Halide's compute_with guards); the bodies of one level then
+    run unguarded, sharing their common subexpressions, in the iterations all cover."""
+    n_max = depth[0]
+    root = _loop_chain(stmts[members[0]], n_max, _where(graph, members[0]))
+    exts = [[f.extent] for f in root]
+    maps, own, bodies = [{}], [[f.extent for f in root]], [root[-1].body]
+    for key, n in zip(members[1:], depth[1:]):
+        where = _where(graph, key)
+        if n > depth[len(maps) - 1]:
+            raise ScheduleError(f"{where}.compute_with: an earlier stage of its group shares"
+                                " fewer loops with the parent; fuse it at that loop or deeper")
+        m, mine = {}, []
+        for k, (a, b) in enumerate(zip(_loop_chain(stmts[key], n, where), root)):
+            if (a.kind, a.factor) != (b.kind, b.factor):
+                raise ScheduleError(
+                    f"{where}.compute_with: its loop {a.name} is {_kind(a)}, the parent's"
+                    f" {b.name} is {_kind(b)}; fused loops need one kind")
+            if a.kind.startswith("gpu"):
+                raise ScheduleError(f"{where}.compute_with: fusing GPU loops is not supported")
+            ext = sym.substitute(a.extent, m)
+            if ext is not b.extent and a.kind in ("vectorized", "unrolled"):
+                raise ScheduleError(
+                    f"{where}.compute_with: its {a.kind} loop {a.name} runs over [0,"
+                    f" {sym.to_str(ext, limit=80)}), the parent's {b.name} over [0,"
+                    f" {sym.to_str(b.extent, limit=80)}); fused vector or unrolled loops need"
+                    " provably equal extents")
+            if all(ext is not e for e in exts[k]):
+                exts[k].append(ext)
+            mine.append(ext)
+            m[a.leaf] = b.leaf
+            last = a
+        maps.append(m)
+        own.append(mine)
+        bodies.append(_subst_stmt(last.body, m))
+
+    def guard(j):
+        conds = [sym.lt(root[k].leaf, e) for k, e in enumerate(own[j]) if len(exts[k]) > 1]
+        return None if not conds else functools.reduce(sym.logical_and, conds)
+
+    def level(n):
+        here = [j for j, d in enumerate(depth) if d == n]
+        guards = [guard(j) for j in here]
+        items = [bodies[j] for j in here]
+        if any(g is not None for g in guards):
+            both = functools.reduce(sym.logical_and, [g for g in guards if g is not None])
+            items = [IfThen(both, Block(items), Block(
+                [IfThen(g, bodies[j]) if g is not None else bodies[j]
+                 for j, g in zip(here, guards)]))]
+        if n < n_max:
+            f = root[n]
+            ext = functools.reduce(sym.maximum, exts[n])
+            items.insert(0, For(f.name, f.leaf, ext, f.kind, f.factor, level(n + 1),
+                                f.split_extent if len(exts[n]) == 1 else None))
+        return items[0] if len(items) == 1 else Block(items)
+    return level(0), maps
+
+
+def _same_points(graph, group, fid):
+    """Stages of ``group`` writing ``fid`` in parallel or vector lanes write the same pure
+    coordinates in the same fused iteration (so distinct iterations write distinct points)."""
+    vals = None
+    for key, m in group:
+        if key[0] != fid:
+            continue
+        ld = graph.defs[key[0]][key[1]]
+        loops = _Loops(graph, key[0], ld)
+        mine = {n: sym.substitute(v, m) for n, (_, v) in loops.values.items()
+                if n in ld.source.pure_var_names()}
+        if vals is not None and (mine.keys() != vals.keys()
+                                 or any(mine[n] is not vals[n] for n in mine)):
+            raise ScheduleError(
+                f"{_where(graph, key)}.compute_with: the fused parallel or vectorized loops"
+                f" of the stages writing {graph.funcs[fid].name()} cover different points of"
+                " its pure dimensions (schedule their pure loops alike)")
+        vals = mine
+
+
+def fuse_stages(graph, order, stmts):
+    """The merged nests of the ``compute_with`` groups: ``{key: statement}`` for each group's
+    last stage and ``{key: None}`` for the others (``key``: (fid, index)).
+
+    Rules (named ScheduleErrors): both stages computed at the root; the parent runs earlier;
+    the parent's loops from ``var`` outward pair by position with the child's outermost loops,
+    of one kind (extents that are not provably equal get guards, ``_fuse_group``; vector and
+    unrolled loops need equal ones); no Func computed or stored at a fused loop; the nest
+    runs at the position of the group's last stage, so no stage between a group member and
+    that position may write what the member reads or access what it writes (the stages of
+    one Func before its fused update stay before the nest); within the fused loops no stage
+    may write what another reads or writes, except several additive updates of one Func that
+    read it only at the point they update (interleaving them changes only the order of the
+    additions, hence rounding); stages writing one Func through fused parallel or vectorized
+    loops must cover the same pure points per iteration."""
+    pos = {key: k for k, key in enumerate(order)}
+    parent = {}
+    for fid in graph.funcs:
+        for ld in graph.defs.get(fid, []):
+            cw = ld.schedule.compute_with
+            if cw is None:
+                continue
+            key = (fid, ld.index)
+            pf, pk, var = cw
+            pkey = (pf.fid, pk)
+            if key not in pos or pkey not in pos:
+                who = graph.funcs[fid] if key not in pos else pf
+                raise ScheduleError(
+                    f"{graph.funcs[fid].name()}{ld.source.stage_name()}.compute_with: both"
+                    f" Funcs must be computed at the root ({who.name()} is not)")
+            if pos[pkey] >= pos[key]:
+                raise ScheduleError(
+                    f"{_where(graph, key)}.compute_with({_where(graph, pkey)}): the parent must"
+                    " be computed first (fuse the later stage into the earlier one)")
+            pdef = graph.defs[pkey[0]][pk]
+            dims = pdef.schedule
+            n = len(dims.dims) - dims.find(var, pf.name(), pdef.source.stage_name())
+            parent[key] = (pkey, n)
+    if not parent:
+        return {}
+    root = {}
+    for key in sorted(parent, key=pos.get):
+        p = parent[key][0]
+        root[key] = root.get(p, p)
+    out = {}
+    acc = {key: stmt_accesses(s) for key, s in stmts.items()}
+    for r in sorted(set(root.values()), key=pos.get):
+        members = sorted((k for k in root if root[k] == r), key=pos.get)
+        inside = {r, *members}
+        for m in [r] + members[:-1]:
+            for key in order[pos[m] + 1:pos[members[-1]]]:
+                if key not in inside:
+                    _check_independent(graph, m, key, acc, moved=True)
+        for j, child in enumerate(members):
+            for key in [r] + members[:j]:
+                _check_independent(graph, child, key, acc, moved=False)
+        depth = [parent[c][1] for c in members]
+        merged, maps = _fuse_group(graph, [r] + members, stmts, [max(depth)] + depth)
+        group = list(zip([r] + members, maps))
+        shared = _loop_chain(stmts[r], max(depth), _where(graph, r))
+        if any(f.kind in ("parallel", "vectorized") for f in shared):
+            for fid in {k[0] for k, _ in group}:
+                _same_points(graph, group, fid)
+        out.update({key: None for key, _ in group})
+        out[members[-1]] = merged
     return out

@@ -19,7 +19,7 @@ from ._cuda import is_gpu_stmt, kernel_source
 from ._func import Func, FuncError, register_pipeline_class
 from ._graph import Graph
 from ._llvm import ModuleBuilder, Slots
-from ._lower import lower_root, root_regions
+from ._lower import lower_pipeline, root_regions
 from ._print import loop_nest_text
 from ._schedule import ScheduleError
 
@@ -63,8 +63,7 @@ class _Compiled:
         self.kernels = []  # (fid, def index, stmt, kernel index, ranged)
         self.regions_cache: dict = {}
         self.scratch: dict = {}  # bounds key -> {fid: arrays} of intermediate root Funcs
-        lowered = [(fid, k, stmt) for fid in self.roots
-                   for k, stmt in enumerate(lower_root(g, fid))]
+        lowered = lower_pipeline(g, self.roots)
         gpu = [is_gpu_stmt(stmt) for _, _, stmt in lowered]
         self.gpu = any(gpu)
         if self.gpu:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from core_ad import sym
 
-from ._lower import Allocate, Block, For, LetStmt, Provide
+from ._lower import Allocate, Block, For, IfThen, LetStmt, Provide
 
 __all__ = ["loop_nest_text"]
 
@@ -40,6 +40,12 @@ def _stmt(s, depth, lines):
     elif isinstance(s, Allocate):
         lines.append(f"{pad}allocate {s.func.name()}:")
         _stmt(s.body, depth + 1, lines)
+    elif isinstance(s, IfThen):
+        lines.append(f"{pad}if {_expr(s.cond)}:")
+        _stmt(s.body, depth + 1, lines)
+        if s.otherwise is not None:
+            lines.append(f"{pad}else:")
+            _stmt(s.otherwise, depth + 1, lines)
     elif isinstance(s, LetStmt):
         kind, (fid, d, w) = s.leaf.kind, s.leaf.key
         if kind == "hl.region" and d == 0 and w == "min":

@@ -54,6 +54,8 @@ class Split:
 class StageSchedule:
     dims: list = field(default_factory=list)  # innermost first
     splits: list = field(default_factory=list)
+    # compute_with: (parent Func, parent definition index (0: pure), parent loop name)
+    compute_with: tuple | None = None
 
     def names(self):
         return [d.name for d in self.dims]

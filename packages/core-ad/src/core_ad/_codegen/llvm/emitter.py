@@ -202,6 +202,10 @@ class Emitter:
         self.atomic_scatter = atomic_scatter
         self.checked: list = []  # the gather/scatter nodes checked, by ordinal
         self._consts: dict = {}
+        # id(node) -> (node, value) kept across emit calls when a dict: a caller emitting
+        # several statements in one basic-block region shares their common subexpressions
+        # (and evicts the entries its own stores invalidate)
+        self.memo: dict | None = None
 
     # ---- types and constants -----------------------------------------------------------
     @property
@@ -327,8 +331,11 @@ class Emitter:
             for k, o in enumerate(prog.outputs):
                 outputs_of.setdefault(id(names[o]), []).append(k)
         order, via = _schedule(nodes)
+        memo = self.memo
         for n in order:
-            if isinstance(n, Leaf):
+            if memo is not None and id(n) in memo:
+                values[id(n)] = memo[id(n)][1]
+            elif isinstance(n, Leaf):
                 values[id(n)] = self._leaf_value(n, env)
             elif isinstance(n, Const):
                 values[id(n)] = self.const(n.value, n.dtype)
@@ -341,6 +348,8 @@ class Emitter:
                                                n.args[i].dtype, n.dtype)
                 else:
                     values[id(n)] = self.apply(n, args)
+            if memo is not None:
+                memo[id(n)] = (n, values[id(n)])
             for k in outputs_of.get(id(n), ()):
                 on_output(k, values[id(n)])
         return [values[id(names[o])] for o in prog.outputs]
