@@ -13,12 +13,27 @@ from edge_rt import Camera, Material, Mesh, Scene, SceneError, Texture, look_at,
 
 
 @pytest.mark.parametrize("build", [scenes.cornell_box, scenes.textured_sphere,
-                                   scenes.closed_cube, scenes.teapot_scene])
+                                   scenes.closed_cube, scenes.teapot_scene, scenes.ring_scene,
+                                   scenes.torus_glass_cube, scenes.glossy_cornell])
 def test_builtin_scenes_render(build):
     scene = build(resolution=(16, 16))
     image = edge_rt.render_image(scene, spp=4, progress=False)
     assert image.shape == (16, 16, 3) and image.dtype == torch.float32
     assert torch.isfinite(image).all() and image.mean() > 0.01
+
+
+def test_torus_mesh_is_closed_and_outward():
+    """A watertight torus of the right volume (2 pi^2 R a b for the elliptic tube, within the
+    tessellation's loss), winding and vertex normals pointing outward."""
+    mesh = scenes.torus_mesh((0.5, 0.0, 0.0), 1.0, 0.2, height=0.6, rings=64, sides=32)
+    v, f = mesh.vertices.numpy(), mesh.faces.numpy()
+    tm = trimesh.Trimesh(v, f, process=True)  # merges the duplicated seam vertices
+    assert tm.is_watertight
+    assert tm.volume == pytest.approx(2 * np.pi ** 2 * 1.0 * 0.2 * 0.3, rel=1e-2)
+    fn = np.cross(v[f[:, 1]] - v[f[:, 0]], v[f[:, 2]] - v[f[:, 0]])
+    assert ((fn * mesh.normals.numpy()[f].mean(1)).sum(1) > 0).all()
+    with pytest.raises(SceneError, match="minor_radius < major_radius"):
+        scenes.torus_mesh(major_radius=0.5, minor_radius=0.6)
 
 
 def test_render_is_deterministic_per_seed():

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 
 from core_ad import sym
 
@@ -92,6 +93,15 @@ def evaluate(n, ng, wi, wo, kd, ks, rough):
     return _EVAL(n, ng, wi, wo, kd, ks, rough[:, None])[0]
 
 
+def _frame(n, dtype):
+    """Tangent and bitangent of the unit normal ``n`` (Duff et al.'s branchless frame)."""
+    sign = sym.where(n[2] >= 0.0, sym.const(1.0, dtype), sym.const(-1.0, dtype))
+    a = -1.0 / (sign + n[2])
+    b = n[0] * n[1] * a
+    return (1.0 + sign * n[0] * n[0] * a, sign * b, -sign * n[0]), (b, sign + n[1] * n[1] * a,
+                                                                     -n[1])
+
+
 def sampling_expressions(dtype: str):
     """Sampling (wo and its pdf) and the pdf of a given wo, as core_ad expressions: a
     cosine-weighted diffuse lobe and the Blinn-Phong half-vector lobe, picked by mean
@@ -122,11 +132,7 @@ def sampling_expressions(dtype: str):
         mixed = (1.0 - p_spec) * sym.maximum(cos_o, 0.0) / math.pi + p_spec * spec
         return sym.where(cos_o > 0.0, mixed, 0.0)
 
-    sign = sym.where(n[2] >= 0.0, sym.const(1.0, dtype), sym.const(-1.0, dtype))
-    a = -1.0 / (sign + n[2])
-    b = n[0] * n[1] * a
-    t = (1.0 + sign * n[0] * n[0] * a, sign * b, -sign * n[0])
-    bt = (b, sign + n[1] * n[1] * a, -n[1])
+    t, bt = _frame(n, dtype)
     phi = 2.0 * math.pi * v["u2"]
     cphi, sphi = sym.cos(phi), sym.sin(phi)
     r = sym.sqrt(v["u1"])
@@ -176,3 +182,197 @@ def pdf(n, wi, wo, kd, ks, rough):
     """Solid-angle pdf (N,) of ``sample`` producing ``wo``, compiled, no derivatives."""
     kernel = _sampling_kernels(str(n.dtype).removeprefix("torch."))[1]
     return _run(kernel, [n, wi, wo, kd, ks, rough[:, None]], n)[:, 0]
+
+
+# -- rough dielectric (Walter et al. 2007, GGX) ----------------------------------------------
+#
+# Conventions as above (``wi`` toward the viewer, ``wo`` toward the light, ``n`` and ``ng``
+# flipped toward the viewer). ``eta`` is the *relative* index of refraction: the index on the
+# light's side of the surface over the index on the viewer's side (``relative_eta``: the
+# material's interior index when the viewer is outside, its inverse when inside). GGX width
+# ``alpha = sqrt(roughness)``: the Beckmann-equivalent width of the Blinn-Phong lobe of the same
+# roughness (exponent 2 / roughness - 2), so both models read ``roughness`` alike.
+#
+# Radiance transport: the transmission term carries Walter's eta_viewer^2 factor, so that
+# ``f(wi, wo, eta) * eta^2 == f(wo, wi, 1 / eta)`` (generalised reciprocity) and radiance
+# leaving a denser medium is scaled by 1 / eta^2 as it enters a thinner one. The path tracer
+# traces from the camera, so this is the BSDF it needs; a light tracer would drop the factor.
+
+_DIELECTRIC_INPUTS = ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz", "ox", "oy", "oz",
+                      "eta", "rough")
+# GGX alpha^2 = roughness, floored: alpha >= 3e-4 keeps D's peak (1 / (pi alpha^2)) finite in
+# float32.
+_MIN_ALPHA2 = 1e-7
+
+
+def _alpha2(rough):
+    return sym.maximum(rough, _MIN_ALPHA2)
+
+
+def fresnel_dielectric(cos_i, eta):
+    """Exact unpolarised Fresnel reflectance at a smooth interface (Walter eq. 22): ``cos_i``
+    the cosine on the incident side (>= 0), ``eta`` the relative index; 1 under total internal
+    reflection."""
+    g2 = eta * eta - 1.0 + cos_i * cos_i
+    g = sym.sqrt(sym.maximum(g2, 1e-12))
+    a = (g - cos_i) / (g + cos_i)
+    b = (cos_i * (g + cos_i) - 1.0) / (cos_i * (g - cos_i) + 1.0)
+    return sym.where(g2 > 0.0, 0.5 * a * a * (1.0 + b * b), 1.0)
+
+
+def _ggx_d(cos_h, alpha2):
+    t = cos_h * cos_h * (alpha2 - 1.0) + 1.0
+    return sym.where(cos_h > 0.0, alpha2 / (math.pi * t * t), 0.0)
+
+
+def _ggx_g1(cos_v, cos_vh, alpha2):
+    """Smith G1 of GGX for direction v (cosines with the macro normal and the microfacet
+    normal); zero on the microfacet's back side."""
+    c = sym.abs(cos_v)
+    g = 2.0 * c / (c + sym.sqrt(alpha2 + (1.0 - alpha2) * c * c))
+    return sym.where(cos_v * cos_vh > 0.0, g, 0.0)
+
+
+def _half_vectors(n, wi, wo, eta, reflect):
+    """The microfacet normal that maps ``wi`` to ``wo``: ``normalize(wi + wo)`` for reflection,
+    ``normalize(wi + eta wo)`` turned toward ``n`` for refraction (Walter eqs. 13, 16), and
+    whether it exists (the refraction half-vector vanishes for eta = 1 and wo = -wi)."""
+    raw = [sym.where(reflect, wi[k] + wo[k], wi[k] + eta * wo[k]) for k in range(3)]
+    length2 = _dot(raw, raw)
+    inv = sym.rsqrt(sym.maximum(length2, 1e-24))
+    flip = sym.where(_dot(raw, n) < 0.0, -inv, inv)
+    return [x * flip for x in raw], length2 > 1e-12
+
+
+def dielectric_expressions(dtype: str):
+    """BSDF * |cos(n, wo)| of the rough dielectric over the scalar vars named in
+    ``_DIELECTRIC_INPUTS`` (one expression; the material has no colour): Walter's reflection
+    term ``F D G / (4 cos_i)`` where ``wo`` lies on the viewer's side, his transmission term
+    ``|wi.h| |wo.h| (1 - F) D G / (cos_i (wi.h + eta wo.h)^2)`` (which includes the solid-angle
+    Jacobian of refraction) where it lies on the other side. The side is the geometric
+    normal's, and the shading normal must agree (light leaks are rejected), as must the
+    viewer: zero where ``ng.wi <= 0`` or ``n.wi`` is grazing."""
+    v = {name: sym.var(name, dtype) for name in _DIELECTRIC_INPUTS}
+    n = (v["nx"], v["ny"], v["nz"])
+    ng = (v["gx"], v["gy"], v["gz"])
+    wi = (v["ix"], v["iy"], v["iz"])
+    wo = (v["ox"], v["oy"], v["oz"])
+    eta, alpha2 = v["eta"], _alpha2(v["rough"])
+    cos_i, cos_o = _dot(n, wi), _dot(n, wo)
+    go = _dot(ng, wo)
+    reflect = go > 0.0
+    h, exists = _half_vectors(n, wi, wo, eta, reflect)
+    cos_h, ih, oh = _dot(h, n), _dot(h, wi), _dot(h, wo)
+    dg = _ggx_d(cos_h, alpha2) * _ggx_g1(cos_i, ih, alpha2) * _ggx_g1(cos_o, oh, alpha2)
+    fresnel = fresnel_dielectric(sym.abs(ih), eta)
+    safe_cos_i = sym.maximum(cos_i, 1e-4)
+    den = ih + eta * oh
+    reflected = fresnel * dg / (4.0 * safe_cos_i)
+    transmitted = (sym.abs(ih) * sym.abs(oh) * (1.0 - fresnel) * dg
+                   / (safe_cos_i * sym.maximum(den * den, 1e-24)))
+    same_side = sym.where(reflect, cos_o > 1e-4, cos_o < -1e-4)
+    valid = sym.logical_and(
+        sym.logical_and(_dot(ng, wi) > 0.0, cos_i > 1e-4),
+        sym.logical_and(sym.logical_and(same_side, sym.abs(go) > 1e-4),
+                        sym.logical_and(exists, ih > 0.0)))
+    return v, sym.where(valid, sym.where(reflect, reflected, transmitted), 0.0)
+
+
+def _dielectric_lanes(dtype: str):
+    v, out = dielectric_expressions(dtype)
+    return [v[n] for n in _DIELECTRIC_INPUTS], [out]
+
+
+# (n, ng, wi, wo, eta (N, 1), rough (N, 1)) -> BSDF * |cos| (N, 1)
+_EVAL_DIELECTRIC = CompiledOp(_dielectric_lanes, (3, 3, 3, 3, 1, 1), (1,),
+                              differentiable=(True, False, True, True, True, True))
+
+
+def relative_eta(eta, front):
+    """The relative index the dielectric expressions take, (N,): the material's interior index
+    ``eta`` (N,) where the viewer is outside (``front``: the ray hit the side the winding's
+    normal points to), its inverse where inside. Differentiable in ``eta``."""
+    return torch.where(front, eta, 1.0 / eta)
+
+
+def evaluate_dielectric(n, ng, wi, wo, eta, rough):
+    """Rough dielectric BSDF * |cos(n, wo)|, shape (N,). ``eta`` (N,) relative index
+    (:func:`relative_eta`), ``rough`` (N,) (GGX alpha = sqrt(rough)); the rest (N, 3)."""
+    return _EVAL_DIELECTRIC(n, ng, wi, wo, eta[:, None], rough[:, None])[0][:, 0]
+
+
+def dielectric_sampling_expressions(dtype: str):
+    """Sampling of the rough dielectric: a GGX microfacet normal from (u1, u2) by Walter's
+    plain distribution-of-normals sampling (pdf D(m) cos(m, n); no visible-normal sampling), then
+    reflection with probability F(wi.m) (``u0 < F``), refraction otherwise. Samples with
+    ``wi.m <= 0`` or whose direction lands on the wrong side of ``n`` for its lobe get pdf 0
+    (the path ends; unbiased, as the BSDF vanishes wherever no valid sample lands).
+
+    Returns ``((wo_x, wo_y, wo_z, pdf), sample_inputs), ((pdf,), pdf_inputs)`` as
+    :func:`sampling_expressions`, over vars n, wi, (wo,) eta, rough, (u0..u2)."""
+    names = ("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz", "eta", "rough",
+             "u0", "u1", "u2")
+    v = {name: sym.var(name, dtype) for name in names}
+    n = (v["nx"], v["ny"], v["nz"])
+    wi = (v["ix"], v["iy"], v["iz"])
+    eta, alpha2 = v["eta"], _alpha2(v["rough"])
+
+    def pdf_of(wo):
+        cos_o = _dot(n, wo)
+        reflect = cos_o > 0.0
+        h, exists = _half_vectors(n, wi, wo, eta, reflect)
+        cos_h, ih, oh = _dot(h, n), _dot(h, wi), _dot(h, wo)
+        pdf_h = _ggx_d(cos_h, alpha2) * cos_h
+        fresnel = fresnel_dielectric(sym.abs(ih), eta)
+        den = ih + eta * oh
+        reflected = fresnel * pdf_h / (4.0 * sym.maximum(sym.abs(oh), 1e-12))
+        transmitted = ((1.0 - fresnel) * pdf_h * eta * eta * sym.abs(oh)
+                       / sym.maximum(den * den, 1e-24))
+        valid = sym.logical_and(sym.logical_and(exists, ih > 0.0),
+                                sym.logical_or(reflect, oh < 0.0))
+        return sym.where(valid, sym.where(reflect, reflected, transmitted), 0.0)
+
+    t, bt = _frame(n, dtype)
+    tan2 = alpha2 * v["u1"] / sym.maximum(1.0 - v["u1"], 1e-12)
+    cos_m = sym.rsqrt(1.0 + tan2)
+    sin_m = sym.sqrt(tan2) * cos_m
+    phi = 2.0 * math.pi * v["u2"]
+    local = (sin_m * sym.cos(phi), sin_m * sym.sin(phi), cos_m)
+    m = [local[0] * t[k] + local[1] * bt[k] + local[2] * n[k] for k in range(3)]
+    c = _dot(m, wi)
+    reflect = v["u0"] < fresnel_dielectric(sym.abs(c), eta)
+    cos_t = sym.sqrt(sym.maximum(1.0 - (1.0 - c * c) / (eta * eta), 0.0))
+    raw = [sym.where(reflect, 2.0 * c * m[k] - wi[k], (c / eta - cos_t) * m[k] - wi[k] / eta)
+           for k in range(3)]
+    inv = sym.rsqrt(sym.maximum(_dot(raw, raw), 1e-24))
+    wo = [x * inv for x in raw]
+    # the pdf of the lobe that produced wo: zero where pdf_of would read it as the other lobe
+    consistent = sym.logical_and(c > 0.0, sym.where(reflect, _dot(n, wo) > 0.0,
+                                                    _dot(n, wo) < 0.0))
+    sampled_pdf = sym.where(consistent, pdf_of(wo), 0.0)
+    given = (v["ox"], v["oy"], v["oz"])
+    sample_inputs = [v[k] for k in names if k[0] != "o"]
+    pdf_inputs = [v[k] for k in names if k[0] != "u"]
+    return (wo + [sampled_pdf], sample_inputs), ([pdf_of(given)], pdf_inputs)
+
+
+def _dielectric_sampling_kernels(dtype: str):
+    key = ("dielectric", dtype)
+    if key not in _SAMPLING:
+        (s_out, s_in), (p_out, p_in) = dielectric_sampling_expressions(dtype)
+        _SAMPLING[key] = (sym.compile(s_out, s_in), sym.compile(p_out, p_in))
+    return _SAMPLING[key]
+
+
+def sample_dielectric(n, wi, eta, rough, u):
+    """Sample a light direction of the rough dielectric from (N, 3) uniforms ``u`` (u[:, 0]
+    picks the lobe): ``(wo (N, 3), pdf (N,))``, no derivatives. ``eta`` relative (N,)."""
+    kernel = _dielectric_sampling_kernels(str(n.dtype).removeprefix("torch."))[0]
+    out = _run(kernel, [n, wi, eta[:, None], rough[:, None], u], n)
+    return out[:, :3], out[:, 3]
+
+
+def pdf_dielectric(n, wi, wo, eta, rough):
+    """Solid-angle pdf (N,) of ``sample_dielectric`` producing ``wo``, no derivatives."""
+    kernel = _dielectric_sampling_kernels(str(n.dtype).removeprefix("torch."))[1]
+    return _run(kernel, [n, wi, wo, eta[:, None], rough[:, None]], n)[:, 0]

@@ -176,6 +176,17 @@ class Geometry:
             rough = rough.index_copy(0, sel, _lookup(mat.roughness, uv, level, self.dtype)[:, 0])
         return kd, ks, rough
 
+    @property
+    def has_dielectric(self):
+        return any(m.material.is_dielectric for m in self.scene.meshes)
+
+    def eta(self, si):
+        """(N,) interior index of refraction of the dielectric meshes at the interactions, 0 on
+        opaque ones; differentiable in the materials' ``eta``."""
+        rows = [torch.zeros((), dtype=self.dtype) if m.material.eta is None
+                else m.material.eta.to(self.dtype).reshape(()) for m in self.scene.meshes]
+        return torch.stack(rows).index_select(0, si.mesh)
+
     def _per_mesh_constant(self, name, channels):
         """(meshes, channels): each mesh's constant material texture ``name`` (zeros where it
         is a texel grid), differentiable in the constants."""

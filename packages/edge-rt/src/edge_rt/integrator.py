@@ -12,6 +12,8 @@ parameterisation) and the light's area Jacobian is differentiated.
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 import torch
 
@@ -19,8 +21,8 @@ from core_ad import sym
 
 from . import bsdf
 from ._compiled import CompiledOp
-from .geometry import Geometry
-from .next_event import next_event, power_heuristic
+from .geometry import Geometry, Interaction
+from .next_event import next_event, next_event_dielectric, power_heuristic
 
 OUTPUTS = ("radiance", "depth", "position", "normal", "albedo")
 CHANNELS = {"radiance": 3, "depth": 1, "position": 3, "normal": 3, "albedo": 3}
@@ -110,13 +112,22 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
         if depth == max_depth:
             break
         kd, ks, rough = g.material(si, footprint=travelled * pixel_angle)
-        if has_lights:
-            u_light = sampler.uniform(_LIGHT, depth, 3, dt).index_select(0, lanes)
-            radiance = radiance.index_add(
-                0, lanes, beta * next_event(g, si, wi, kd, ks, rough, u_light))
+        u_light = (sampler.uniform(_LIGHT, depth, 3, dt).index_select(0, lanes) if has_lights
+                   else None)
         u = sampler.uniform(_BSDF, depth, 3, dt).index_select(0, lanes)
-        wo, pdf, throughput, o, alive = BOUNCE(
-            si.p, si.ns, si.ng, wi, kd, ks, rough[:, None], u, g.eps_column(len(lanes)))
+        glass = (torch.nonzero(g.eta(si) > 0).flatten() if g.has_dielectric
+                 else torch.zeros(0, dtype=torch.long))
+        if len(glass) == 0:
+            if has_lights:
+                radiance = radiance.index_add(
+                    0, lanes, beta * next_event(g, si, wi, kd, ks, rough, u_light))
+            wo, pdf, throughput, o, alive = BOUNCE(
+                si.p, si.ns, si.ng, wi, kd, ks, rough[:, None], u, g.eps_column(len(lanes)))
+        else:
+            light, (wo, pdf, throughput, o, alive) = _mixed_scatter(
+                g, si, wi, kd, ks, rough, u_light, u, glass)
+            if has_lights:
+                radiance = radiance.index_add(0, lanes, beta * light)
         # Held constant (spec 5.3): the sampled direction and its pdf (zero derivatives in
         # the kernel; detached so that the replay records nothing for them).
         beta, d, prev_pdf = beta * throughput, wo.detach(), pdf[:, 0].detach()
@@ -128,6 +139,78 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
             tri = torch.full((len(lanes),), -1, dtype=torch.long).index_copy(
                 0, rows, g.intersect(o.detach().index_select(0, rows), d.index_select(0, rows)))
     return radiance
+
+
+def _rows(si, rows):
+    return Interaction(*(getattr(si, f.name).index_select(0, rows) for f in fields(si)))
+
+
+def _mixed_scatter(g, si, wi, kd, ks, rough, u_light, u, glass):
+    """Next-event estimation (None without ``u_light``) and the bounce for a batch whose rows
+    ``glass`` are rough dielectrics: each material's kernels on its own rows, merged back."""
+    n = len(wi)
+    opaque = torch.nonzero(
+        ~torch.zeros(n, dtype=torch.bool).index_fill(0, glass, True)).flatten()
+    parts = []
+    for rows in (glass, opaque):
+        if len(rows) == 0:
+            continue
+        s, w, r = _rows(si, rows), wi.index_select(0, rows), rough.index_select(0, rows)
+        ul = None if u_light is None else u_light.index_select(0, rows)
+        ur, eps = u.index_select(0, rows), g.eps_column(len(rows))
+        if rows is glass:
+            eta = bsdf.relative_eta(g.eta(s), s.front)
+            nee = None if ul is None else next_event_dielectric(g, s, w, eta, r, ul)
+            out = DIELECTRIC_BOUNCE(s.p, s.ns, s.ng, w, eta[:, None], r[:, None], ur, eps)
+        else:
+            kd_r, ks_r = kd.index_select(0, rows), ks.index_select(0, rows)
+            nee = None if ul is None else next_event(g, s, w, kd_r, ks_r, r, ul)
+            out = BOUNCE(s.p, s.ns, s.ng, w, kd_r, ks_r, r[:, None], ur, eps)
+        parts.append((rows, nee, out))
+    light = None
+    if u_light is not None:
+        light = parts[0][1].new_zeros(n, 3)
+        for rows, nee, _ in parts:
+            light = light.index_copy(0, rows, nee)
+    bounce = [x.new_zeros(n, x.shape[1]) for x in parts[0][2]]
+    for rows, _, out in parts:
+        bounce = [b.index_copy(0, rows, x) for b, x in zip(bounce, out)]
+    return light, bounce
+
+
+def _dielectric_bounce_expressions(dtype):
+    """``_bounce_expressions`` for the rough dielectric: the next ray leaves to the side the
+    sampled direction points to (transmission continues on the far side), and a direction on
+    which the shading and geometric normals disagree (a light leak) ends the path."""
+    (sampled, _), _ = bsdf.dielectric_sampling_expressions(dtype)
+    v, f = bsdf.dielectric_expressions(dtype)
+    p = [sym.var(f"p{c}", dtype) for c in "xyz"]
+    u = [sym.var(f"u{k}", dtype) for k in range(3)]
+    eps = sym.var("eps", dtype)
+    wo = [sym.stop_gradient(x) for x in sampled[:3]]
+    pdf = sym.stop_gradient(sampled[3])
+    ng = [v["gx"], v["gy"], v["gz"]]
+    ns = [v["nx"], v["ny"], v["nz"]]
+    cos_g = ng[0] * wo[0] + ng[1] * wo[1] + ng[2] * wo[2]
+    cos_s = ns[0] * wo[0] + ns[1] * wo[1] + ns[2] * wo[2]
+    alive = sym.logical_and(pdf > 0.0, cos_g * cos_s > 0.0)
+    f = sym.substitute(f, {v["ox"]: wo[0], v["oy"]: wo[1], v["oz"]: wo[2]})
+    safe_pdf = sym.where(alive, pdf, sym.const(1.0, dtype))
+    throughput = sym.where(alive, f / safe_pdf, sym.const(0.0, dtype))
+    offset = sym.where(cos_g >= 0.0, eps, -eps)
+    origin = [p[k] + offset * ng[k] for k in range(3)]
+    inputs = p + [v[k] for k in ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz", "eta",
+                                 "rough")] + u + [eps]
+    outputs = (wo + [pdf] + [throughput] * 3 + origin
+               + [sym.where(alive, sym.const(1.0, dtype), sym.const(0.0, dtype))])
+    return inputs, outputs
+
+
+# (p, ns, ng, wi, relative eta (N, 1), rough (N, 1), uniforms (N, 3), ray offset (N, 1)) ->
+# (wo, pdf (N, 1), throughput (N, 3), next origin, alive (N, 1)), as BOUNCE.
+DIELECTRIC_BOUNCE = CompiledOp(_dielectric_bounce_expressions, (3, 3, 3, 3, 1, 1, 3, 1),
+                               (3, 1, 3, 3, 1),
+                               differentiable=(True, True, False, True, True, True, False, False))
 
 
 def _bounce_expressions(dtype):

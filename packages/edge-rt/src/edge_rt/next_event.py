@@ -45,9 +45,11 @@ def _vec(prefix, dtype):
     return [sym.var(f"{prefix}{c}", dtype) for c in "xyz"]
 
 
-def _shadow_ray_expressions(dtype):
+def _shadow_ray_expressions(dtype, two_sided):
     """(p, ng, a, b, c, u1, u2, pmf, eps) -> shadow ray origin (3), direction (3), its tmax,
-    the light-sampling pdf in solid angle, and 1 where the sample can contribute (0 else)."""
+    the light-sampling pdf in solid angle, and 1 where the sample can contribute (0 else):
+    lights on the viewer's side only, or on either side (``two_sided``, a dielectric, whose
+    BSDF decides between reflection and transmission)."""
     p, ng, a, b, c = (_vec(k, dtype) for k in ("p", "g", "a", "b", "c"))
     u1, u2, pmf, eps = (sym.var(k, dtype) for k in ("u1", "u2", "pmf", "eps"))
     y, wo, dist2, cos_l, area = _towards_light(p, a, b, c, u1, u2)
@@ -58,7 +60,9 @@ def _shadow_ray_expressions(dtype):
     gap = [y[i] - origin[i] for i in range(3)]
     tmax = sym.sqrt(_dot(gap, gap)) * (1.0 - 1e-3)
     p_light = pmf / area * dist2 / sym.maximum(cos_l, 1e-12)
-    usable = sym.logical_and(sym.logical_and(cos_l > 0.0, pmf > 0.0), cos_g > 0.0)
+    usable = sym.logical_and(cos_l > 0.0, pmf > 0.0)
+    if not two_sided:
+        usable = sym.logical_and(usable, cos_g > 0.0)
     outputs = origin + wo + [tmax, p_light, sym.where(usable, sym.const(1.0, dtype), sym.const(0.0, dtype))]
     return p + ng + a + b + c + [u1, u2, pmf, eps], outputs
 
@@ -66,19 +70,20 @@ def _shadow_ray_expressions(dtype):
 _SHADOW_RAY: dict = {}
 
 
-def shadow_rays(p, ng, light_verts, u, pmf, eps):
+def shadow_rays(p, ng, light_verts, u, pmf, eps, two_sided=False):
     """Detached (origin (N, 3), direction (N, 3), tmax (N,), light pdf (N,), usable (N,)
     bool) for light points ``u`` (N, 2) on triangles ``light_verts`` (N, 3, 3)."""
     dtype = str(p.dtype).removeprefix("torch.")
-    if dtype not in _SHADOW_RAY:
-        inputs, outputs = _shadow_ray_expressions(dtype)
-        _SHADOW_RAY[dtype] = sym.compile(outputs, inputs)
+    key = (dtype, two_sided)
+    if key not in _SHADOW_RAY:
+        inputs, outputs = _shadow_ray_expressions(dtype, two_sided)
+        _SHADOW_RAY[key] = sym.compile(outputs, inputs)
     if p.shape[0] == 0:
         out = p.new_zeros(0, 9)
     else:
         cols = columns([p, ng, light_verts[:, 0], light_verts[:, 1], light_verts[:, 2], u,
                         pmf[:, None]])
-        out = lanes_to_tensor(_SHADOW_RAY[dtype](*cols, np.asarray(eps, dtype=dtype)),
+        out = lanes_to_tensor(_SHADOW_RAY[key](*cols, np.asarray(eps, dtype=dtype)),
                               p.shape[0])
     return out[:, :3], out[:, 3:6], out[:, 6], out[:, 7], out[:, 8] > 0
 
@@ -106,22 +111,64 @@ CONTRIBUTION = CompiledOp(_contribution_expressions, (3, 3, 3, 3, 3, 3, 1, 3, 3,
                                                 True, True, True, False, True, False))
 
 
+def _dielectric_contribution_expressions(dtype):
+    """As ``_contribution_expressions`` with the rough dielectric's BSDF (colourless: one
+    expression times the RGB emission)."""
+    v, f = bsdf.dielectric_expressions(dtype)
+    p, a, b, c, le = (_vec(k, dtype) for k in ("p", "a", "b", "c", "e"))
+    u1, u2, weight = (sym.var(k, dtype) for k in ("u1", "u2", "weight"))
+    _, wo, dist2, cos_l, area = _towards_light(p, a, b, c, u1, u2)
+    f = sym.substitute(f, {v["ox"]: wo[0], v["oy"]: wo[1], v["oz"]: wo[2]})
+    scale = f * sym.maximum(cos_l, 0.0) / dist2 * area * weight
+    inputs = (p + [v[k] for k in ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz", "eta",
+                                  "rough")]
+              + a + b + c + [u1, u2] + le + [weight])
+    return inputs, [le[k] * scale for k in range(3)]
+
+
+# (p, ns, ng, wi, relative eta (N, 1), rough (N, 1), light vertices a, b, c, light uniforms
+# (N, 2), emission, weight (N, 1)) -> contribution (N, 3).
+DIELECTRIC_CONTRIBUTION = CompiledOp(
+    _dielectric_contribution_expressions, (3, 3, 3, 3, 1, 1, 3, 3, 3, 2, 3, 1), (3,),
+    differentiable=(True, True, False, True, True, True, True, True, True, False, True, False))
+
+
 def power_heuristic(a, b):
     """MIS weight a^2 / (a^2 + b^2) of the strategy with pdf ``a`` (0 where both are 0)."""
     a2, b2 = a * a, b * b
     return torch.where(a2 + b2 > 0, a2 / torch.clamp(a2 + b2, min=1e-300), torch.zeros_like(a))
 
 
+def _light_sample(g, si, u, two_sided):
+    """One light sample per interaction: (triangle, its vertices, direction, light pdf,
+    pmf, usable and visible)."""
+    tri, pmf = g.pick_light(u[:, 0])
+    verts = g.tri_verts.index_select(0, tri)
+    origin, wo, tmax, p_light, usable = shadow_rays(si.p, si.ng, verts, u[:, 1:], pmf, g.eps,
+                                                    two_sided)
+    visible = g.intersect(origin, wo, tmax=tmax) < 0
+    return tri, verts, wo, p_light, pmf, usable & visible
+
+
 def next_event(g, si, wi, kd, ks, rough, u):
     """Radiance (N, 3) reaching the interactions ``si`` from one light sample each, weighted
     by the power heuristic against BSDF sampling; ``u`` (N, 3) uniforms (u[:, 0] picks the
     triangle)."""
-    tri, pmf = g.pick_light(u[:, 0])
-    verts = g.tri_verts.index_select(0, tri)
-    origin, wo, tmax, p_light, usable = shadow_rays(si.p, si.ng, verts, u[:, 1:], pmf, g.eps)
-    visible = g.intersect(origin, wo, tmax=tmax) < 0
+    tri, verts, wo, p_light, pmf, ok = _light_sample(g, si, u, False)
     p_bsdf = bsdf.pdf(si.ns, wi, wo, kd, ks, rough)
-    weight = torch.where(usable & visible, power_heuristic(p_light, p_bsdf) / pmf, 0.0)
+    weight = torch.where(ok, power_heuristic(p_light, p_bsdf) / pmf, 0.0)
     return CONTRIBUTION(si.p, si.ns, si.ng, wi, kd, ks, rough[:, None], verts[:, 0],
                         verts[:, 1], verts[:, 2], u[:, 1:], g.light_emission(tri),
                         weight[:, None])[0]
+
+
+def next_event_dielectric(g, si, wi, eta, rough, u):
+    """``next_event`` at rough dielectric interactions (``eta`` the relative index, (N,)):
+    lights on either side of the surface, reflected or transmitted (the BSDF rejects light
+    leaks, where the shading and geometric normals disagree on the side)."""
+    tri, verts, wo, p_light, pmf, ok = _light_sample(g, si, u, True)
+    p_bsdf = bsdf.pdf_dielectric(si.ns, wi, wo, eta, rough)
+    weight = torch.where(ok, power_heuristic(p_light, p_bsdf) / pmf, 0.0)
+    return DIELECTRIC_CONTRIBUTION(si.p, si.ns, si.ng, wi, eta[:, None], rough[:, None],
+                                   verts[:, 0], verts[:, 1], verts[:, 2], u[:, 1:],
+                                   g.light_emission(tri), weight[:, None])[0]

@@ -14,7 +14,7 @@ from tqdm.auto import tqdm
 from . import edges as edges_mod
 from .geometry import Geometry
 from .integrator import CHANNELS, OUTPUTS, Sampler, trace, uniforms
-from .scene import SceneError
+from .scene import SceneError, check_eta
 
 # Paths per wavefront chunk (any size: random streams do not depend on it). The autograd
 # replay records one graph per chunk; with the compiled bounce kernels it is small enough for
@@ -35,6 +35,9 @@ def _check(scene, spp, output, max_depth):
     for name, t in scene.named_tensors():
         if not torch.isfinite(t.detach()).all():
             raise SceneError(f"render: scene parameter {name} contains NaN or infinity")
+    for m in scene.meshes:
+        if m.material.eta is not None:
+            check_eta(m.material.eta, f"render: mesh {m.name!r} material eta")
 
 
 def _pixel_samples(cam, spp, seed, start, count):

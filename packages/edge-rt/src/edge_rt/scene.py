@@ -158,11 +158,18 @@ class Camera:
 
 @dataclasses.dataclass
 class Material:
-    """Lambertian + Blinn-Phong (Schlick Fresnel). Each field is a constant or a Texture."""
+    """Lambertian + Blinn-Phong (Schlick Fresnel), or a rough dielectric. Each texture field is
+    a constant or a Texture.
+
+    ``eta`` (a positive scalar, None by default) makes the material a rough dielectric
+    (Walter et al. 2007, GGX; edge_rt.bsdf): ``eta`` is the index of refraction of the side
+    the winding's normal points away from (a closed mesh's interior), the exterior's is 1;
+    its GGX width is ``alpha = sqrt(roughness)``; ``diffuse`` and ``specular`` are ignored."""
 
     diffuse: Texture | torch.Tensor = (0.5, 0.5, 0.5)
     specular: Texture | torch.Tensor = (0.0, 0.0, 0.0)
     roughness: Texture | torch.Tensor = (0.5,)
+    eta: torch.Tensor | float | None = None
 
     def __post_init__(self):
         self.diffuse = _texture(self.diffuse, "Material.diffuse")
@@ -172,6 +179,27 @@ class Material:
                              ("roughness", self.roughness, 1)):
             if tex.channels != c:
                 raise SceneError(f"Material.{name}: expected {c} channels, got {tex.channels}")
+        if float(self.roughness.values.detach().min()) < 0.0:
+            raise SceneError(f"Material.roughness: must be >= 0, got "
+                             f"{float(self.roughness.values.detach().min())}")
+        if self.eta is not None:
+            self.eta = _tensor(self.eta, "Material.eta")
+            check_eta(self.eta, "Material.eta")
+
+    @property
+    def is_dielectric(self) -> bool:
+        return self.eta is not None
+
+
+def check_eta(eta, name):
+    """A dielectric's index must be one positive number (checked again at render time: an
+    optimiser step may move it)."""
+    if eta.numel() != 1:
+        raise SceneError(f"{name}: must be a scalar index of refraction, got shape "
+                         f"{tuple(eta.shape)}")
+    if not float(eta.detach().reshape(())) > 0.0:
+        raise SceneError(f"{name}: the index of refraction must be > 0, got "
+                         f"{float(eta.detach().reshape(()))}")
 
 
 @dataclasses.dataclass

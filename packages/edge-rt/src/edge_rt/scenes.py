@@ -60,6 +60,123 @@ def uv_sphere(center=(0.0, 0.0, 0.0), radius=1.0, rings=24, segments=48, materia
                 uvs=torch.tensor(uvs), normals=torch.tensor(n.reshape(-1, 3)), name=name)
 
 
+def torus_mesh(center=(0.0, 0.0, 0.0), major_radius=1.0, minor_radius=0.25, height=None,
+               rings=48, sides=24, material=None, name="torus", rotation=None):
+    """A closed, smooth-shaded torus about the y axis: a tube of ``minor_radius`` swept along a
+    circle of ``major_radius``. ``height`` (default ``2 * minor_radius``) stretches the tube's
+    cross-section vertically into an ellipse (a ring band for ``height >> minor_radius``).
+    ``rotation``: an optional 3x3 matrix applied about the centre. Outward winding, analytic
+    vertex normals, UVs (u around the axis, v around the tube; seam vertices duplicated)."""
+    a = float(minor_radius)
+    b = a if height is None else float(height) / 2.0
+    if not 0.0 < a < major_radius or b <= 0.0:
+        raise SceneError(f"torus_mesh: need 0 < minor_radius < major_radius and height > 0, got "
+                         f"{minor_radius}, {major_radius}, {height}")
+    u = np.linspace(0.0, 2.0 * math.pi, rings + 1)
+    v = np.linspace(0.0, 2.0 * math.pi, sides + 1)
+    uu, vv = np.meshgrid(u, v, indexing="ij")
+    radial = major_radius + a * np.cos(vv)
+    verts = np.stack([radial * np.cos(uu), b * np.sin(vv), -radial * np.sin(uu)], -1)
+    # the ellipse's normal (cos v / a, sin v / b) swept around the axis
+    nr, ny = np.cos(vv) / a, np.sin(vv) / b
+    normals = np.stack([nr * np.cos(uu), ny, -nr * np.sin(uu)], -1)
+    normals /= np.linalg.norm(normals, axis=-1, keepdims=True)
+    uvs = np.stack([uu / (2.0 * math.pi), vv / (2.0 * math.pi)], -1).reshape(-1, 2)
+    verts, normals = verts.reshape(-1, 3), normals.reshape(-1, 3)
+    idx = np.arange((rings + 1) * (sides + 1)).reshape(rings + 1, sides + 1)
+    a0, a1 = idx[:-1, :-1].ravel(), idx[1:, :-1].ravel()
+    b0, b1 = idx[:-1, 1:].ravel(), idx[1:, 1:].ravel()
+    faces = np.concatenate([np.stack([a0, b0, b1], 1), np.stack([a0, b1, a1], 1)])
+    fn = np.cross(verts[faces[:, 1]] - verts[faces[:, 0]], verts[faces[:, 2]] - verts[faces[:, 0]])
+    if (fn * normals[faces].mean(1)).sum() < 0:
+        faces = faces[:, ::-1].copy()
+    if rotation is not None:
+        rot = np.asarray(rotation, dtype=np.float64)
+        verts, normals = verts @ rot.T, normals @ rot.T
+    return Mesh(torch.tensor(verts + np.asarray(center, dtype=np.float64)), faces,
+                material or Material(), uvs=torch.tensor(uvs), normals=torch.tensor(normals),
+                name=name)
+
+
+def facing_quad(center, target, size, emission, name="light"):
+    """A square area light of side ``size`` centred at ``center``, emitting toward ``target``
+    (black: it reflects nothing)."""
+    c = np.asarray(center, dtype=np.float64)
+    d = np.asarray(target, dtype=np.float64) - c
+    d /= np.linalg.norm(d)
+    up = np.array([0.0, 1.0, 0.0]) if abs(d[1]) < 0.9 else np.array([1.0, 0.0, 0.0])
+    e1 = np.cross(d, up)
+    e1 *= size / np.linalg.norm(e1)
+    e2 = np.cross(e1, d)
+    e2 *= size / np.linalg.norm(e2)
+    light = quad(c - 0.5 * (e1 + e2), e1, e2, Material(diffuse=(0.0, 0.0, 0.0)),
+                 emission=emission, name=name)
+    v, f = light.vertices.numpy(), light.faces.numpy()
+    if np.dot(np.cross(v[f[0, 1]] - v[f[0, 0]], v[f[0, 2]] - v[f[0, 0]]), d) < 0:
+        light.faces = light.faces.flip(1)
+    return light
+
+
+def _rotation_x(angle):
+    c, s = math.cos(angle), math.sin(angle)
+    return np.array([[1.0, 0.0, 0.0], [0.0, c, -s], [0.0, s, c]])
+
+
+GOLD = (1.0, 0.78, 0.34)  # gold's normal-incidence reflectance (sRGB-ish), the Phong Ks
+
+
+def ring_scene(resolution=(128, 128)):
+    """Fig 6-2 analog (h2mc spec 7.4, AE-9): a highly glossy gold ring (a torus whose tube is
+    a tall thin ellipse: a band of radius 1, height 0.5, wall 0.08; Blinn-Phong Ks = gold,
+    roughness 0.004, exponent 498, no diffuse) standing on a diffuse floor, lit by a small
+    (0.4 x 0.4) bright light 5 units away, 30 degrees above the floor: its inner wall focuses
+    the light into a cardioid caustic on the floor inside the ring. The thesis uses a distant
+    point light; edge_rt has area lights only (spec 2.5)."""
+    ring = torus_mesh((0.0, 0.25, 0.0), 1.0, 0.04, height=0.5, rings=96, sides=16,
+                      material=Material(diffuse=(0.0, 0.0, 0.0), specular=GOLD,
+                                        roughness=(0.004,)), name="ring")
+    floor = quad((-6, 0, -6), (0, 0, 12), (12, 0, 0), Material(diffuse=(0.7, 0.7, 0.7)),
+                 name="floor")
+    angle = math.radians(30.0)
+    light = facing_quad((-5.0 * math.cos(angle), 5.0 * math.sin(angle), 0.0), (0.0, 0.0, 0.0),
+                        0.4, (300.0, 300.0, 300.0))
+    cam = Camera(look_at((0.0, 3.2, 2.6), (0.15, 0.0, 0.0)), fov=45.0, resolution=resolution)
+    return Scene(cam, [ring, floor, light])
+
+
+def torus_glass_cube(resolution=(128, 128)):
+    """Fig 6-7 analog (h2mc spec 7.4, AE-10): a diffuse torus (radii 0.45 / 0.15, tilted 60
+    degrees) inside a glossy glass cube (side 1.6, rough dielectric eta 1.5, roughness
+    0.0064: GGX alpha 0.08) resting just above a diffuse floor, lit by a small (0.5 x 0.5)
+    area light above and to the side. Every path to the torus crosses the glass twice
+    (specular-diffuse-specular); the thesis uses a point light."""
+    torus = torus_mesh((0.0, 0.81, 0.0), 0.45, 0.15, rings=48, sides=24,
+                       material=Material(diffuse=(0.75, 0.35, 0.15)), name="torus",
+                       rotation=_rotation_x(math.radians(60.0)))
+    glass = cube_mesh((0.0, 0.81, 0.0), 1.6, Material(roughness=(0.0064,), eta=1.5),
+                      name="glass_cube")
+    floor = quad((-6, 0, -6), (0, 0, 12), (12, 0, 0), Material(diffuse=(0.6, 0.6, 0.6)),
+                 name="floor")
+    light = facing_quad((2.0, 4.0, 1.5), (0.0, 0.8, 0.0), 0.5, (120.0, 120.0, 120.0))
+    cam = Camera(look_at((0.0, 2.4, 4.6), (0.0, 0.7, 0.0)), fov=40.0, resolution=resolution)
+    return Scene(cam, [torus, glass, floor, light])
+
+
+def glossy_cornell(resolution=(64, 64)):
+    """AE-8's scene: the Cornell box (``cornell_box``) with glossy Blinn-Phong materials: a
+    near-mirror tall box (Ks 0.7, roughness 0.01, exponent 198), a glossy floor (Kd 0.5, Ks
+    0.2, roughness 0.05) and a diffuse short box and walls, lit by the ceiling light."""
+    scene = cornell_box(resolution)
+    for m in scene.meshes:
+        if m.name == "tall_box":
+            m.material = Material(diffuse=(0.1, 0.1, 0.1), specular=(0.7, 0.7, 0.7),
+                                  roughness=(0.01,))
+        elif m.name == "floor":
+            m.material = Material(diffuse=(0.5, 0.5, 0.5), specular=(0.2, 0.2, 0.2),
+                                  roughness=(0.05,))
+    return scene
+
+
 def checker(res=64, tiles=8, a=(0.8, 0.2, 0.1), b=(0.1, 0.3, 0.8)):
     yy, xx = np.mgrid[0:res, 0:res]
     mask = ((xx * tiles // res) + (yy * tiles // res)) % 2 == 0
