@@ -221,6 +221,8 @@ def test_bad_arguments():
         PathSpace(sc, max_length=2, min_length=3)
     with pytest.raises(PathSpaceError, match="environment maps"):
         PathSpace(scenes.textured_sphere((8, 8)))
+    with pytest.raises(PathSpaceError, match="rough dielectric"):
+        PathSpace(scenes.torus_glass_cube((8, 8)))
     cam = edge_rt.Camera(sc.camera.cam_to_world, resolution=(8, 8), kind="fisheye")
     with pytest.raises(PathSpaceError, match="pinhole"):
         PathSpace(edge_rt.Scene(cam, sc.meshes))

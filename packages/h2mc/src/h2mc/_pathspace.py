@@ -206,6 +206,9 @@ class PathSpace:
                                  "on area lights only; remove the envmap)")
         with torch.no_grad():
             self.geometry = Geometry(scene, torch.float64)
+        if self.geometry.has_dielectric:  # its vertices would be priced as opaque Phong ones
+            raise PathSpaceError("PathSpace: rough dielectric materials (Material.eta) are not "
+                                 "supported yet; edge_rt's path tracer renders them")
         if len(self.geometry.light_tris) == 0:
             raise PathSpaceError("PathSpace: the scene has no light (no mesh with a non-zero "
                                  "emission); every path contribution would be zero")
