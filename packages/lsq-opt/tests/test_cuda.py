@@ -200,19 +200,23 @@ def test_other_backends_do_not_import_cupy():
 # nvcc tier: every kernel of this file in one translation unit
 
 
+def _ptx_entries(tmp_path, stem, text, timeout):
+    """Compile the CUDA translation unit ``text`` to PTX with nvcc (sm_80): its kernel names."""
+    src, ptx = tmp_path / f"{stem}.cu", tmp_path / f"{stem}.ptx"
+    src.write_text(text)
+    r = subprocess.run([NVCC, "--ptx", "-arch=sm_80", "-std=c++17", str(src), "-o", str(ptx)],
+                       capture_output=True, text=True, timeout=timeout)
+    assert r.returncode == 0, r.stderr[-4000:]
+    return re.findall(r"\.entry\s+(\w+)\(", ptx.read_text())
+
+
 def test_nvcc_compiles_every_kernel(tmp_path):
     if NVCC is None:
         pytest.skip("nvcc is not on PATH")
     from core_ad._codegen.cuda.host_emulation import translation_unit
 
     text, symbols = translation_unit(kernel_list())
-    src = tmp_path / "lsq_kernels.cu"
-    src.write_text(text)
-    r = subprocess.run([NVCC, "--ptx", "-arch=sm_80", "-std=c++17", str(src), "-o",
-                        str(tmp_path / "lsq_kernels.ptx")], capture_output=True, text=True,
-                       timeout=300)
-    assert r.returncode == 0, r.stderr[-4000:]
-    entries = set(re.findall(r"\.entry\s+(\w+)\(", (tmp_path / "lsq_kernels.ptx").read_text()))
+    entries = set(_ptx_entries(tmp_path, "lsq_kernels", text, timeout=300))
     assert set(symbols.values()) <= entries, sorted(set(symbols.values()) - entries)
 
 
@@ -846,11 +850,5 @@ def test_nvcc_compiles_every_fused_kernel(host_cupy, tmp_path):
     # every unit defines its kernel under the same few names: number them apart
     text = "\n".join(re.sub(r"(__global__\s+void\s+)(\w+)", rf"\g<1>\g<2>_{i}", u)
                      for i, u in enumerate(units))
-    src = tmp_path / "lsq_fused.cu"
-    src.write_text(text)
-    r = subprocess.run([NVCC, "--ptx", "-arch=sm_80", "-std=c++17", str(src), "-o",
-                        str(tmp_path / "lsq_fused.ptx")], capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-4000:]
-    entries = re.findall(r"\.entry\s+(\w+)\(", (tmp_path / "lsq_fused.ptx").read_text())
+    entries = _ptx_entries(tmp_path, "lsq_fused", text, timeout=600)
     assert len(entries) == len(units)

@@ -178,32 +178,43 @@ def _mixed_scatter(g, si, wi, kd, ks, rough, u_light, u, glass):
     return light, bounce
 
 
-def _dielectric_bounce_expressions(dtype):
-    """``_bounce_expressions`` for the rough dielectric: the next ray leaves to the side the
-    sampled direction points to (transmission continues on the far side), and a direction on
-    which the shading and geometric normals disagree (a light leak) ends the path."""
-    (sampled, _), _ = bsdf.dielectric_sampling_expressions(dtype)
-    v, f = bsdf.dielectric_expressions(dtype)
+def _bounce(dtype, sampling, evaluation, material, dielectric):
+    """The expressions of one bounce over a BSDF's ``sampling`` / ``evaluation`` expressions
+    (edge_rt.bsdf): a sampled direction and its pdf (held constant), the throughput
+    BSDF * cos / pdf (zero where the path ends), the next ray's origin (Geometry.spawn, on the
+    side the direction points to) and 1 where the path goes on. Opaque: the path ends below
+    the geometric surface; ``dielectric``: it may continue on either side, and ends where the
+    shading and geometric normals disagree about the side (a light leak)."""
+    (sampled, _), _ = sampling(dtype)
+    v, f = evaluation(dtype)
     p = [sym.var(f"p{c}", dtype) for c in "xyz"]
     u = [sym.var(f"u{k}", dtype) for k in range(3)]
     eps = sym.var("eps", dtype)
     wo = [sym.stop_gradient(x) for x in sampled[:3]]
     pdf = sym.stop_gradient(sampled[3])
     ng = [v["gx"], v["gy"], v["gz"]]
-    ns = [v["nx"], v["ny"], v["nz"]]
     cos_g = ng[0] * wo[0] + ng[1] * wo[1] + ng[2] * wo[2]
-    cos_s = ns[0] * wo[0] + ns[1] * wo[1] + ns[2] * wo[2]
-    alive = sym.logical_and(pdf > 0.0, cos_g * cos_s > 0.0)
+    if dielectric:
+        cos_s = v["nx"] * wo[0] + v["ny"] * wo[1] + v["nz"] * wo[2]
+        alive = sym.logical_and(pdf > 0.0, cos_g * cos_s > 0.0)
+    else:
+        alive = sym.logical_and(pdf > 0.0, cos_g > 0.0)
     f = sym.substitute(f, {v["ox"]: wo[0], v["oy"]: wo[1], v["oz"]: wo[2]})
+    f = f if isinstance(f, list | tuple) else [f] * 3  # the dielectric is grey
     safe_pdf = sym.where(alive, pdf, sym.const(1.0, dtype))
-    throughput = sym.where(alive, f / safe_pdf, sym.const(0.0, dtype))
+    throughput = [sym.where(alive, x / safe_pdf, sym.const(0.0, dtype)) for x in f]
     offset = sym.where(cos_g >= 0.0, eps, -eps)
     origin = [p[k] + offset * ng[k] for k in range(3)]
-    inputs = p + [v[k] for k in ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz", "eta",
-                                 "rough")] + u + [eps]
-    outputs = (wo + [pdf] + [throughput] * 3 + origin
+    inputs = (p + [v[k] for k in ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz")]
+              + [v[k] for k in material] + u + [eps])
+    outputs = (wo + [pdf] + throughput + origin
                + [sym.where(alive, sym.const(1.0, dtype), sym.const(0.0, dtype))])
     return inputs, outputs
+
+
+def _dielectric_bounce_expressions(dtype):
+    return _bounce(dtype, bsdf.dielectric_sampling_expressions, bsdf.dielectric_expressions,
+                   ("eta", "rough"), dielectric=True)
 
 
 # (p, ns, ng, wi, relative eta (N, 1), rough (N, 1), uniforms (N, 3), ray offset (N, 1)) ->
@@ -214,29 +225,8 @@ DIELECTRIC_BOUNCE = CompiledOp(_dielectric_bounce_expressions, (3, 3, 3, 3, 1, 1
 
 
 def _bounce_expressions(dtype):
-    """One bounce: a BSDF-sampled direction and its pdf (held constant), the throughput
-    BRDF * cos / pdf (zero for a direction below the surface), the next ray's origin
-    (Geometry.spawn) and 1 where the path goes on."""
-    (sampled, _), _ = bsdf.sampling_expressions(dtype)
-    v, f = bsdf.bsdf_expressions(dtype)
-    p = [sym.var(f"p{c}", dtype) for c in "xyz"]
-    u = [sym.var(f"u{k}", dtype) for k in range(3)]
-    eps = sym.var("eps", dtype)
-    wo = [sym.stop_gradient(x) for x in sampled[:3]]
-    pdf = sym.stop_gradient(sampled[3])
-    ng = [v["gx"], v["gy"], v["gz"]]
-    cos_g = ng[0] * wo[0] + ng[1] * wo[1] + ng[2] * wo[2]
-    alive = sym.logical_and(pdf > 0.0, cos_g > 0.0)
-    f = sym.substitute(f, {v["ox"]: wo[0], v["oy"]: wo[1], v["oz"]: wo[2]})
-    safe_pdf = sym.where(alive, pdf, sym.const(1.0, dtype))
-    throughput = [sym.where(alive, x / safe_pdf, sym.const(0.0, dtype)) for x in f]
-    offset = sym.where(cos_g >= 0.0, eps, -eps)
-    origin = [p[k] + offset * ng[k] for k in range(3)]
-    inputs = p + [v[k] for k in ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz", "kdr",
-                                 "kdg", "kdb", "ksr", "ksg", "ksb", "rough")] + u + [eps]
-    outputs = (wo + [pdf] + throughput + origin
-               + [sym.where(alive, sym.const(1.0, dtype), sym.const(0.0, dtype))])
-    return inputs, outputs
+    return _bounce(dtype, bsdf.sampling_expressions, bsdf.bsdf_expressions,
+                   ("kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough"), dielectric=False)
 
 
 # (p, ns, ng, wi, kd, ks, rough (N, 1), uniforms (N, 3), ray offset (N, 1)) -> (wo, pdf
