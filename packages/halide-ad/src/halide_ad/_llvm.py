@@ -27,7 +27,7 @@ from llvmlite import ir
 from . import _expr as E
 from ._bounds import const_int, const_value
 from ._lower import (Allocate, Block, For, IfThen, LetStmt, Provide, provide_nodes,
-                     stmt_accesses)
+                     stmt_accesses, walk)
 from ._schedule import ScheduleError
 
 __all__ = ["ModuleBuilder", "Slots"]
@@ -559,15 +559,5 @@ def _uses(stmt):
     """(callee / stored Func ids, leaves) of every expression in ``stmt``."""
     nodes = provide_nodes(stmt)
     fids = {c.params["fid"] for c in sym.calls(nodes, E.CALL)}
-    stack = [stmt]
-    while stack:
-        s = stack.pop()
-        if isinstance(s, Provide):
-            fids.add(s.func.fid)
-        elif isinstance(s, Block):
-            stack += s.stmts
-        elif isinstance(s, (For, Allocate)):
-            stack.append(s.body)
-        elif isinstance(s, IfThen):
-            stack += [s.body] + ([s.otherwise] if s.otherwise is not None else [])
+    fids |= {s.func.fid for s in walk(stmt) if isinstance(s, Provide)}
     return fids, set(sym.free_leaves(nodes))

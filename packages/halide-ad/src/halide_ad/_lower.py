@@ -458,27 +458,33 @@ def _region_lets(graph, p, kind, loops, k, consumer_body):
     return out
 
 
-def provide_nodes(stmt):
-    """Every expression node in ``stmt`` (the consumer's body, producers nested in it)."""
-    out = []
+def walk(stmt):
+    """Every statement of ``stmt``, nested ones included (parents before their bodies)."""
     stack = [stmt]
     while stack:
         s = stack.pop()
+        yield s
+        if isinstance(s, Block):
+            stack += s.stmts
+        elif isinstance(s, (For, Allocate)):
+            stack.append(s.body)
+        elif isinstance(s, IfThen):
+            stack += [s.body] + ([s.otherwise] if s.otherwise is not None else [])
+
+
+def provide_nodes(stmt):
+    """Every expression node in ``stmt`` (the consumer's body, producers nested in it)."""
+    out = []
+    for s in walk(stmt):
         if isinstance(s, Provide):
             out += list(s.args) + list(s.values) + ([s.predicate] if s.predicate is not None
                                                     else [])
-        elif isinstance(s, Block):
-            stack += s.stmts
         elif isinstance(s, For):
             out.append(s.extent)
-            stack.append(s.body)
-        elif isinstance(s, Allocate):
-            stack.append(s.body)
         elif isinstance(s, LetStmt):
             out.append(s.value)
         elif isinstance(s, IfThen):
             out.append(s.cond)
-            stack += [s.body] + ([s.otherwise] if s.otherwise is not None else [])
     return out
 
 
@@ -493,21 +499,9 @@ def _where(graph, key):
 def stmt_accesses(stmt):
     """(Funcs and Buffers read, Funcs written) by ``stmt``, less the Funcs it allocates."""
     reads = {c.params["fid"] for c in sym.calls(provide_nodes(stmt), E.CALL)}
-    writes, local = set(), set()
-    stack = [stmt]
-    while stack:
-        s = stack.pop()
-        if isinstance(s, Provide):
-            writes.add(s.func.fid)
-        elif isinstance(s, Block):
-            stack += s.stmts
-        elif isinstance(s, For):
-            stack.append(s.body)
-        elif isinstance(s, Allocate):
-            local.add(s.func.fid)
-            stack.append(s.body)
-        elif isinstance(s, IfThen):
-            stack += [s.body] + ([s.otherwise] if s.otherwise is not None else [])
+    stmts = list(walk(stmt))
+    writes = {s.func.fid for s in stmts if isinstance(s, Provide)}
+    local = {s.func.fid for s in stmts if isinstance(s, Allocate)}
     return reads - local, writes - local
 
 
