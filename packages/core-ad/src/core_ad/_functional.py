@@ -7,7 +7,10 @@ the derivative computation is recorded (``create_graph``), so transforms nest: `
 ``jacobian(grad(f))``, ``hessian`` of a function that calls ``grad`` ...
 
 Lazy vertex elimination is off while a transform traces its function (a simplified graph is
-first-order only, and an outer transform may differentiate the recorded sweep again).
+first-order only, and an outer transform may differentiate the recorded sweep again), except
+in ``grad`` / ``value_and_grad`` at the outermost level: there it folds the intermediates that
+only the graph holds into edge weights computed with the primal, so they are never stored (a
+function that turns out to read arrays traced outside is traced again without it).
 """
 
 from __future__ import annotations
@@ -94,10 +97,23 @@ def _zeros_like(node: Array):
 def value_and_grad(f, argnums=0, has_aux: bool = False):
     """``f(*args) -> (value, gradient)`` for a scalar-valued ``f``; see :func:`grad`."""
 
+    def trace(args, eliminate):
+        with _grad_mode(True), _lazy.transform_trace(eliminate):
+            return f(*args)
+
     def vg(*args):
-        args, nums, single, inputs, defs, nested = _prepare(args, argnums, "grad")
-        with _grad_mode(True), _lazy.no_elimination():
-            out = f(*args)
+        prepared = _prepare(args, argnums, "grad")
+        eliminated = _lazy.stats()["eliminated"]
+        out = trace(prepared[0], eliminate=not prepared[-1])
+        if _lazy.stats()["eliminated"] != eliminated and _reaches_outer(
+            [o for o in flatten(out)[0] if isinstance(o, Array)],
+            [x for group in prepared[3] for x in group],
+        ):
+            # the sweep will be recorded for an enclosing level: trace again, unsimplified
+            out = None
+            prepared = _prepare(args, argnums, "grad")
+            out = trace(prepared[0], eliminate=False)
+        args, nums, single, inputs, defs, nested = prepared
         aux = None
         if has_aux:
             if not (isinstance(out, tuple) and len(out) == 2):

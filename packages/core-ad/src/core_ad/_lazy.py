@@ -60,6 +60,7 @@ class Scope:
 
     def __init__(self):
         self.leaves = {}  # id(buffer) -> (var, buffer)
+        self.aliases = []  # arrays whose leaf buffer is another array
         self.pending = []  # weakrefs to Arrays holding a Pending of this scope
         self.n_ops = 0
         self.closed = False
@@ -70,6 +71,12 @@ class Scope:
         hit = self.leaves.get(id(arr))
         if hit is not None:
             return hit[0]
+        key = id(arr)
+        if arr.ndim and not any(arr.strides):
+            # a broadcast scalar (a reduction's adjoint seed): read one number, not a copy
+            # of it per lane; the broadcast view stays alive so that its id is not reused
+            self.aliases.append(arr)
+            arr = arr.reshape(-1)[:1].reshape(())
         name = f"_lazy{len(self.leaves)}_{arr.dtype.str[1:]}"
         # the symbolic engine takes leaves as finite and drops NaN-safe guards on that basis:
         # a buffer holding inf or NaN gets a leaf that says otherwise. Its sum is inf or NaN
@@ -78,7 +85,7 @@ class Scope:
             v = sym.leaf("lazy", name, arr.dtype, finite=False)
         else:
             v = sym.var(name, arr.dtype)
-        self.leaves[id(arr)] = (v, arr)
+        self.leaves[key] = (v, arr)
         return v
 
 
@@ -154,6 +161,22 @@ def set_vertex_elimination(flag: bool = True) -> bool:
 
 
 @contextmanager
+def transform_trace(eliminate: bool = False):
+    """The trace of a transform's function. Vertex elimination stays on only when
+    ``eliminate`` (a first-order transform) and no other transform is tracing: an enclosing
+    one may differentiate the recorded graph again, which a simplified graph cannot."""
+    depth = getattr(_state, "transforms", 0)
+    _state.transforms = depth + 1
+    off = not (eliminate and depth == 0)
+    _state.no_elim = getattr(_state, "no_elim", 0) + off
+    try:
+        yield
+    finally:
+        _state.transforms = depth
+        _state.no_elim -= off
+
+
+@contextmanager
 def no_elimination():
     """No automatic vertex elimination inside the block: derivative sweeps, and the traces of
     transforms that may differentiate the graph again (eliminated nodes are first-order only)."""
@@ -169,11 +192,12 @@ SIMPLIFY = None  # set by _eliminate (it needs _tracing, which imports this modu
 
 def stats() -> dict:
     """Counters: ``evaluations`` (scope flushes), ``kernels`` (kernel launches), ``outputs``
-    (arrays computed), ``compiled`` (kernels built, i.e. cache misses)."""
+    (arrays computed), ``compiled`` (kernels built, i.e. cache misses), ``eliminated`` (graph
+    nodes collapsed by vertex elimination before evaluations)."""
     return _STATS
 
 
-_STATS = {"evaluations": 0, "kernels": 0, "outputs": 0, "compiled": 0}
+_STATS = {"evaluations": 0, "kernels": 0, "outputs": 0, "compiled": 0, "eliminated": 0}
 
 
 def _user_frame() -> str:
@@ -269,7 +293,8 @@ def evaluate_scope(scope: Scope | None = None):
     if SIMPLIFY is not None and vertex_elimination_enabled() and not getattr(
         _state, "simplifying", False
     ):
-        SIMPLIFY()  # records its edge weights in this scope, evaluated below
+        # records its edge weights in this scope, evaluated below
+        _STATS["eliminated"] += SIMPLIFY()
     scope.closed = True  # new operations open a new scope
     live = []
     for r in scope.pending:

@@ -618,9 +618,9 @@ def _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumul
             ):
                 node._args = None
                 node._freed = True
-    # after freeing (and dropping the sweep's own references to the nodes): a lazy evaluation
-    # then stores only what is still referenced
-    order = reach = None
+    # after freeing (and dropping the sweep's own references to the nodes and to the last
+    # cotangents it handled): a lazy evaluation then stores only what is still referenced
+    order = reach = node = ct = in_cts = in_args = out = a = c = prev = None
     with _grad_mode(create_graph):
         for node, ct in deferred:
             _accumulate(node, ct, create_graph)

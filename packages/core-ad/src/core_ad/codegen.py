@@ -75,6 +75,10 @@ expressions with the ONE emitter here rather than writing another::
       codegen.parallel_for(sumsq, data.size, (ctypes.addressof(table),), align=W)
       total = partials.sum()
 
+* ``host_empty(n, dtype)`` / ``host_zeros(n, dtype)``: 1-D host arrays from the caching
+  allocator the compiled kernels write their outputs into (large ones reuse released blocks
+  whose pages are already mapped: a fresh 8 MiB array costs ~3 ms of page faults here, more
+  than most kernels filling it); ``host_cache_stats()``, ``empty_host_cache()``;
 * the CUDA side, for siblings that write CUDA C kernels: :class:`CudaWriter` (a kernel with
   documented parameters, ``grid_stride_loop``, ``for_range``, ``if_``, bounds-checked
   accesses recording the first failure in the error slot, ``atomic_add``; see its example),
@@ -100,6 +104,10 @@ from ._codegen.cuda.source import spell as c_spell
 from ._codegen.cuda.source import spell_node as c_spell_node
 from ._codegen.cuda.writer import PREAMBLE as CUDA_PREAMBLE
 from ._codegen.cuda.writer import CudaWriter
+from ._codegen.host_pool import cache_stats as host_cache_stats
+from ._codegen.host_pool import empty as host_empty
+from ._codegen.host_pool import empty_cache as empty_host_cache
+from ._codegen.host_pool import zeros as host_zeros
 from ._codegen.llvm.builder import (
     Arg,
     KernelFunction,
@@ -178,11 +186,15 @@ __all__ = [
     "emit",
     "emit_program",
     "emit_with_grad",
+    "empty_host_cache",
     "gather",
     "hmax",
     "hmin",
+    "host_cache_stats",
+    "host_empty",
     "host_signature",
     "host_vector_width",
+    "host_zeros",
     "hsum",
     "llvm_type",
     "loop",

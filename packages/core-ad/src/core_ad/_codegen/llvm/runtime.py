@@ -41,6 +41,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 
+from .. import host_pool
 from ..._sym.buffers import is_buffer, is_scatter
 from ..._sym.expr import Apply
 
@@ -281,7 +282,7 @@ class LLVMKernel:
             if self.scatter_out[k]:
                 outs.append(np.array(arrays[self.scatter_src[k]], copy=True))
             else:
-                outs.append(np.empty(n, dtype=r.dtype))
+                outs.append(host_pool.empty(n, r.dtype))
         if n > 0:
             self._run(arrays, outs, n, mask, num_threads)
         for k, src in self.dup_of.items():
@@ -335,7 +336,7 @@ class LLVMKernel:
             a_c = list(addrs)
             if c > 0 and not atomic:
                 for k in scatter_ks:
-                    p = np.zeros_like(outs[k])
+                    p = host_pool.zeros(outs[k].shape[0], outs[k].dtype)
                     partials.append((k, p))
                     a_c[n_in + k] = _addr(p)
             ptr_arrays.append((ctypes.c_void_p * n_ptr)(*a_c))
