@@ -4,7 +4,9 @@
 
 Timed (same process, alternating, same float64 input, median of --repeats runs after warm-up):
 
-* core_ad: primal (f on plain numpy through ``core_ad.numpy``) and ``value_and_grad``;
+* core_ad eager: primal (f on plain numpy through ``core_ad.numpy``) and ``value_and_grad``;
+* core_ad lazy: primal (f on a traced array, fused into one kernel) and ``value_and_grad``
+  (graph simplified by vertex elimination; primal and edge weight in one kernel);
 * PyTorch eager: primal (under ``torch.no_grad``) and forward + ``torch.autograd.grad``;
 * ``torch.compile`` (Inductor): primal and forward + backward (compile time reported apart);
 * JAX: ``jax.jit(f)`` and ``jax.jit(jax.value_and_grad(f))`` with ``block_until_ready``
@@ -74,9 +76,11 @@ def setup_core_lazy(x):
     arithmetic fused into compiled kernels (first calls compile; timed apart)."""
     vg = ad.value_and_grad(f_core)
 
+    xa = ad.Array(x)  # a traced array (no gradient): plain numpy inputs would run in numpy
+
     def primal():
         with ad.lazy():
-            return float(f_core(x))
+            return float(f_core(xa))
 
     def value_and_grad():
         with ad.lazy():

@@ -90,8 +90,10 @@ def _finish(x, nested):
     return x
 
 
-def _zeros_like(node: Array):
-    return np.zeros(node.shape, dtype=node.dtype)
+def _cotangent(found: dict, node: Array):
+    """The cotangent the sweep found for ``node``; zeros (allocated only then) when none."""
+    ct = found.get(id(node))
+    return np.zeros(node.shape, dtype=node.dtype) if ct is None else ct
 
 
 def value_and_grad(f, argnums=0, has_aux: bool = False):
@@ -139,7 +141,7 @@ def value_and_grad(f, argnums=0, has_aux: bool = False):
             )
         grads = []
         for group, td in zip(inputs, defs):
-            leaves = [_finish(found.get(id(x), _zeros_like(x)), nested) for x in group]
+            leaves = [_finish(_cotangent(found, x), nested) for x in group]
             grads.append(unflatten(td, leaves))
         g = grads[0] if single else tuple(grads)
         value = _finish(out, nested)
@@ -201,7 +203,7 @@ def vjp(f, *primals):
         res = []
         for group, td in zip(inputs, defs):
             res.append(
-                unflatten(td, [_finish(found.get(id(x), _zeros_like(x)), create) for x in group])
+                unflatten(td, [_finish(_cotangent(found, x), create) for x in group])
             )
         return tuple(res)
 
