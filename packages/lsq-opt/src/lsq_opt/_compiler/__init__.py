@@ -226,7 +226,8 @@ def _collect_decls(terms, excludes):
 
 # --------------------------------------------------------------------------- compile
 def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, graphs=None,
-                    dtype=np.float64, backend="llvm", kernels=None, ignore_unused=False) -> Plan:
+                    dtype=np.float64, backend="llvm", kernels=None, ignore_unused=False,
+                    positional=None) -> Plan:
     """Compile ``energy`` and bind it by name.
 
     ``sizes``: ``{dim_name: int}`` (optional where a bound array fixes the dim); ``arrays``:
@@ -243,9 +244,18 @@ def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, gra
     Names are strict: an entry of ``arrays`` / ``params`` / ``graphs`` that the energy does not
     read raises :class:`LsqCompileError` naming it and the expected names, unless
     ``ignore_unused=True`` (one shared data dict for several energies).
+
+    ``positional``: Opt's binding by position (:mod:`lsq_opt._compiler.positional`): a list
+    whose entry ``i`` binds every declaration with ``index=i`` (arrays, unknowns' initial
+    values, params; ``None`` for unused positions); an Array sharing an Unknown's index is
+    that unknown's constant view. Declarations without an index still bind by name.
     """
     if not isinstance(energy, Energy):
         raise TypeError(f"compile_problem: expected an Energy, got {type(energy).__name__}")
+    if positional is not None:
+        from .positional import bind_positional
+
+        energy, arrays, params = bind_positional(energy, positional, arrays or {}, params or {})
     dtype = np.dtype(dtype)
     if dtype not in (np.float32, np.float64):
         raise TypeError(f"compile_problem: dtype must be float32 or float64, got {dtype}")

@@ -6,11 +6,12 @@ residual is self-describing (the compiler needs no global registry):
 
 * stencil read ``X(dx, dy)`` channel ``c``: ``leaf("X", ("s", (dx, dy), c, decl))``
 * graph read ``X(G.v0)`` channel ``c``: ``leaf("X", ("g", "G", "v0", c, decl))``
-* parameter ``Param("w")``: ``leaf("w", ("param",))``
+* parameter ``Param("w")``: ``leaf("w", ("param",))`` (``Param("w", index=i)``: ``("param", i)``)
 * ``InBounds(dx, dy)``: ``leaf("__inbounds__", (dx, dy), "bool")``
 * ``Index(d)``: ``leaf("__index__", (d,))``
 
-where ``decl = (role, dim_names, channels)`` with role ``"unknown"`` or ``"array"``. Leaves are
+where ``decl = (role, dim_names, channels)`` with role ``"unknown"`` or ``"array"`` (plus the
+binding index where the declaration gives one: ``positional`` binding). Leaves are
 built as float64; the compiler re-types them to the plan's dtype.
 
 Layout convention: an array over dims ``(D0, D1, ...)`` with ``C`` channels binds to a numpy
@@ -187,19 +188,31 @@ class Graph:
         return f"Graph({self.name!r}, slots={list(self.slots)}{extra})"
 
 
+def _binding_index(index, what: str):
+    """Opt's binding index (``compile_problem(positional=[...])``), or None."""
+    if index is None:
+        return None
+    if isinstance(index, bool) or not isinstance(index, numbers.Integral) or index < 0:
+        raise TypeError(f"{what}: the binding index must be a non-negative integer, got {index!r}")
+    return int(index)
+
+
 class _ArrayDecl:
     role = "array"
 
-    def __init__(self, name: str, dims, channels: int = 1):
+    def __init__(self, name: str, dims, channels: int = 1, index: int | None = None):
         if not isinstance(name, str) or not name or name.startswith("__"):
             raise TypeError(f"{type(self).__name__}: invalid name {name!r}")
         if not isinstance(channels, numbers.Integral) or channels < 1:
             raise ValueError(f"{type(self).__name__} {name!r}: channels must be >= 1")
         self.name, self.dims, self.channels = name, _dims(dims), int(channels)
+        self.index = _binding_index(index, f"{type(self).__name__} {name!r}")
 
     @property
     def decl(self):
-        return (self.role, tuple(d.name for d in self.dims), self.channels)
+        """(role, dims, channels[, binding index]): part of every leaf key of this array."""
+        d = (self.role, tuple(d.name for d in self.dims), self.channels)
+        return d if self.index is None else d + (self.index,)
 
     @property
     def ndim(self):
@@ -249,7 +262,8 @@ class _ArrayDecl:
 
 
 class Unknown(_ArrayDecl):
-    """``Unknown(name, dims, channels=1)``: the unknown image / per-vertex array."""
+    """``Unknown(name, dims, channels=1, index=None)``: the unknown image / per-vertex array
+    (``index``: Opt's binding index, for ``compile_problem(positional=...)``)."""
 
     role = "unknown"
 
@@ -276,7 +290,9 @@ class ConstView(_ArrayDecl):
 
 
 class Array(_ArrayDecl):
-    """``Array(name, dims, channels=1)`` (alias ``Image``): constant input data."""
+    """``Array(name, dims, channels=1, index=None)`` (alias ``Image``): constant input data.
+    In positional binding an Array sharing an Unknown's index is that unknown's constant view
+    (Fig. 33's ``r_const``)."""
 
     role = "array"
 
@@ -284,11 +300,13 @@ class Array(_ArrayDecl):
 Image = Array
 
 
-def Param(name: str):
-    """A scalar parameter, bound by name at compile time (``params={"w": 0.3}``)."""
+def Param(name: str, index: int | None = None):
+    """A scalar parameter, bound by name at compile time (``params={"w": 0.3}``) or by its
+    binding ``index`` (``positional=[...]``)."""
     if not isinstance(name, str) or not name or name.startswith("__"):
         raise TypeError(f"Param: invalid name {name!r}")
-    return sym.leaf(name, ("param",), _F)
+    index = _binding_index(index, f"Param {name!r}")
+    return sym.leaf(name, ("param",) if index is None else ("param", index), _F)
 
 
 def InBounds(*offset):
@@ -580,8 +598,7 @@ def _shift_expr(e, off):
         d = decode_leaf(lf)
         if isinstance(d, Read):
             o = tuple(a + b for a, b in zip(d.offset, off))
-            mapping[lf] = sym.leaf(lf.kind, ("s", o, d.channel, (d.role, d.dims, d.channels)),
-                                   lf.dtype)
+            mapping[lf] = sym.leaf(lf.kind, ("s", o, d.channel, lf.key[3]), lf.dtype)
         elif isinstance(d, InBoundsRef):
             mapping[lf] = InBounds(*(a + b for a, b in zip(d.offset, off)))
         elif isinstance(d, IndexRef):
@@ -738,11 +755,13 @@ class Read:
     offset: tuple | None = None   # stencil reads
     graph: str | None = None      # graph reads
     slot: str | None = None
+    index: int | None = None      # Opt's binding index, where declared
 
 
 @dataclass(frozen=True)
 class ParamRef:
     name: str
+    index: int | None = None
 
 
 @dataclass(frozen=True)
@@ -776,7 +795,7 @@ def decode_leaf(leaf):
     if kind == "buffer" and isinstance(key, str) and key.count("#") >= 2:
         name, c, decl = key.split("#", 2)
         try:
-            role, dims, ch = ast.literal_eval(decl)
+            role, dims, ch, *_ = ast.literal_eval(decl)
         except Exception:  # noqa: BLE001
             return None
         return BufferRef(name, int(c), tuple(dims), int(ch))
@@ -790,13 +809,17 @@ def decode_leaf(leaf):
         return None
     if key == ("param",):
         return ParamRef(kind)
+    if len(key) == 2 and key[0] == "param" and isinstance(key[1], int):
+        return ParamRef(kind, key[1])
     try:
         if key[0] == "s" and len(key) == 4:
-            _, off, c, (role, dims, ch) = key
-            return Read(kind, role, tuple(dims), int(ch), int(c), offset=tuple(off))
+            _, off, c, (role, dims, ch, *index) = key
+            return Read(kind, role, tuple(dims), int(ch), int(c), offset=tuple(off),
+                        index=index[0] if index else None)
         if key[0] == "g" and len(key) == 5:
-            _, g, s, c, (role, dims, ch) = key
-            return Read(kind, role, tuple(dims), int(ch), int(c), graph=g, slot=s)
+            _, g, s, c, (role, dims, ch, *index) = key
+            return Read(kind, role, tuple(dims), int(ch), int(c), graph=g, slot=s,
+                        index=index[0] if index else None)
     except (TypeError, ValueError):
         return None
     return None
