@@ -58,6 +58,9 @@ def main():
     t_trace = median_time(lambda: ps.trace(u), args.repeats)
     rows = []
     for k, s in ps.techniques:
+        if (k, s) not in paths.structure:  # no state of this batch closes a path this way
+            print(f"  {k},{'NEE' if s else 'HIT'}: no path among the {args.B} states; skipped")
+            continue
         lanes, params = paths.structure[k, s]
         cols = [np.ascontiguousarray(u[lanes, j]) for j in ps.dims(k, s)] + list(params)
         value = ps._value_kernel(k, s)
