@@ -519,6 +519,42 @@ def test_disk_object_cache_is_used_by_a_second_process(tmp_path):
     assert " disk cache in " in runs[1].stderr
 
 
+def test_a_disk_cache_hit_builds_no_ir_and_keeps_bounds_checks(tmp_path):
+    """The second process links the object file without building the IR (the kernel builder
+    is disabled there); the saved metadata keeps the bounds check's message, and ``.ir`` is
+    built on demand."""
+    code = (
+        "import sys\n"
+        "import numpy as np\n"
+        "import pytest\n"
+        "from core_ad import sym\n"
+        "from core_ad._codegen.llvm import kernel\n"
+        "build, refusing = kernel.build_kernel, [sys.argv[1] == 'load']\n"
+        "def guarded(*a, **k):\n"
+        "    assert not refusing[0], 'IR built on a disk cache hit'\n"
+        "    return build(*a, **k)\n"
+        "kernel.build_kernel = guarded\n"
+        "b, i, x = sym.buffer('disk_table'), sym.var('disk_i', 'int64'), sym.var('disk_y')\n"
+        "fn = sym.compile([sym.gather(b, i) * sym.cos(x)], [b, i, x], backend='llvm')\n"
+        "t, xs = np.arange(5.0), np.linspace(0, 1, 40)\n"
+        "idx = np.arange(40) % 5\n"
+        "assert np.allclose(fn(t, idx, xs)[0], t[idx] * np.cos(xs), rtol=1e-14)\n"
+        "idx[17] = 9\n"
+        "with pytest.raises(IndexError, match=\"index 9 at lane 17 .* 'disk_table'\"):\n"
+        "    fn(t, idx, xs)\n"
+        "refusing[0] = False\n"
+        "assert 'define' in fn.ir\n"
+    )
+    env = dict(os.environ, CORE_AD_CACHE_DIR=str(tmp_path), CORE_AD_DEBUG="1",
+               PYTHONPATH=os.path.abspath(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runs = [subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True,
+                           text=True, timeout=120) for mode in ("compile", "load")]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    assert list(tmp_path.glob("*.json")), "no kernel metadata was written"
+    assert " disk cache in " in runs[1].stderr
+
+
 # --------------------------------------------------------------------------------------------
 # options: scalar-only loops, no libmvec
 

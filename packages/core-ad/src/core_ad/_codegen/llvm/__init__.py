@@ -20,6 +20,8 @@ Options of ``sym.compile(..., backend="llvm", **options)``:
 
 from __future__ import annotations
 
+import json
+import os
 import threading
 import time
 
@@ -108,23 +110,78 @@ def compile_program(prog, roots, inputs, options: tuple, key: str):
         with _CODE_LOCK:
             return _build(mask, atomic)
 
+    def _name(mask, atomic):
+        ckey = code_key(prog, roots, inputs, mask, atomic, opts["vectorize"], math.key, host)
+        return ckey, f"core_ad_k{ckey[:24]}"
+
+    def _ir(mask, atomic):
+        return build_kernel(prog, roots, inputs, name=_name(mask, atomic)[1], math=math,
+                            scalar_mask=mask, vectorize=opts["vectorize"], atomic=atomic)
+
     def _build(mask, atomic):
         t0 = time.perf_counter()
-        ckey = code_key(prog, roots, inputs, mask, atomic, opts["vectorize"], math.key, host)
+        ckey, name = _name(mask, atomic)
         hit = _CODE.get(ckey)
         if hit is not None:
             return hit[0], hit[1], time.perf_counter() - t0
-        name = f"core_ad_k{ckey[:24]}"
-        kir = build_kernel(prog, roots, inputs, name=name, math=math, scalar_mask=mask,
-                           vectorize=opts["vectorize"], atomic=atomic)
+        variant = (f"scalar inputs {[j for j, m in enumerate(mask) if m]}"
+                   f"{', atomic' if atomic else ''}")
+        cached = _load_cached(name)
+        if cached is not None:
+            addr, kir = cached
+            secs = time.perf_counter() - t0
+            _CODE[ckey] = (addr, kir, secs)
+            report_compile(key, n_nodes, kir.width, secs, {"disk_hit": True}, variant)
+            return addr, kir, secs
+        kir = _ir(mask, atomic)
         t1 = time.perf_counter()
         addr, times = jit().compile(kir.text, name, name)
+        _save_meta(name, kir)
         secs = time.perf_counter() - t0
         times["ir"] = t1 - t0
         _CODE[ckey] = (addr, kir, secs)
-        report_compile(key, n_nodes, kir.width, secs, times,
-                       f"scalar inputs {[j for j, m in enumerate(mask) if m]}"
-                       f"{', atomic' if atomic else ''}")
+        report_compile(key, n_nodes, kir.width, secs, times, variant)
         return addr, kir, secs
 
+    builder.ir_text = lambda mask, atomic: _ir(mask, atomic).text
     return LLVMKernel(prog, roots, inputs, opts, key, builder)
+
+
+def _meta_path(name: str) -> str | None:
+    from .jit import Jit
+
+    d = Jit.cache_dir()
+    return None if d is None else os.path.join(d, name + ".json")
+
+
+def _save_meta(name: str, kir) -> None:
+    """What the runtime needs of a kernel besides its machine code (vector width, bounds
+    checks), next to the object file, so that a later process need not build the IR."""
+    path = _meta_path(name)
+    if path is None:
+        return
+    try:
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        with open(tmp, "w") as f:
+            json.dump({"width": kir.width, "checks": kir.checks}, f)
+        os.replace(tmp, path)
+    except OSError:
+        pass  # a read-only or full cache directory only costs the cache
+
+
+def _load_cached(name: str):
+    """(address, KernelIR without its text) from the disk cache, or None."""
+    from .jit import jit
+    from .kernel import KernelIR
+
+    path = _meta_path(name)
+    if path is None or not os.path.exists(path):
+        return None
+    try:
+        with open(path) as f:
+            meta = json.load(f)
+        kir = KernelIR(None, name, int(meta["width"]), [tuple(c) for c in meta["checks"]])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    addrs = jit().load_cached(name, [name])
+    return None if addrs is None else (addrs[0], kir)

@@ -169,8 +169,15 @@ class LLVMKernel:
         self.min_lanes = int(min(65536, max(2048, 400_000 // cost)))
         addr, kir, secs = self._build((False,) * self.n_in, False)
         self.width = kir.width
-        self.ir = kir.text
+        self._ir = kir.text  # None when the machine code came from the disk cache
         self.compile_time = secs
+
+    @property
+    def ir(self) -> str:
+        """LLVM IR of the all-array variant (built now if the disk cache supplied the code)."""
+        if self._ir is None:
+            self._ir = self._builder.ir_text((False,) * self.n_in, False)
+        return self._ir
 
     # ---- variants ----------------------------------------------------------------------
     def _build(self, mask, atomic):
@@ -381,11 +388,15 @@ def report_compile(kernel_key: str, n_nodes: int, width: int, secs: float, times
     if not _debug():
         return
     src = "disk cache" if times.get("disk_hit") else "compiled"
+    if "ir" in times:
+        detail = (f"IR {times['ir'] * 1e3:.1f}, parse {times.get('parse', 0) * 1e3:.1f},"
+                  f" opt {times.get('opt', 0) * 1e3:.1f}, codegen -O{times.get('codegen_level', 3)}"
+                  f" {times.get('codegen', 0) * 1e3:.1f} ms")
+    else:
+        detail = "no IR built: object file linked"
     print(
         f"core_ad llvm: kernel {kernel_key[:12]} ({n_nodes} nodes, {width} lanes/vector,"
-        f" variant {variant}) {src} in {secs * 1e3:.1f} ms (IR {times.get('ir', 0) * 1e3:.1f},"
-        f" parse {times.get('parse', 0) * 1e3:.1f}, opt {times.get('opt', 0) * 1e3:.1f},"
-        f" codegen -O{times.get('codegen_level', 3)} {times.get('codegen', 0) * 1e3:.1f} ms)",
+        f" variant {variant}) {src} in {secs * 1e3:.1f} ms ({detail})",
         file=sys.stderr,
     )
 
