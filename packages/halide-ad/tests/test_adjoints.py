@@ -296,3 +296,21 @@ def test_unrelated_inputs_have_zero_adjoints():
     d = hl.propagate_adjoints(_sum_sq(f, W, H))
     assert np.all(np.asarray(d[other].realize([4, 3])) == 0)
     assert float(np.asarray(d[p].realize([]))) == 0.0
+
+
+def test_in_place_updates_that_write_each_point_once():
+    """Updates that read only the point they write and write each point once (a predicated
+    RDom over the image, a constant point) take the local partial of the update -- here
+    value-dependent, read from the value before the update -- at the written points and pass
+    the adjoint unchanged elsewhere."""
+    def build(arrs, prms):
+        a = hl.Buffer(arrs["a"], "a")
+        f = hl.Func("f")
+        f[x, y] = a[x, y] * 1.5
+        r = hl.RDom([(0, W), (0, H)])
+        r.where(r.x + r.y < 6)
+        f[r.x, r.y] = hl.sin(f[r.x, r.y]) * f[r.x, r.y]
+        f[2, 1] = f[2, 1] * f[2, 1] + 0.5
+        return _sum_sq_weighted(f, W, H), {"a": a}, {}
+
+    _fd_check(build, {"a": _rng(8).standard_normal((H, W))})

@@ -77,6 +77,22 @@ def _is_float(t) -> bool:
     return t.is_float()
 
 
+def _writes_each_point_once(d) -> bool:
+    """Whether update ``d`` writes each point at most once: its left-hand side is pure Vars
+    (each at its own position), constants and RVars, every RVar of its RDoms appearing there
+    exactly once (so distinct iterations write distinct points)."""
+    rvars = [leaf for leaf, _ in d.rvars()]
+    seen = []
+    for a in d.args:
+        if E.is_rvar(a):
+            if a in seen:
+                return False
+            seen.append(a)
+        elif not (E.is_var(a) or _const_int(a) is not None):
+            return False
+    return len(seen) == len(rvars) and all(r in seen for r in rvars)
+
+
 def _const_int(n):
     if getattr(n, "op", None) == "const" and np.dtype(n.dtype).kind in "iu":
         return int(n.value)
@@ -342,7 +358,8 @@ class _Adjoints:
         name = f"{f.name()}_{k}_d"
         xs = [E.Var(n) for n in f._pure_arg_names]
         prev = Func(name)
-        if not has_r:
+        lhs = d.args
+        if not has_r and len(d.pure_var_names()) == len(lhs):  # every point, pointwise
             if selfs:
                 partial = sym.grad(value, selfs[0])
                 for c in selfs[1:]:
@@ -353,7 +370,6 @@ class _Adjoints:
             else:  # every point overwritten
                 prev[tuple(xs)] = E.cast(t, 0)
             return prev
-        lhs = d.args
         if not selfs:
             mask = Func(f"{name}_mask")
             mask[tuple(xs)] = E.cast(t, 1)
@@ -363,11 +379,23 @@ class _Adjoints:
             mask[tuple(E.Expr(_node=a) for a in lhs)] = wr
             prev[tuple(xs)] = cur[tuple(xs)] * mask[tuple(xs)]
             return prev
-        if len(selfs) == 1 and selfs[0].args == lhs:
+        if all(c.args == lhs for c in selfs):
             partial = sym.grad(value, selfs[0])
+            for c in selfs[1:]:
+                partial = partial + sym.grad(value, c)
             if _const_int(partial) == 1 or (getattr(partial, "op", None) == "const"
                                              and float(partial.value) == 1.0):
                 prev[tuple(xs)] = cur[tuple(xs)]
+                return prev
+            if _writes_each_point_once(d):
+                # the update reads only the point it writes, and writes each point once:
+                # the adjoint there is scaled by the local partial (which may read the value
+                # before the update: a stage copy), elsewhere it passes unchanged
+                at = tuple(E.Expr(_node=a) for a in lhs)
+                scaled = cur[at] * E.Expr(_node=partial)
+                prev[tuple(xs)] = cur[tuple(xs)]
+                prev[at] = scaled if d.predicate is None else E.select(
+                    E.Expr(_node=d.predicate), scaled, cur[at])
                 return prev
         raise FuncError(
             f"propagate_adjoints: update {k - 1} of Func {f.name()} reads {f.name()} in a way"
