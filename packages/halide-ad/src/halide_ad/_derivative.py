@@ -77,20 +77,58 @@ def _is_float(t) -> bool:
     return t.is_float()
 
 
+def _unit_rvar(arg):
+    """``(r, s)`` when ``arg`` is ``s * r + c`` for an RVar ``r``, ``s = +-1`` and a constant
+    ``c``, else None."""
+    rvs = [n for n in sym.free_leaves(arg) if E.is_rvar(n)]
+    if len(rvs) == 1:
+        if _const_int(arg - rvs[0]) is not None:
+            return rvs[0], 1
+        if _const_int(arg + rvs[0]) is not None:
+            return rvs[0], -1
+    return None
+
+
 def _writes_each_point_once(d) -> bool:
-    """Whether update ``d`` writes each point at most once: its left-hand side is pure Vars
-    (each at its own position), constants and RVars, every RVar of its RDoms appearing there
-    exactly once (so distinct iterations write distinct points)."""
+    """Whether update ``d`` writes each point at most once: its left-hand side is pure Vars,
+    constants and RVars plus constants, every RVar of its RDoms appearing there exactly once
+    (so distinct iterations write distinct points)."""
     rvars = [leaf for leaf, _ in d.rvars()]
     seen = []
     for a in d.args:
-        if E.is_rvar(a):
-            if a in seen:
+        unit = _unit_rvar(a)
+        if unit is not None:
+            if unit[0] in seen:
                 return False
-            seen.append(a)
+            seen.append(unit[0])
         elif not (E.is_var(a) or _const_int(a) is not None):
             return False
     return len(seen) == len(rvars) and all(r in seen for r in rvars)
+
+
+def _reads_only_finished_points(d, read_args) -> bool:
+    """Whether update ``d`` (writing each point once) reads ``read_args`` only where it never
+    writes or where an earlier iteration already wrote: the read is the written point moved by
+    a constant step of the RVars that is lexicographically negative (outermost RDom dimension
+    first), or a constant coordinate it never writes. The value read is then the value after
+    the update: a non-overwriting scan (spec 3.7.3), such as ``f(x, r + 1) = g(f(x, r))``."""
+    shift = {}
+    for a, b in zip(d.args, read_args):
+        step = _const_int(b - a)
+        if step is None:
+            return False
+        unit = _unit_rvar(a)
+        if unit is not None:
+            shift[unit[0]] = step * unit[1]  # in iterations: r moves by step / s
+        elif _const_int(a) is not None:
+            if step:
+                return True  # a coordinate this update never writes
+        elif step:
+            return False  # a pure Var read at another point
+    for leaf, _ in reversed(d.rvars()):  # innermost first: the outermost decides
+        if shift.get(leaf, 0):
+            return shift[leaf] < 0
+    return False
 
 
 def _const_int(n):
@@ -323,7 +361,11 @@ class _Adjoints:
                 # self-reads see the value before this update: a copy of stages 0..k-1
                 before = self._stage_copy(f, k - 1)
                 value = _retarget(value, f.fid, before.fid)
-                adj[k - 1] = self._previous_stage(f, d, k, cur, t, value, before)
+                scan = self._scan(f, d, k, cur, value, before)
+                if scan is not None:
+                    adj[k - 1], value, seed = scan
+                else:
+                    adj[k - 1] = self._previous_stage(f, d, k, cur, t, value, before)
             self._propagate(f, d, value, seed, region)
         self.stages[f.fid] = adj
 
@@ -350,6 +392,42 @@ class _Adjoints:
         if copy is None:
             copy = self._copies[key] = stage_copy(f, j, f"{f.name()}_s{j}")
         return copy
+
+    def _scan(self, f, d, k, cur, value, before):
+        """A non-overwriting scan (spec 3.7.3; :func:`_reads_only_finished_points`):
+        ``(adjoint before the update, the update's value, its seed)`` or None. The adjoint
+        runs the recurrence backwards (every RVar ``r`` replaced by ``lo + hi - r``), adding
+        the adjoint of each written point, times the local partial, into the point it read;
+        values the partials read are those after the update (a stage copy). The written points'
+        adjoints then seed the update's other contributions, and are zero before it."""
+        selfs = [c for c in sym.calls(value, E.CALL) if c.params["fid"] == before.fid]
+        if (len(selfs) != 1 or selfs[0].args == d.args or not _writes_each_point_once(d)
+                or not _reads_only_finished_points(d, selfs[0].args)):
+            return None
+        after = self._stage_copy(f, k)
+        value = _retarget(value, before.fid, after.fid)
+        (read,) = [c for c in sym.calls(value, E.CALL) if c.params["fid"] == after.fid]
+        partial = sym.grad(value, read)
+        flip = {}
+        for leaf, rv in d.rvars():
+            lo, ext = rv.rdom.bounds[rv.dim]
+            flip[leaf] = lo.node + lo.node + ext.node - sym.const(1, I32) - leaf
+        xs = [E.Var(n) for n in f._pure_arg_names]
+        at = tuple(E.Expr(_node=sym.substitute(a, flip)) for a in d.args)
+        src = tuple(E.Expr(_node=sym.substitute(a, flip)) for a in read.args)
+        back = Func(f"{f.name()}_{k}_d_scan")
+        back[tuple(xs)] = cur[tuple(xs)]
+        step = back[at] * E.Expr(_node=sym.substitute(partial, flip))
+        if d.predicate is not None:
+            step = E.select(E.Expr(_node=sym.substitute(d.predicate, flip)), step,
+                            E.cast(f.type(), 0))
+        back[src] = back[src] + step
+        prev = Func(f"{f.name()}_{k}_d")
+        prev[tuple(xs)] = back[tuple(xs)]
+        written = tuple(E.Expr(_node=a) for a in d.args)
+        prev[written] = E.cast(f.type(), 0) if d.predicate is None else E.select(
+            E.Expr(_node=d.predicate), E.cast(f.type(), 0), prev[written])
+        return prev, value, back[written].node
 
     def _previous_stage(self, f, d, k, cur, t, value, before):
         """The adjoint of ``f`` before update ``k - 1`` from the adjoint after it."""

@@ -16,13 +16,15 @@ def _loss(f, n):
     return loss
 
 
-def test_scan_update_is_rejected_naming_func_and_update():
+def test_scan_reading_ahead_is_rejected_naming_func_and_update():
+    """f(r) = f(r + 1) ... reads points a later iteration overwrites (the forward scan
+    f(r) = f(r - 1) ... is reversible: test_acceptance's AE-5 cases)."""
     a = hl.Buffer(np.ones(6, np.float32), "a")
-    f = hl.Func("prefix")
+    f = hl.Func("suffix")
     f[x] = a[x]
-    r = hl.RDom([(1, 5)])
-    f[r.x] = f[r.x - 1] * 0.5 + a[r.x]
-    with pytest.raises(hl.FuncError, match=r"update 0 of Func prefix.*Rewrite"):
+    r = hl.RDom([(0, 5)])
+    f[r.x] = f[r.x + 1] * 0.5 + a[r.x]
+    with pytest.raises(hl.FuncError, match=r"update 0 of Func suffix.*Rewrite"):
         hl.propagate_adjoints(_loss(f, 6))
 
 
