@@ -329,3 +329,19 @@ def test_ae5_nonlinear_scan_horner_and_reverse():
     rev[r.x] = inp[4 - r.x]
     loss = _sum(rev, 0, 5, lambda i: hl.f64(i + 1))
     assert list(_grad(loss, inp, [5])) == [5.0, 4.0, 3.0, 2.0, 1.0]
+
+
+def test_ae5_scan_adjoint_autoscheduled_equals_unscheduled():
+    """The backward scan keeps its RVar loop serial under the auto-scheduler (parallel over
+    the pure x only): identical to the unscheduled pipeline."""
+    def d_g():
+        g = hl.Buffer(np.linspace(0.5, 1.0, 64), "g")
+        f, r = hl.Func("f"), hl.RDom([(0, 63)])
+        f[x, y] = g[x]
+        f[x, r.x + 1] = 0.5 * f[x, r.x] * f[x, r.x] + g[r.x] * 0.1
+        return hl.propagate_adjoints(_total(f, 64, 64))[g]
+
+    plain = np.asarray(d_g().realize([64]))
+    scheduled = d_g()
+    hl.auto_schedule([scheduled], {scheduled: [64]})
+    np.testing.assert_array_equal(np.asarray(scheduled.realize([64])), plain)
