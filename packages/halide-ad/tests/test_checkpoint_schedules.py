@@ -48,3 +48,28 @@ def test_schedule_gives_the_unscheduled_gradient(problem, how):
     got = backward(hl, img, target, kernel, how)[0]()
     assert got.dtype == np.float64
     assert np.max(np.abs(got - unscheduled)) <= 1e-12 * np.max(np.abs(unscheduled))
+
+
+def _loss(img, target, kernel):
+    """E6's loss, sum (convolved - target)^2 with zero padding, in numpy (float64)."""
+    h, w = img.shape
+    kh, kw = kernel.shape
+    p = np.pad(img, ((kh - 1, 0), (kw - 1, 0)))
+    conv = sum(p[kh - 1 - j:kh - 1 - j + h, kw - 1 - i:kw - 1 - i + w] * kernel[j, i]
+               for j in range(kh) for i in range(kw))
+    return float(np.sum((conv - target) ** 2))
+
+
+@pytest.mark.parametrize("how", SCHEDULES[:4])
+def test_scheduled_gradient_passes_finite_differences_on_a_crop(problem, how):
+    """AE-9's FD check: a 3 x 3 crop at the image corner (zero padding) and one inside."""
+    img, target, kernel, _ = problem
+    got = backward(hl, img, target, kernel, how)[0]()
+    h = 1e-6
+    for r0, c0 in ((0, 0), (30, 41)):
+        for r in range(r0, r0 + 3):
+            for c in range(c0, c0 + 3):
+                e = np.zeros_like(img)
+                e[r, c] = h
+                fd = (_loss(img + e, target, kernel) - _loss(img - e, target, kernel)) / (2 * h)
+                assert abs(got[r, c] - fd) <= 1e-6 * max(1.0, abs(fd)), (how, r, c, got[r, c], fd)
