@@ -519,6 +519,27 @@ def test_disk_object_cache_is_used_by_a_second_process(tmp_path):
     assert " disk cache in " in runs[1].stderr
 
 
+def test_disk_cache_is_on_by_default_in_the_user_cache_and_can_be_turned_off(
+        monkeypatch, tmp_path):
+    from core_ad._codegen.llvm.jit import Jit
+
+    monkeypatch.delenv("CORE_AD_CACHE_DIR", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert Jit.cache_dir() == os.path.join(str(tmp_path), "core_ad", "kernels")
+    for off in ("off", "0", "", "false"):
+        monkeypatch.setenv("CORE_AD_CACHE_DIR", off)
+        assert Jit.cache_dir() is None
+    monkeypatch.setenv("CORE_AD_CACHE_DIR", str(tmp_path / "mine"))
+    assert Jit.cache_dir() == str(tmp_path / "mine")
+
+
+def test_code_keys_hash_the_code_generators_sources():
+    from core_ad._codegen import cache
+
+    assert cache.CODEGEN_VERSION.startswith("core_ad-llvm-")
+    assert cache.CODEGEN_VERSION == "core_ad-llvm-" + cache._generator_fingerprint()
+
+
 def test_a_disk_cache_hit_builds_no_ir_and_keeps_bounds_checks(tmp_path):
     """The second process links the object file without building the IR (the kernel builder
     is disabled there); the saved metadata keeps the bounds check's message, and ``.ir`` is

@@ -32,7 +32,7 @@ expressions with the ONE emitter here rather than writing another::
 * for siblings that build whole LLVM modules of their own (loop nests around the emitter):
   ``compile_ir(ir_text, module_name, fn_name) -> (address, timings)`` (``fn_name`` a list
   of names -> a tuple of addresses from one module; the one process-wide
-  MCJIT engine at O3, with the ``CORE_AD_CACHE_DIR`` object cache: put a content hash in
+  MCJIT engine at O3, with the on-disk object cache (``CORE_AD_CACHE_DIR``): put a content hash in
   ``module_name``), ``host_signature()`` (CPU, features, LLVM version: part of such a hash),
   ``thread_pool()`` and ``num_threads(requested=None)`` (the kernels' thread pool and the
   ``CORE_AD_NUM_THREADS`` rule), ``host_vector_width(dtype)`` (lanes of one SIMD register);

@@ -14,8 +14,11 @@ Three levels:
    its options. Two compiles of structurally equal graphs return the same kernel object.
 3. **Code** (:func:`code_key`): the structural serialisation with leaf names left out (only
    kind, dtype and input position: renaming a var does not change the machine code), the
-   variant, the backend's code-generation settings and the host signature. It names the
-   machine code in memory and, with ``CORE_AD_CACHE_DIR``, the object file on disk.
+   variant, the backend's code-generation settings, the host signature and
+   :data:`CODEGEN_VERSION`, a hash of the code generators' own sources (an edit to the
+   emitter, the kernel builder, the vector math or the runtime's calling convention names new
+   machine code, so the disk cache never serves what an older generator built). It names the
+   machine code in memory and the object file in the disk cache (see :mod:`.llvm.jit`).
 
 Both in-memory caches are bounded (least recently used entries are dropped).
 """
@@ -23,6 +26,7 @@ Both in-memory caches are bounded (least recently used entries are dropped).
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 from collections import OrderedDict
 
@@ -33,7 +37,23 @@ from .._sym.expr import Apply, Const, Leaf
 
 __all__ = ["KernelCache", "structural_key", "code_key", "serialize", "KERNELS"]
 
-CODEGEN_VERSION = "core_ad-llvm-1"
+def _generator_fingerprint() -> str:
+    here = os.path.dirname(os.path.abspath(__file__))
+    h = hashlib.sha256()
+    for rel in ("cache.py", "llvm/emitter.py", "llvm/kernel.py", "llvm/vecmath.py",
+                "llvm/runtime.py", "llvm/builder.py", "llvm/jit.py", "llvm/__init__.py"):
+        try:
+            with open(os.path.join(here, rel), "rb") as f:
+                h.update(f.read())
+        except OSError:  # sources not shipped: the package version stands in
+            from importlib.metadata import version
+
+            h.update(version("difvis-core-ad").encode())
+            break
+    return h.hexdigest()[:16]
+
+
+CODEGEN_VERSION = "core_ad-llvm-" + _generator_fingerprint()
 
 
 def _prim_ident(prim) -> str:

@@ -187,7 +187,10 @@ class KernelModule:
         addrs = _COMPILED.get(mod_name)
         if addrs is None:
             names = [f"{f.name}_{h}" for f in self.functions]
-            found, _ = jit().compile(text, mod_name, names)
+            # an earlier process's object file (CORE_AD_CACHE_DIR): no parse, no codegen
+            found = jit().load_cached(mod_name, names)
+            if found is None:
+                found, _ = jit().compile(text, mod_name, names)
             addrs = _COMPILED[mod_name] = dict(zip((f.name for f in self.functions), found))
         self.ir, self.compile_time = text, time.perf_counter() - t0
         out = {}

@@ -12,7 +12,8 @@ kernels, O0), an optional on-disk object cache.
   -O3's greedy allocator and schedulers grow faster on one huge basic block.
 * Every kernel module is added to the engine of its level (names are unique: they carry the
   code key).
-* On-disk object cache: with ``CORE_AD_CACHE_DIR`` set (read at each compile), the engine's
+* On-disk object cache, on by default (``CORE_AD_CACHE_DIR``, read at each compile; see
+  :meth:`Jit.cache_dir` for the default place and the off switch): the engine's
   object cache hooks store each module's object code as ``<dir>/<code key>.o`` and load it
   back instead of optimising and compiling again (in a later process); callers that can
   name a module before building its IR (core_ad's lane-wise kernels) skip the IR too and
@@ -89,8 +90,15 @@ class Jit:
     # ---- object cache hooks ------------------------------------------------------------
     @staticmethod
     def cache_dir() -> str | None:
+        """``CORE_AD_CACHE_DIR``, by default ``$XDG_CACHE_HOME/core_ad/kernels`` (else
+        ``~/.cache/...``), as Dr.Jit keeps its kernels in ``~/.drjit``; ``off`` (or ``0``,
+        empty) turns the disk cache off."""
         d = os.environ.get("CORE_AD_CACHE_DIR")
-        return d or None
+        if d is None:
+            base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"),
+                                                                      ".cache")
+            return os.path.join(base, "core_ad", "kernels")
+        return None if d.strip().lower() in ("", "0", "off", "false", "no") else d
 
     def _path(self, module) -> str | None:
         d = self._pending_dir
