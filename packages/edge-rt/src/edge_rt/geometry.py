@@ -5,7 +5,6 @@ and rays), and area-light sampling."""
 
 from __future__ import annotations
 
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -14,6 +13,7 @@ from embreex import rtcore_scene
 from embreex.mesh_construction import TriangleMesh
 
 from core_ad import sym
+from core_ad.codegen import num_threads, thread_pool
 
 from ._compiled import CompiledOp
 from .texture import direction_to_latlong
@@ -36,13 +36,6 @@ class Interaction:
 
 # Rays per thread below which a batch is traced in one Embree call.
 _RAYS_PER_THREAD = 8192
-_POOL: list = []
-
-
-def _embree_pool():
-    if not _POOL:
-        _POOL.append(ThreadPoolExecutor(thread_name_prefix="edge_rt_embree"))
-    return _POOL[0]
 
 
 _CORNER_UVS = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
@@ -111,13 +104,14 @@ class Geometry:
         dists = None if tmax is None else np.ascontiguousarray(
             tmax.detach().to(torch.float32).numpy())
         n = oo.shape[0]
-        parts = max(1, min(torch.get_num_threads(), n // _RAYS_PER_THREAD))
+        # core_ad's kernel threads and pool: renders run torch single-threaded (renderer.py).
+        parts = max(1, min(num_threads(), n // _RAYS_PER_THREAD))
         if parts == 1:
             return torch.as_tensor(self.embree.run(oo, dd, dists=dists).astype(np.int64))
         # embreex releases the GIL while tracing: contiguous slices of the batch in threads.
         bounds = np.linspace(0, n, parts + 1).astype(np.int64)
-        jobs = [_embree_pool().submit(self.embree.run, oo[s:e], dd[s:e],
-                                      None if dists is None else dists[s:e])
+        jobs = [thread_pool().submit(self.embree.run, oo[s:e], dd[s:e],
+                                     None if dists is None else dists[s:e])
                 for s, e in zip(bounds[:-1], bounds[1:])]
         return torch.as_tensor(np.concatenate([j.result() for j in jobs]).astype(np.int64))
 
