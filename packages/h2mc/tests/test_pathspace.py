@@ -273,23 +273,46 @@ def _emitter_points(ps, u, length):
         for i in range(1, length):
             si = g.interact(g.intersect(ray, d), o, d)
             kd, ks, rough = g.material(si)
-            wo, _ = bsdf.sample(si.ns, -d, kd, ks, rough,
-                                torch.as_tensor(u[:, ps.bsdf_dims[i - 1]]))
+            eta = g.eta(si)
+            eta = torch.where(eta > 0, bsdf.relative_eta(eta.clamp(min=1.0), si.front), 0.0)
+            wo, _ = ps._sample(si, -d, kd, ks, rough, eta,
+                               torch.as_tensor(u[:, ps.bsdf_dims[i - 1]]))
             o, ray, d = si.p, g.spawn(si, wo), wo
         tri = g.intersect(ray, d)
         return tri, g.interact(tri, o, d).p
 
 
-def test_mis_weights_of_one_path_sum_to_one():
+def _glass_pane():
+    """A diffuse floor under a rough glass pane (alpha 0.3, eta 1.5) under a large light:
+    paths of 3 segments floor -> pane -> light transmit through the pane at their last
+    vertex."""
+    floor = scenes.quad((-3, 0, -3), (0, 0, 6), (6, 0, 0), edge_rt.Material(diffuse=(0.7,) * 3),
+                        name="floor")
+    pane = scenes.quad((-1.5, 1, -1.5), (0, 0, 3), (3, 0, 0),
+                       edge_rt.Material(roughness=(0.09,), eta=1.5), name="pane")
+    light = scenes.facing_quad((0.0, 1.6, 0.0), (0.0, 0.0, 0.0), 2.0, (5.0, 5.0, 5.0))
+    cam = edge_rt.Camera(scenes.look_at((0.0, 0.6, 2.5), (0.0, 0.0, 0.0)), fov=50.0,
+                         resolution=(8, 8))
+    return edge_rt.Scene(cam, [floor, pane, light])
+
+
+@pytest.mark.parametrize("scene", ["glossy", "glass"])
+def test_mis_weights_of_one_path_sum_to_one(scene):
     """Both techniques of the same geometric path: paths closed by a BSDF sample hitting the
     light (HIT), and the same paths closed by the light sample of that point (NEE, its light
     numbers inverted from the hit point). The two power-heuristic weights sum to 1 (to
     rounding: the point is recovered through barycentrics), and the unweighted contributions agree: C_HIT / w_HIT * p_bsdf =
     C_NEE / w_NEE * p_light is f * Le, so C_HIT / C_NEE = w_HIT / w_NEE * p_light / p_bsdf;
     checked through w: (C_HIT / w_HIT) / (C_NEE / w_NEE) = p_light / p_bsdf = sqrt(w_NEE /
-    w_HIT)."""
-    ps = PathSpace(_glossy_box(), max_length=3, min_length=3, backend="numpy")
-    u = _valid_states(ps, 3, HIT, np.random.default_rng(11), 40)
+    w_HIT). ``glass``: the last vertex is the rough glass pane, the light behind it: the
+    dielectric's sampling pdf (refraction probability 1 - F included) against the light's,
+    and NEE's transmission through the pane."""
+    ps = PathSpace(_glossy_box() if scene == "glossy" else _glass_pane(), max_length=3,
+                   min_length=3, backend="numpy")
+    u = _valid_states(ps, 3, HIT, np.random.default_rng(11), 80)
+    lanes, params = ps.trace(u).structure[3, HIT]
+    u = u[lanes[_vertex_kinds(params, 3) == ("oo" if scene == "glossy" else "og")][:40]]
+    assert len(u) == 40
     tri, y = _emitter_points(ps, u, 3)
     g = ps.geometry
     v = g.tri_verts.detach().numpy()[tri.numpy()]
