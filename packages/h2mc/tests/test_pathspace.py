@@ -7,9 +7,8 @@ import edge_rt
 from edge_rt import scenes
 import torch
 
-from edge_rt import bsdf
 from h2mc import HIT, NEE, PathSpace, PathSpaceError, luminance
-from h2mc._pathspace import _VERTEX, _torch_single_thread
+from h2mc._pathspace import _VERTEX, _relative_eta, _torch_single_thread
 
 
 @pytest.fixture(scope="module")
@@ -273,9 +272,7 @@ def _emitter_points(ps, u, length):
         for i in range(1, length):
             si = g.interact(g.intersect(ray, d), o, d)
             kd, ks, rough = g.material(si)
-            eta = g.eta(si)
-            eta = torch.where(eta > 0, bsdf.relative_eta(eta.clamp(min=1.0), si.front), 0.0)
-            wo, _ = ps._sample(si, -d, kd, ks, rough, eta,
+            wo, _ = ps._sample(si, -d, kd, ks, rough, _relative_eta(g, si),
                                torch.as_tensor(u[:, ps.bsdf_dims[i - 1]]))
             o, ray, d = si.p, g.spawn(si, wo), wo
         tri = g.intersect(ray, d)

@@ -189,6 +189,14 @@ def _sides_ok(si, wo, glass):
     return torch.where(glass, cos_g * (si.ns * wo).sum(1) > 0, cos_g > 0)
 
 
+def _relative_eta(geometry, si):
+    """(N,) relative index of refraction at the interactions (edge_rt.bsdf.relative_eta), 0 on
+    opaque ones."""
+    eta = geometry.eta(si)
+    glass = eta > 0
+    return torch.where(glass, bsdf.relative_eta(torch.where(glass, eta, 1.0), si.front), 0.0)
+
+
 def _cross(a, b):
     return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
 
@@ -326,11 +334,8 @@ class PathSpace:
                     break
                 si = g.interact(tri, o, d)
                 kd, ks, rough = g.material(si)
-                # relative index (edge_rt.bsdf.relative_eta), 0 on opaque vertices
-                eta = g.eta(si)
+                eta = _relative_eta(g, si)
                 glass = eta > 0
-                eta = torch.where(glass, bsdf.relative_eta(torch.where(glass, eta, 1.0),
-                                                           si.front), 0.0)
                 verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough, eta)))
                 if i + 1 >= self.min_length:
                     ends[i + 1, NEE] = self._connect(si, glass,
