@@ -7,9 +7,8 @@ import edge_rt
 from edge_rt import scenes
 import torch
 
-from edge_rt import bsdf
 from h2mc import HIT, NEE, PathSpace, PathSpaceError, luminance
-from h2mc._pathspace import _VERTEX, _torch_single_thread
+from h2mc._pathspace import _VERTEX, _relative_eta, _torch_single_thread
 
 
 @pytest.fixture(scope="module")
@@ -221,8 +220,10 @@ def test_bad_arguments():
         PathSpace(sc, max_length=2, min_length=3)
     with pytest.raises(PathSpaceError, match="environment maps"):
         PathSpace(scenes.textured_sphere((8, 8)))
-    with pytest.raises(PathSpaceError, match="rough dielectric"):
-        PathSpace(scenes.torus_glass_cube((8, 8)))
+    mirror_glass = scenes.torus_glass_cube((8, 8))
+    mirror_glass.meshes[1].material = edge_rt.Material(roughness=(0.0,), eta=1.5)
+    with pytest.raises(PathSpaceError, match="'glass_cube' is a perfectly specular"):
+        PathSpace(mirror_glass)
     cam = edge_rt.Camera(sc.camera.cam_to_world, resolution=(8, 8), kind="fisheye")
     with pytest.raises(PathSpaceError, match="pinhole"):
         PathSpace(edge_rt.Scene(cam, sc.meshes))
@@ -271,23 +272,44 @@ def _emitter_points(ps, u, length):
         for i in range(1, length):
             si = g.interact(g.intersect(ray, d), o, d)
             kd, ks, rough = g.material(si)
-            wo, _ = bsdf.sample(si.ns, -d, kd, ks, rough,
-                                torch.as_tensor(u[:, ps.bsdf_dims[i - 1]]))
+            wo, _ = ps._sample(si, -d, kd, ks, rough, _relative_eta(g, si),
+                               torch.as_tensor(u[:, ps.bsdf_dims[i - 1]]))
             o, ray, d = si.p, g.spawn(si, wo), wo
         tri = g.intersect(ray, d)
         return tri, g.interact(tri, o, d).p
 
 
-def test_mis_weights_of_one_path_sum_to_one():
+def _glass_pane():
+    """A diffuse floor under a rough glass pane (alpha 0.3, eta 1.5) under a large light:
+    paths of 3 segments floor -> pane -> light transmit through the pane at their last
+    vertex."""
+    floor = scenes.quad((-3, 0, -3), (0, 0, 6), (6, 0, 0), edge_rt.Material(diffuse=(0.7,) * 3),
+                        name="floor")
+    pane = scenes.quad((-1.5, 1, -1.5), (0, 0, 3), (3, 0, 0),
+                       edge_rt.Material(roughness=(0.09,), eta=1.5), name="pane")
+    light = scenes.facing_quad((0.0, 1.6, 0.0), (0.0, 0.0, 0.0), 2.0, (5.0, 5.0, 5.0))
+    cam = edge_rt.Camera(scenes.look_at((0.0, 0.6, 2.5), (0.0, 0.0, 0.0)), fov=50.0,
+                         resolution=(8, 8))
+    return edge_rt.Scene(cam, [floor, pane, light])
+
+
+@pytest.mark.parametrize("scene", ["glossy", "glass"])
+def test_mis_weights_of_one_path_sum_to_one(scene):
     """Both techniques of the same geometric path: paths closed by a BSDF sample hitting the
     light (HIT), and the same paths closed by the light sample of that point (NEE, its light
     numbers inverted from the hit point). The two power-heuristic weights sum to 1 (to
     rounding: the point is recovered through barycentrics), and the unweighted contributions agree: C_HIT / w_HIT * p_bsdf =
     C_NEE / w_NEE * p_light is f * Le, so C_HIT / C_NEE = w_HIT / w_NEE * p_light / p_bsdf;
     checked through w: (C_HIT / w_HIT) / (C_NEE / w_NEE) = p_light / p_bsdf = sqrt(w_NEE /
-    w_HIT)."""
-    ps = PathSpace(_glossy_box(), max_length=3, min_length=3, backend="numpy")
-    u = _valid_states(ps, 3, HIT, np.random.default_rng(11), 40)
+    w_HIT). ``glass``: the last vertex is the rough glass pane, the light behind it: the
+    dielectric's sampling pdf (refraction probability 1 - F included) against the light's,
+    and NEE's transmission through the pane."""
+    ps = PathSpace(_glossy_box() if scene == "glossy" else _glass_pane(), max_length=3,
+                   min_length=3, backend="numpy")
+    u = _valid_states(ps, 3, HIT, np.random.default_rng(11), 80)
+    lanes, params = ps.trace(u).structure[3, HIT]
+    u = u[lanes[_vertex_kinds(params, 3) == ("oo" if scene == "glossy" else "og")][:40]]
+    assert len(u) == 40
     tri, y = _emitter_points(ps, u, 3)
     g = ps.geometry
     v = g.tri_verts.detach().numpy()[tri.numpy()]
@@ -342,3 +364,76 @@ def test_techniques_sum_to_the_single_technique_estimator_and_edge_rt():
         assert abs(mis.mean() - single.mean()) < 4 * np.hypot(se[0], se[1]), k
         assert abs(mis.mean() - ref.mean()) < 4 * np.hypot(se[0], se[2]), k
         assert p.f_star_of(k, HIT).mean() > 0.005 * mis.mean()  # the HIT technique carries light
+
+
+def _glass_box():
+    """The glossy box with its sphere made rough glass (edge_rt dielectric, eta 1.5,
+    roughness 0.09: GGX alpha 0.3, smooth-shaded)."""
+    sc = _glossy_box()
+    sc.meshes[-1].material = edge_rt.Material(roughness=(0.09,), eta=1.5)
+    return sc
+
+
+_ETA, _SIDE = _VERTEX.index("eta"), _VERTEX.index("side")
+
+
+def _vertex_kinds(params, length):
+    """Per lane, one letter per surface vertex: ``o`` opaque, ``G`` glass seen from outside,
+    ``g`` glass seen from inside."""
+    n = len(_VERTEX)
+    letters = [np.where(params[v * n + _ETA] > 0, np.where(params[v * n + _SIDE] > 0, "G", "g"),
+                        "o") for v in range(length - 1)]
+    return np.array(["".join(x) for x in zip(*letters)])
+
+
+def _glass_states(ps, length, technique, patterns, n, samples):
+    """``n`` lit states of technique ``(length, technique)`` per vertex-kind pattern
+    (``_vertex_kinds``), and the pattern index of each."""
+    u = np.random.default_rng(11).random((samples, ps.dim))
+    p = ps.trace(u)
+    lanes, params = p.structure[length, technique]
+    lit = p.f_star_of(length, technique)[lanes] > 0
+    kinds = _vertex_kinds(params, length)
+    picked = [lanes[lit & (kinds == pat)][:n] for pat in patterns]
+    assert all(len(x) == n for x in picked), [len(x) for x in picked]
+    return u[np.concatenate(picked)], np.repeat(np.arange(len(patterns)), n)
+
+
+# Sphere (convex): "Ggo" refracts into it at the first vertex and out at the second, "Goo"
+# reflects off it, "oG" reflects at the last vertex towards the light (NEE). Cube (the torus
+# inside): "Gog" refracts in, hits the torus, and NEE transmits out through the cube's inside
+# face; "oG" is the emitter hit (HIT) after a reflection off the cube.
+@pytest.mark.parametrize("scene, length, technique, patterns, samples", [
+    ("sphere", 4, NEE, ("Ggo", "Goo"), 1 << 16),
+    ("sphere", 3, NEE, ("oG",), 1 << 14),
+    ("cube", 4, NEE, ("Gog",), 1 << 14),
+    ("sphere", 4, HIT, ("Ggo",), 1 << 17),
+])
+def test_rough_dielectric_path_derivatives_match_central_differences(scene, length, technique,
+                                                                     patterns, samples):
+    """AE-7 on paths through rough glass (eta 1.5; sphere: GGX alpha 0.3, smooth-shaded;
+    torus_glass_cube: alpha 0.08): both the reflection and the refraction branch of the first
+    vertex, reflection and transmission at the last vertex (NEE evaluates the dielectric BSDF;
+    the MIS weights use its pdf, reflect / refract probabilities included), and an emitter hit
+    through two refractions. Gradient and Hessian of log f* against Richardson-extrapolated
+    central differences, relative 1e-4, as above; the reflect / refract selectors (the lobe
+    coordinates) have no derivative."""
+    sc = _glass_box() if scene == "sphere" else scenes.torus_glass_cube((12, 12))
+    ps = PathSpace(sc, max_length=length, min_length=length, backend="numpy")
+    u, pattern = _glass_states(ps, length, technique, patterns, 15, samples)
+    p = ps.trace(u)
+    lf, g, H = ps.log_f_derivatives(u, length, technique, paths=p)
+    np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
+    np.testing.assert_allclose(lf, np.log(p.f_star_of(length, technique)), rtol=1e-12,
+                               atol=1e-12)
+    dims = ps.dims(length, technique)
+    gfd, Hfd, ok = _central_differences(
+        ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
+        lambda pp: pp.f_star_of(length, technique), _same_piece(ps, u, length, technique),
+        dims, _steps(H))
+    assert all((ok & (pattern == k)).sum() >= 10 for k in range(len(patterns))), ok
+    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
+    n_lobes = length - 1 if technique == HIT else length - 2
+    lobes = [list(dims).index(ps.bsdf_dims[b][0]) for b in range(n_lobes)]
+    assert (g[:, lobes] == 0).all() and (H[:, lobes] == 0).all()

@@ -39,6 +39,17 @@ def test_tiny_render_writes_exr_and_png_and_prints_numbers(tmp_path, capsys, met
     assert "mutations per pixel: 4.00" in out  # 4 x 192 pixels = 12 steps x 64 chains
 
 
+def test_rough_glass_scene_renders(tmp_path, capsys):
+    """torus_glass_cube (rough dielectric cube) through the CLI: paths refract through the
+    glass (MMLT here: its value kernels build in seconds)."""
+    rc, out, _ = _run(capsys, "torus_glass_cube", "--method", "mmlt", "--size", 12, 12,
+                      "--max-length", 4, "--mutations", 4, "--chains", 64, "--direct-spp", 1,
+                      "--out", tmp_path)
+    assert rc == 0 and "paths of 3..4 segments" in out
+    image = edge_rt.read_exr(tmp_path / "torus_glass_cube_mmlt.exr")
+    assert image.shape == (12, 12, 3) and np.isfinite(image).all() and image.mean() > 0
+
+
 def test_time_budget_runs_rounds_and_averages(tmp_path, capsys):
     rc, out, _ = _run(capsys, "cornell_box", "--method", "pssmlt", "--size", 16, 12,
                       "--time", 1.5, "--chains", 64, "--direct-spp", 1, "--out", tmp_path)

@@ -34,6 +34,17 @@ Two halves, as the thesis' renderer (spec 5.5):
   from one expression; derivatives are those of the smooth piece (visibility, lobe and
   triangle choices held), which keeps MH exact.
 
+Rough dielectrics (edge_rt ``Material.eta``, GGX with Walter et al.'s transmission) reflect
+or refract: their vertices carry the relative index of refraction (``eta``, 0 on opaque
+vertices) and take edge_rt's dielectric sampling, pdf and BSDF expressions (a per-vertex
+``where`` on ``eta > 0``, compiled only for scenes that have a dielectric); paths leave them on
+either side, where the shading and geometric normals agree (edge_rt's light-leak rule). The
+reflect / refract choice is ``u0 < F`` on the vertex's lobe coordinate, as the opaque lobe
+choice: a branch of the smooth piece, so ``u0`` has zero gradient and Hessian (its H2MC step
+is the prior's symmetric kick, spec 5.1) while ``F`` / ``1 - F`` stay in the pdfs and MIS
+weights. Perfectly specular dielectrics (roughness 0) are refused: their contribution is a
+delta, not differentiable.
+
 Textured materials are looked up at the traced hit and held constant in the derivatives (the
 texture's variation over the surface is not differentiated).
 """
@@ -55,7 +66,7 @@ LUMINANCE = (0.2126, 0.7152, 0.0722)  # Rec. 709 weights: f* = luminance of the 
 # Per-lane inputs of one surface vertex / the light vertex of a path kernel.
 _VERTEX = ("v0x", "v0y", "v0z", "v1x", "v1y", "v1z", "v2x", "v2y", "v2z", "side",
            "n0x", "n0y", "n0z", "n1x", "n1y", "n1z", "n2x", "n2y", "n2z",
-           "kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")
+           "kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough", "eta")
 _LIGHT = ("v0x", "v0y", "v0z", "v1x", "v1y", "v1z", "v2x", "v2y", "v2z", "ler", "leg", "leb",
           "pmf")
 
@@ -170,6 +181,22 @@ def _dot(a, b):
     return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
 
 
+def _sides_ok(si, wo, glass):
+    """Whether ``wo`` may leave the interactions: on the viewer's side of opaque surfaces;
+    on either side of a dielectric where the geometric and shading normals agree (edge_rt's
+    dielectric bounce rejects light leaks)."""
+    cos_g = (si.ng * wo).sum(1)
+    return torch.where(glass, cos_g * (si.ns * wo).sum(1) > 0, cos_g > 0)
+
+
+def _relative_eta(geometry, si):
+    """(N,) relative index of refraction at the interactions (edge_rt.bsdf.relative_eta), 0 on
+    opaque ones."""
+    eta = geometry.eta(si)
+    glass = eta > 0
+    return torch.where(glass, bsdf.relative_eta(torch.where(glass, eta, 1.0), si.front), 0.0)
+
+
 def _cross(a, b):
     return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
 
@@ -206,9 +233,12 @@ class PathSpace:
                                  "on area lights only; remove the envmap)")
         with torch.no_grad():
             self.geometry = Geometry(scene, torch.float64)
-        if self.geometry.has_dielectric:  # its vertices would be priced as opaque Phong ones
-            raise PathSpaceError("PathSpace: rough dielectric materials (Material.eta) are not "
-                                 "supported yet; edge_rt's path tracer renders them")
+        for m in scene.meshes:
+            if m.material.is_dielectric and float(m.material.roughness.values.min()) <= 0.0:
+                raise PathSpaceError(f"PathSpace: mesh {m.name!r} is a perfectly specular "
+                                     "dielectric (roughness 0): its contribution is a delta, "
+                                     "not differentiable; give it a roughness > 0")
+        self._dielectric = self.geometry.has_dielectric
         if len(self.geometry.light_tris) == 0:
             raise PathSpaceError("PathSpace: the scene has no light (no mesh with a non-zero "
                                  "emission); every path contribution would be zero")
@@ -304,14 +334,16 @@ class PathSpace:
                     break
                 si = g.interact(tri, o, d)
                 kd, ks, rough = g.material(si)
-                verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough)))
+                eta = _relative_eta(g, si)
+                glass = eta > 0
+                verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough, eta)))
                 if i + 1 >= self.min_length:
-                    ends[i + 1, NEE] = self._connect(si, -d, kd, ks, rough,
+                    ends[i + 1, NEE] = self._connect(si, glass,
                                                      ut[lanes][:, self.light_dims[i + 1]],
                                                      lanes)
-                wo, pdf = bsdf.sample(si.ns, -d, kd, ks, rough,
-                                      ut[lanes][:, self.bsdf_dims[i - 1]])
-                ok = torch.nonzero((pdf > 0) & ((si.ng * wo).sum(1) > 0)).flatten()
+                wo, pdf = self._sample(si, -d, kd, ks, rough, eta,
+                                       ut[lanes][:, self.bsdf_dims[i - 1]])
+                ok = torch.nonzero((pdf > 0) & _sides_ok(si, wo, glass)).flatten()
                 o, d, lanes = g.spawn(si, wo)[ok], wo[ok], lanes[ok]
         structure = {}
         for t, key in enumerate(self.techniques):
@@ -336,12 +368,24 @@ class PathSpace:
                 structure[key] = (lanes_k[keep], [c[keep] for c in params])
         return Paths(xy, pixel, contrib, valid, nonfinite, structure, list(self.techniques))
 
-    def _vertex_params(self, si, kd, ks, rough):
+    @staticmethod
+    def _sample(si, wi, kd, ks, rough, eta, u):
+        """edge_rt's BSDF sampling: the dielectric's on lanes with ``eta > 0``."""
+        wo, pdf = bsdf.sample(si.ns, wi, kd, ks, rough, u)
+        glass = torch.nonzero(eta > 0).flatten()
+        if len(glass):
+            wo_d, pdf_d = bsdf.sample_dielectric(si.ns[glass], wi[glass], eta[glass],
+                                                 rough[glass], u[glass])
+            wo, pdf = wo.index_copy(0, glass, wo_d), pdf.index_copy(0, glass, pdf_d)
+        return wo, pdf
+
+    def _vertex_params(self, si, kd, ks, rough, eta):
         tri = si.tri.numpy()
         v = self.geometry.tri_verts.detach().numpy()[tri].reshape(-1, 9)
         side = np.where(si.front.numpy(), 1.0, -1.0)[:, None]
         n = self._tri_normals[tri].reshape(-1, 9)
-        return np.concatenate([v, side, n, kd.numpy(), ks.numpy(), rough.numpy()[:, None]], 1)
+        return np.concatenate([v, side, n, kd.numpy(), ks.numpy(), rough.numpy()[:, None],
+                               eta.numpy()[:, None]], 1)
 
     def _light_params(self, tri, pmf):
         g = self.geometry
@@ -357,9 +401,9 @@ class PathSpace:
         sel = np.flatnonzero(front & (pmf > 0))
         return lanes.numpy()[sel], self._light_params(t[sel], pmf[sel])
 
-    def _connect(self, si, wi, kd, ks, rough, u_light, lanes):
-        """Next-event connection: lanes whose light sample is visible and lit from the front,
-        and their light parameters."""
+    def _connect(self, si, glass, u_light, lanes):
+        """Next-event connection: lanes whose light sample is visible, lit from the front and
+        on a side the vertex may send light to (``_sides_ok``), and their light parameters."""
         g = self.geometry
         tri, y, nl, area, pmf = g.sample_light(u_light)
         to_light = y - si.p
@@ -367,7 +411,7 @@ class PathSpace:
         origin = g.spawn(si, wo)
         tmax = (y - origin).norm(dim=1) * (1.0 - 1e-3)
         blocked = g.intersect(origin, wo, tmax=tmax) >= 0
-        ok = (~blocked) & (-(nl * wo).sum(1) > 0) & (pmf > 0) & ((si.ng * wo).sum(1) > 0)
+        ok = (~blocked) & (-(nl * wo).sum(1) > 0) & (pmf > 0) & _sides_ok(si, wo, glass)
         sel = torch.nonzero(ok).flatten()
         return lanes[sel].numpy(), self._light_params(tri[sel].numpy(), pmf[sel].numpy())
 
@@ -407,11 +451,19 @@ class PathSpace:
         o = tuple(sym.const(float(m[r, 3])) for r in range(3))
         (s_out, s_in), ((p_out,), p_in) = bsdf.sampling_expressions("float64")
         e_vars, e_out = bsdf.bsdf_expressions("float64")
+        if self._dielectric:
+            (sd_out, sd_in), ((pd_out,), pd_in) = bsdf.dielectric_sampling_expressions(
+                "float64")
+            d_vars, d_out = bsdf.dielectric_expressions("float64")
         throughput = (1.0, 1.0, 1.0)
         for i, vp in enumerate(verts):
             p, ng, ns = self._hit(o, d, vp)
             wi = tuple(-x for x in d)
             mat = {nm: vp[nm] for nm in ("kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")}
+            glass = vp["eta"] > 0.0
+            # a glass index on opaque vertices keeps the unused dielectric branch regular (at
+            # eta = 1 refraction degenerates to wo = -wi, whose branches flip on rounding)
+            glass_mat = {"eta": sym.where(glass, vp["eta"], 1.5), "rough": vp["rough"]}
             last = i == k - 2
             if not last or s == HIT:
                 du = u[2 + 3 * i: 5 + 3 * i]
@@ -419,6 +471,10 @@ class PathSpace:
                                (*ns, *wi, *du)))
                 wo = sym.substitute(s_out, {v: env.get(v.name, mat.get(v.name))
                                             for v in s_in})
+                if self._dielectric:
+                    wo_d = sym.substitute(sd_out, {v: env.get(v.name, glass_mat.get(v.name))
+                                                   for v in sd_in})
+                    wo = [sym.where(glass, a, b) for a, b in zip(wo_d, wo)]
                 wo, pdf = tuple(wo[:3]), wo[3]
             if last and s == NEE:
                 y, nl, area = self._light_point(light, u[-2], u[-1])
@@ -438,11 +494,19 @@ class PathSpace:
                                    (*ns, *wi, *wo)))
                     p_bsdf = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name))
                                                       for v in p_in})[0]
+                    if self._dielectric:  # reflect / refract probabilities included
+                        p_glass = sym.substitute(
+                            [pd_out], {v: env.get(v.name, glass_mat.get(v.name))
+                                       for v in pd_in})[0]
+                        p_bsdf = sym.where(glass, p_glass, p_bsdf)
                     a, b, pdf = p_light, p_bsdf, p_light
                 else:  # the BSDF sample's pdf against the light's for the hit point
                     a, b = pdf, p_light
                 mis = a * a / (a * a + b * b)  # power heuristic (a > 0 on the smooth piece)
             f = self._bsdf(e_vars, e_out, ns, ng, wi, wo, mat)
+            if self._dielectric:  # grey; reflection or transmission by the side of wo
+                (f_d,) = self._bsdf(d_vars, [d_out], ns, ng, wi, wo, glass_mat)
+                f = [sym.where(glass, f_d, x) for x in f]
             weight = [f[c] / pdf for c in range(3)]
             if last:
                 le = (light["ler"], light["leg"], light["leb"])

@@ -29,7 +29,8 @@ from ._pathspace import PathSpace, PathSpaceError
 from ._png import write_png
 
 BUILTIN = {"cornell_box": scenes.cornell_box, "glossy_cornell": scenes.glossy_cornell,
-           "ring_scene": scenes.ring_scene, "textured_sphere": scenes.textured_sphere,
+           "ring_scene": scenes.ring_scene, "torus_glass_cube": scenes.torus_glass_cube,
+           "textured_sphere": scenes.textured_sphere,
            "closed_cube": scenes.closed_cube, "teapot_scene": scenes.teapot_scene}
 
 
