@@ -97,7 +97,10 @@ class AutoLinearSystem:
     free (one probe: if the measured prices say no, later linearisations stay matrix-free).
     So long PCG solves over an expensive generated product (many residual terms per unknown,
     e.g. the shading energy: 1.3 ms vs 0.06 ms per product) switch, and short solves or
-    cheap products (Poisson, a spring network) keep the matrix-free path."""
+    cheap products (Poisson, a spring network) keep the matrix-free path. Known limits: the
+    probe is wasted where the sparse product is no faster (Poisson 256^2: 22 ms of a ~100 ms
+    solve), and on a plan whose J was never assembled the probe's price includes compiling
+    J's kernels (0.5 s on a small ARAP mesh), so "auto" then stays matrix-free."""
 
     def __init__(self, problem: Any):
         self.problem = problem
