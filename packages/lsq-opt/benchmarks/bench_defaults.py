@@ -235,7 +235,7 @@ def run_problem(name, builder, grid, args, have_ceres, why_ceres):
     target = max((1 + REL) * c_s, c_l)
     flagged = c_l > (1 + REL) * c_s
     print(f"  lsq defaults: cost {c_l:.10e} ({(c_l - c_s) / c_s:+.2e} vs scipy), {res.iterations} its, "
-          f"{res.pcg_iterations} PCG, preconditioner {res.preconditioner}, "
+          f"{res.pcg_iterations} PCG, preconditioner {res.preconditioner}, linear system {res.linear_system}, "
           f"stop: {res.termination_reason} ({res.termination_detail}), {t_def:.3f} s")
     print(f"  target T = {target:.10e}" + ("  [lsq defaults stop ABOVE (1+1e-6) x scipy: timed to lsq's cost]"
                                            if flagged else ""))

@@ -104,7 +104,8 @@ def test_verbose_names_preconditioner_and_stop(capsys):
     solve(plan, plan.x0, verbose=True)
     lines = capsys.readouterr().out.splitlines()
     assert "preconditioner jacobi" in lines[0]
-    assert lines[-1].startswith("LM done: converged:")
+    assert lines[-2].startswith("LM done: converged:")
+    assert lines[-1].startswith("linear system: auto: J^T J on ")
 
 
 def laplacian_1d(n, shift):

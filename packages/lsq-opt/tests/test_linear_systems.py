@@ -4,11 +4,14 @@ matrix ("jacobian": two sparse products) or from J^T J formed by SpGEMM ("jtj").
 example energy the PCG iterates of the three agree to float64 1e-10 over 20 iterations, and
 whole LM solves take the same iterates."""
 
+import time
+
 import numpy as np
 import pytest
 
 from lsq_opt import compile_problem, solve
-from lsq_opt._solver.materialized import MaterializedProblem, with_linear_system
+from lsq_opt._solver.materialized import (BUILD_PRIOR_PRODUCTS, MaterializedProblem, jtj_pays,
+                                          with_linear_system)
 from lsq_opt._solver.pcg import pcg
 from lsq_opt._solver.problem import call_linearize, jtjp_operator
 from lsq_opt.examples import (arap, cotangent, embedded, flow, intrinsic, laplacian, mesh,
@@ -138,3 +141,75 @@ def test_materialised_forms_refuse_device_vectors():
 
     with pytest.raises(ValueError, match="assembles J with scipy on the host"):
         MaterializedProblem(Device(), "jtj")
+
+
+# ---------------------------------------------------------------- linear_system="auto"
+def test_jtj_pays_rule():
+    # before the first build: priced at BUILD_PRIOR_PRODUCTS matrix-free products
+    assert not jtj_pays(0, 1e-3, None, None)
+    assert not jtj_pays(BUILD_PRIOR_PRODUCTS, 1e-3, None, None)
+    assert jtj_pays(BUILD_PRIOR_PRODUCTS + 1, 1e-3, None, None)
+    # measured: 20 products of 1 ms vs a 10 ms build plus 20 products of 0.1 ms
+    assert jtj_pays(20, 1e-3, 10e-3, 1e-4)
+    assert not jtj_pays(20, 1e-3, 20e-3, 1e-4)
+    assert not jtj_pays(20, 1e-4, 1e-3, 1e-4)  # the sparse product is no cheaper
+    assert not jtj_pays(5, None, None, None)  # nothing measured yet
+
+
+class _Priced:
+    """``plan`` with a matrix-free product and a Jacobian slowed down by the given seconds: the
+    prices the "auto" rule measures, made far apart so that machine load cannot flip it."""
+
+    def __init__(self, plan, product_s=0.0, jacobian_s=0.0):
+        self.plan, self.product_s, self.jacobian_s = plan, product_s, jacobian_s
+
+    def __getattr__(self, name):
+        return getattr(self.plan, name)
+
+    def jtjp_linearized(self, p):
+        time.sleep(self.product_s)
+        return self.plan.jtjp_linearized(p)
+
+    def jacobian(self, x):
+        time.sleep(self.jacobian_s)
+        return self.plan.jacobian(x)
+
+
+def test_auto_picks_jtj_for_expensive_products_and_matches_it():
+    plan = _arap_mesh()
+    x0 = _start(plan)
+    plan.jacobian(x0)  # compiles J's kernels: the first build's price would include that
+    kw = dict(max_iterations=6, function_tolerance=0.0, pcg_tolerance=1e-12)  # long PCG solves
+    got = solve(_Priced(plan, product_s=2e-3), x0, **kw)
+    assert got.linear_system.startswith("auto: J^T J on ")
+    used = int(got.linear_system.split("J^T J on ")[1].split(" of ")[0])
+    assert used == got.iterations, got.linear_system  # all but the first
+    ref = solve(plan, x0, linear_system="jtj", **kw)
+    assert got.iterations == ref.iterations
+    np.testing.assert_allclose(got.x, ref.x, rtol=0, atol=1e-8 * np.abs(ref.x).max())
+    np.testing.assert_allclose(got.cost, ref.cost, rtol=1e-9)
+
+
+def test_auto_keeps_matrix_free_when_building_costs_more():
+    plan = _arap_mesh()
+    x0 = _start(plan)
+    prob = with_linear_system(_Priced(plan, jacobian_s=0.2), "auto")
+    got = solve(prob, x0, max_iterations=6, function_tolerance=0.0, linear_system="matrix_free")
+    assert prob.linearisations["jtj"] <= 1  # at most the one probe
+    ref = solve(plan, x0, max_iterations=6, function_tolerance=0.0, linear_system="matrix_free")
+    np.testing.assert_allclose(got.x, ref.x, rtol=0, atol=1e-8 * np.abs(ref.x).max())
+
+
+def test_auto_passes_through_problems_it_cannot_materialise():
+    class NoJacobian:
+        def __init__(self, plan):
+            self.plan = plan
+
+        def __getattr__(self, name):
+            if name == "jacobian":
+                raise AttributeError(name)
+            return getattr(self.plan, name)
+
+    prob = NoJacobian(_laplacian())
+    assert with_linear_system(prob, "auto") is prob
+    assert solve(prob, prob.x0).linear_system == "matrix_free"

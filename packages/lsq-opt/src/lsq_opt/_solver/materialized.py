@@ -5,7 +5,9 @@
 * ``"jacobian"``: J assembled as a sparse matrix at each linearisation, then two sparse
   matrix-vector products ``J^T (J p)`` per PCG iteration;
 * ``"jtj"``: ``J^T J`` formed once per linearisation by a sparse matrix product (SpGEMM),
-  then one sparse matrix-vector product per PCG iteration.
+  then one sparse matrix-vector product per PCG iteration;
+* ``"auto"`` (the default): per linearisation, ``"jtj"`` where forming it pays, else
+  ``"matrix_free"`` (:class:`AutoLinearSystem`; host numpy problems with a ``jacobian``).
 
 The three give the same PCG iterates up to rounding (a test checks 20 iterations to 1e-10 on
 every example energy); which is fastest depends on the energy's stencil.
@@ -14,13 +16,20 @@ from __future__ import annotations
 
 from typing import Any
 
+import time
+
 import numpy as np
 
 from .problem import call_linearize
 
-__all__ = ["LINEAR_SYSTEMS", "MaterializedProblem", "with_linear_system"]
+__all__ = ["LINEAR_SYSTEMS", "AutoLinearSystem", "MaterializedProblem", "jtj_pays",
+           "with_linear_system"]
 
-LINEAR_SYSTEMS = ("matrix_free", "jacobian", "jtj")
+LINEAR_SYSTEMS = ("matrix_free", "jacobian", "jtj", "auto")
+# "auto", before its first J^T J build: the build is assumed to cost this many matrix-free
+# products (measured per problem, build / product: shading 14, TV 7, spring network 11, ARAP
+# mesh 56, Poisson 535); every build after that is priced at its measured time
+BUILD_PRIOR_PRODUCTS = 10
 # the protocol's optional device-side products: a materialised problem runs on the host
 _NOT_DELEGATED = frozenset({"damped_jtjp_linearized", "device_problem", "xp"})
 
@@ -30,7 +39,7 @@ class MaterializedProblem:
     (``form="jtj"``), rebuilt at every ``linearize``; everything else is ``problem``'s."""
 
     def __init__(self, problem: Any, form: str):
-        if form not in LINEAR_SYSTEMS[1:]:
+        if form not in ("jacobian", "jtj"):
             raise ValueError(f"MaterializedProblem: form must be 'jacobian' or 'jtj', got {form!r}")
         if getattr(problem, "xp", np) is not np:
             raise ValueError("linear_system='jacobian' / 'jtj' assembles J with scipy on the "
@@ -65,9 +74,102 @@ class MaterializedProblem:
         return self.jtjp_linearized(p)
 
 
+def jtj_pays(products: int, t_free: float | None, t_build: float | None,
+             t_jtj: float | None) -> bool:
+    """The "auto" rule: would ``products`` J^T J products (those of the previous linearisation)
+    have been cheaper by forming J^T J (``t_build``) and multiplying by it (``t_jtj`` each) than
+    by the matrix-free product (``t_free`` each)? ``None``: not measured yet (before the first
+    build it is priced at ``BUILD_PRIOR_PRODUCTS`` matrix-free products, its products free)."""
+    if t_free is None or products == 0:
+        return False
+    if t_build is None:
+        t_build, t_jtj = BUILD_PRIOR_PRODUCTS * t_free, 0.0
+    return products * t_free > t_build + products * (t_jtj or 0.0)
+
+
+class AutoLinearSystem:
+    """``linear_system="auto"``: at each linearisation, ``J^T J`` by SpGEMM when the
+    matrix-free products spent at the previous linearisation (its PCG solves, rejected LM steps
+    included) would have cost more than forming ``J^T J`` plus as many sparse products, else
+    the generated matrix-free product. Every cost is measured during the solve: the mean time
+    of a matrix-free product, of a ``J^T J`` product and of a build; before the first build,
+    the build is priced at ``BUILD_PRIOR_PRODUCTS`` matrix-free products and its products as
+    free (one probe: if the measured prices say no, later linearisations stay matrix-free).
+    So long PCG solves over an expensive generated product (many residual terms per unknown,
+    e.g. the shading energy: 1.3 ms vs 0.06 ms per product) switch, and short solves or
+    cheap products (Poisson, a spring network) keep the matrix-free path. Known limits: the
+    probe is wasted where the sparse product is no faster (Poisson 256^2: 22 ms of a ~100 ms
+    solve), and on a plan whose J was never assembled the probe's price includes compiling
+    J's kernels (0.5 s on a small ARAP mesh), so "auto" then stays matrix-free."""
+
+    def __init__(self, problem: Any):
+        self.problem = problem
+        self.n, self.dtype = problem.n, np.dtype(problem.dtype)
+        self._jtj = MaterializedProblem(problem, "jtj")
+        self._x = None
+        self._use_jtj = False
+        self._products = 0  # products since the last linearisation
+        self._time = {"free": [0.0, 0], "jtj": [0.0, 0], "build": [0.0, 0]}  # [seconds, count]
+        self.linearisations = {"matrix_free": 0, "jtj": 0}
+
+    def __getattr__(self, name):
+        if name in _NOT_DELEGATED or name.startswith("_"):
+            raise AttributeError(name)
+        return getattr(self.problem, name)
+
+    def _mean(self, what: str) -> float | None:
+        total, count = self._time[what]
+        return total / count if count else None
+
+    def linearize(self, x: np.ndarray) -> None:
+        self._use_jtj = jtj_pays(self._products, self._mean("free"), self._mean("build"),
+                                 self._mean("jtj"))
+        self._products = 0
+        self._x = np.array(x, copy=True)
+        if self._use_jtj:
+            t0 = time.perf_counter()
+            self._jtj.linearize(x)
+            self._add("build", time.perf_counter() - t0)
+        else:
+            call_linearize(self.problem, x)
+        self.linearisations["jtj" if self._use_jtj else "matrix_free"] += 1
+
+    def _add(self, what: str, seconds: float) -> None:
+        self._time[what][0] += seconds
+        self._time[what][1] += 1
+
+    def jtjp_linearized(self, p: np.ndarray) -> np.ndarray:
+        t0 = time.perf_counter()
+        out = self._jtj.jtjp_linearized(p) if self._use_jtj else self.problem.jtjp_linearized(p)
+        self._add("jtj" if self._use_jtj else "free", time.perf_counter() - t0)
+        self._products += 1
+        return out
+
+    def jtjp(self, x: np.ndarray, p: np.ndarray) -> np.ndarray:
+        if self._x is None or not np.array_equal(x, self._x):
+            self.linearize(x)
+        return self.jtjp_linearized(p)
+
+    def describe(self) -> str:
+        """What "auto" chose and the measured prices it chose by (for the report)."""
+        def ms(what):
+            t = self._mean(what)
+            return "-" if t is None else f"{t * 1e3:.3f} ms"
+        used = self.linearisations
+        return (f"auto: J^T J on {used['jtj']} of {sum(used.values())} linearisations (product "
+                f"matrix-free {ms('free')}, J^T J {ms('jtj')}; build {ms('build')})")
+
+
 def with_linear_system(problem: Any, linear_system: str) -> Any:
-    """``problem`` as the solvers should see it for ``linear_system`` (see the module)."""
+    """``problem`` as the solvers should see it for ``linear_system`` (see the module).
+    ``"auto"`` stays matrix-free for problems it cannot materialise (no ``jacobian``, device
+    arrays, or no ``linearize`` hook to serve products from)."""
     if linear_system not in LINEAR_SYSTEMS:
         raise ValueError(f"linear_system must be one of {LINEAR_SYSTEMS}, got {linear_system!r}")
+    if linear_system == "auto":
+        materialisable = (hasattr(problem, "jacobian") and hasattr(problem, "jtjp_linearized")
+                          and getattr(problem, "linearize", None) is not None
+                          and getattr(problem, "xp", np) is np)
+        return AutoLinearSystem(problem) if materialisable else problem
     return problem if linear_system == "matrix_free" else MaterializedProblem(problem,
                                                                              linear_system)

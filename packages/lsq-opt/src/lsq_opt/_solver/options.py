@@ -57,11 +57,18 @@ pcg_check_every            4                the device loop: PCG checks its stop
                                             PCG iteration count and the stop reason are
                                             unchanged). 1: check every iteration. No effect
                                             on host vectors
-linear_system              "matrix_free"    how PCG gets J^T J p: the generated product
+linear_system              "auto"           how PCG gets J^T J p: the generated product
                                             ("matrix_free"), J assembled per linearisation
                                             and two sparse products ("jacobian"), or J^T J
                                             formed by SpGEMM per linearisation ("jtj"); spec
-                                            AE-9. The materialised forms are host-only
+                                            AE-9. The materialised forms are host-only.
+                                            "auto": per linearisation, "jtj" when the
+                                            matrix-free products of the previous one cost
+                                            more than a build plus as many sparse products
+                                            (measured prices; the first build is priced at
+                                            10 products, one probe; see
+                                            :class:`.materialized.AutoLinearSystem`), else
+                                            "matrix_free"; matrix-free on the device
 =========================  ===============  ================================================
 """
 from __future__ import annotations
@@ -109,7 +116,7 @@ class SolverOptions:
     callback: Callable[..., Any] | None = None  # callback(entry, x); a true result stops ("user callback")
     device_loop: bool = True  # a cuda plan: the whole solve on the device (False: host protocol)
     pcg_check_every: int = PCG_CHECK_EVERY  # device loop: PCG iterations between host checks (see module docstring)
-    linear_system: str = "matrix_free"  # "matrix_free" | "jacobian" | "jtj" (see module docstring)
+    linear_system: str = "auto"  # "auto" | "matrix_free" | "jacobian" | "jtj" (see module docstring)
 
     @classmethod
     def paper(cls, **kw: Any) -> "SolverOptions":

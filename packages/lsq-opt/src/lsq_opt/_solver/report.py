@@ -60,6 +60,7 @@ class SolveResult:
     dtype: str = "float64"
     termination_detail: str = ""  # a sentence: why the solve stopped, with the numbers
     preconditioner: str = ""  # the preconditioner used ("auto" resolved)
+    linear_system: str = ""  # how PCG got J^T J p ("auto": what it chose, by which prices)
 
     @property
     def converged(self) -> bool:
@@ -86,6 +87,7 @@ class SolveResult:
             f"iterations        : {self.iterations} ({sum(e.accepted for e in self.log)} accepted), "
             f"PCG iterations {self.pcg_iterations}",
             f"preconditioner    : {self.preconditioner}",
+            f"linear system     : {self.linear_system}",
             f"termination       : {self.termination_reason}"
             + (f" ({self.termination_detail})" if self.termination_detail else ""),
             f"wall time         : {self.wall_time:.3f} s",

@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 
 from .gauss_newton import gauss_newton
-from .levenberg_marquardt import levenberg_marquardt
+from .levenberg_marquardt import _emit, levenberg_marquardt
 from .materialized import with_linear_system
 from .options import SolverOptions
 from .report import SolveResult
@@ -28,8 +28,9 @@ def solve(problem: Any, x0: np.ndarray, method: str = "lm", *, options: SolverOp
     ``jacobi_scaling``, ``preconditioner`` ("jacobi" | "none" | "ceres" | "modified_ceres" |
     "epsilon"), ``verbose``, ``progress`` (callable receiving each progress line), ``callback``
     (``callback(entry, x)``; returning True stops with "user callback"), ``device_loop``,
-    ``pcg_check_every``, ``linear_system`` ("matrix_free" | "jacobian" | "jtj": the generated
-    J^T J p, or J materialised as a sparse matrix and two products, or J^T J by SpGEMM).
+    ``pcg_check_every``, ``linear_system`` ("auto" | "matrix_free" | "jacobian" | "jtj": per
+    linearisation the cheaper of the next two by measured cost, the generated J^T J p, or J
+    materialised as a sparse matrix and two products, or J^T J by SpGEMM).
 
     A cuda plan (``compile_problem(..., backend="cuda")``) is solved on the device: the same
     GN / LM / PCG code runs over its ``device_problem()`` with every vector in device memory
@@ -52,8 +53,17 @@ def solve(problem: Any, x0: np.ndarray, method: str = "lm", *, options: SolverOp
     device = problem.device_problem() if options.device_loop and hasattr(problem, "device_problem") \
         else None
     if device is None:
-        return methods[m](with_linear_system(problem, options.linear_system), x0, options)
-    if options.linear_system != "matrix_free":
+        system = with_linear_system(problem, options.linear_system)
+        result = methods[m](system, x0, options)
+        describe = getattr(system, "describe", None)
+        if describe is not None:  # "auto" chose per linearisation: say what and why
+            result.linear_system = describe()
+            _emit(options, f"linear system: {result.linear_system}")
+        else:
+            result.linear_system = "matrix_free" if options.linear_system == "auto" \
+                else options.linear_system
+        return result
+    if options.linear_system not in ("matrix_free", "auto"):
         device.finish()
         raise ValueError(f"linear_system={options.linear_system!r} assembles J with scipy on the "
                          "host; the cuda device loop is matrix-free (pass device_loop=False)")
