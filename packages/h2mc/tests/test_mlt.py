@@ -5,11 +5,10 @@ import pytest
 import torch
 
 import edge_rt
-from edge_rt import scenes, testing
+from edge_rt import scenes, testing, torch_single_thread
 from h2mc import (NEE, Bootstrap, MLTError, PathSpace, PathSpaceError, bootstrap,
                   kelemen_perturb, luminance, rel_mse, render_mlt)
 from h2mc._mlt import LENGTH_FLOOR
-from h2mc._pathspace import _torch_single_thread
 
 RES = (16, 12)  # non-square: a swapped axis in splatting fails
 
@@ -19,7 +18,7 @@ def _indirect_reference(scene, spp, seeds, max_length):
     max_length - 1 minus the one with max_depth = 1, on the same random numbers (the same
     paths cut shorter), one image per seed."""
     out = []
-    with _torch_single_thread():  # small wavefronts: 3x faster on busy cores
+    with torch_single_thread():  # small wavefronts: 3x faster on busy cores
         for s in seeds:
             kw = dict(spp=spp, seed=(91, s), dtype=torch.float64, progress=False)
             full = edge_rt.render_image(scene, max_depth=max_length - 1, **kw).numpy()

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 import edge_rt
-from edge_rt import scenes
+from edge_rt import scenes, torch_single_thread
 import torch
 
 from h2mc import HIT, NEE, PathSpace, PathSpaceError, luminance
-from h2mc._pathspace import _VERTEX, _relative_eta, _torch_single_thread
+from h2mc._pathspace import _VERTEX, _relative_eta
 
 
 @pytest.fixture(scope="module")
@@ -266,7 +266,7 @@ def _emitter_points(ps, u, length):
     hits: edge_rt's own walk (Embree, interact, bsdf.sample) on ``u``; rays leave from the
     exact vertex as in the path expressions (Embree's from the offset origin)."""
     g, dt = ps.geometry, torch.float64
-    with torch.no_grad(), _torch_single_thread():
+    with torch.no_grad(), torch_single_thread():
         o, d, _ = ps.scene.camera.rays(torch.as_tensor(u[:, :2] * [ps.width, ps.height]), dt)
         ray = o
         for i in range(1, length):
@@ -351,7 +351,7 @@ def test_techniques_sum_to_the_single_technique_estimator_and_edge_rt():
     n = 1 << 15
     u = np.random.default_rng(12).random((n, ps.dim))
     p = ps.trace(u)
-    with _torch_single_thread():
+    with torch_single_thread():
         imgs = [np.stack([luminance(edge_rt.render_image(
             scene, spp=64, seed=(13, s), max_depth=d, dtype=torch.float64,
             progress=False).numpy()).mean() for s in range(4)]) for d in (1, 2, 3)]

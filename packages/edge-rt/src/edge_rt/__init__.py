@@ -9,7 +9,8 @@ interactions, light sampling), :mod:`edge_rt.bsdf` (evaluate / sample / pdf),
 
 from . import bsdf, edges, geometry, integrator, scenes
 from .imageio import read_exr, write_exr, write_png
-from .renderer import derivative_image, gradients, render, render_image
+from .renderer import (derivative_image, gradients, render, render_image,
+                       torch_single_thread)
 from .scene import Camera, EnvironmentMap, Material, Mesh, Scene, SceneError, look_at
 from .scenes import from_dict, load_mesh
 from .texture import Texture
@@ -19,5 +20,6 @@ __version__ = "0.1.0"
 __all__ = [
     "Camera", "EnvironmentMap", "Material", "Mesh", "Scene", "SceneError", "Texture",
     "bsdf", "derivative_image", "edges", "from_dict", "geometry", "gradients", "integrator", "load_mesh",
-    "look_at", "read_exr", "render", "render_image", "scenes", "write_exr", "write_png",
+    "look_at", "read_exr", "render", "render_image", "scenes", "torch_single_thread", "write_exr",
+    "write_png",
 ]

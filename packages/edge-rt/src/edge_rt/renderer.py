@@ -4,7 +4,7 @@ per-chunk path differentiation + primary edge sampling)."""
 
 from __future__ import annotations
 
-import functools
+import contextlib
 import math
 from dataclasses import dataclass
 
@@ -25,20 +25,19 @@ _CHUNK = 1 << 16
 _GRAD_CHUNK = 1 << 16
 
 
-def _torch_single_threaded(fn):
-    """Run ``fn`` with torch's intra-op threads at 1: a render's torch ops are glue between
-    compiled kernels and Embree calls, which have their own threads (core_ad's pool); torch's
-    OpenMP threads spinning beside them on few cores made the Cornell box forward render 5x
-    slower (2 busy cores: 2.2-3.2 s with 2 torch threads, 0.45-0.60 s with 1)."""
-    @functools.wraps(fn)
-    def wrapped(*args, **kwargs):
-        n = torch.get_num_threads()
-        torch.set_num_threads(1)
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            torch.set_num_threads(n)
-    return wrapped
+@contextlib.contextmanager
+def torch_single_thread():
+    """Torch's intra-op threads at 1 inside the block (also a decorator): a render's torch ops
+    are glue between compiled kernels and Embree calls, which have their own threads (core_ad's
+    pool); torch's OpenMP threads spinning beside them on few cores made the Cornell box
+    forward render 5x slower (2 busy cores: 2.2-3.2 s with 2 torch threads, 0.45-0.60 s with
+    1), and h2mc's path tracing of a few thousand lanes 12x slower (264 vs 21 ms)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def _check(scene, spp, output, max_depth):
@@ -81,7 +80,7 @@ def _chunks(total, progress, desc, size):
     return starts
 
 
-@_torch_single_threaded
+@torch_single_thread()
 def render_image(scene, spp=4, seed=0, max_depth=2, output="radiance", dtype=torch.float32,
                  progress=True):
     """Forward render, (H, W, C) tensor (no autograd)."""
@@ -103,7 +102,7 @@ def render_image(scene, spp=4, seed=0, max_depth=2, output="radiance", dtype=tor
     return (image / spp).reshape(cam.height, cam.width, c)
 
 
-@_torch_single_threaded
+@torch_single_thread()
 def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
               edge_samples=None, dtype=torch.float32, interior=True, edges=True,
               progress=True):
@@ -154,7 +153,7 @@ def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
     return [a.to(t.dtype) for a, t in zip(acc, scene.tensors())]
 
 
-@_torch_single_threaded
+@torch_single_thread()
 def derivative_image(scene, tensor, direction, spp=4, seed=1, max_depth=2, output="radiance",
                      edge_samples=None, dtype=torch.float32, interior=True, edges=True,
                      progress=True):

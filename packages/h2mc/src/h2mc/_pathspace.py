@@ -51,14 +51,13 @@ texture's variation over the surface is not differentiated).
 
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from core_ad import sym
-from edge_rt import bsdf
+from edge_rt import bsdf, torch_single_thread
 from edge_rt.geometry import Geometry
 
 LUMINANCE = (0.2126, 0.7152, 0.0722)  # Rec. 709 weights: f* = luminance of the RGB contribution
@@ -84,19 +83,6 @@ _PIECEWISE = {
 
 class PathSpaceError(ValueError):
     """A scene or state the path space cannot handle (the message names the problem)."""
-
-
-@contextlib.contextmanager
-def _torch_single_thread():
-    """Tracing runs many small torch ops (a few thousand lanes each): torch's intra-op threads
-    only add synchronisation there (measured on 2 busy cores: 1024 states in 264 ms with 2
-    threads, 21 ms with 1)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def luminance(rgb):
@@ -319,7 +305,7 @@ class PathSpace:
         valid = np.zeros((B, len(self.techniques)), bool)
         verts = []  # per surface vertex: (lanes alive there, their vertex parameters)
         ends = {}  # (length, s) -> (lanes, light parameters)
-        with torch.no_grad(), _torch_single_thread():
+        with torch.no_grad(), torch_single_thread():
             o, d, _ = cam.rays(torch.as_tensor(xy), dt)
             lanes = torch.arange(B)
             for i in range(1, self.max_length + 1):
