@@ -373,3 +373,39 @@ def test_non_associative_reduction_is_left_serial():
     assert decided.stages["loss.update(0)"][0].startswith("rfactor skipped (")
     assert not decided.rfactored
     np.testing.assert_array_equal(_realize(loss, []), ref)
+
+
+def _shifted_exterior(img, flow):
+    """float64 gather through zero padding at a data-dependent row offset, per channel:
+    out(x, y, c) = ext(x + 1, y + floor(3 flow(x, y)), c) flow(x, y); the adjoint of the padding is a
+    scatter d_img(clamp(r.x, ..), clamp(r.y, ..), clamp(r.z, ..)) += ... with no pure Var."""
+    x, y, c = hl.Var("x"), hl.Var("y"), hl.Var("c")
+    im, fl = hl.Buffer(img, name="img"), hl.Buffer(flow, name="flow")
+    ext = hl.BoundaryConditions.constant_exterior(im, hl.f64(0))
+    out = hl.Func("out")
+    out[x, y, c] = ext[x + 1, y + hl.clamp(hl.i32(hl.floor(3 * fl[x, y])), 0, 3), c] * fl[x, y]
+    d = hl.propagate_adjoints(out, np.cos(img))
+    return {"out": out, "d_img": d[im], "d_flow": d[fl]}
+
+
+def test_padding_adjoint_scatter_runs_parallel_over_its_disjoint_channels():
+    img, flow = RNG.random((16, 20, 24)), RNG.random((20, 24))
+    sizes = {"out": [24, 20, 16], "d_img": [24, 20, 16], "d_flow": [24, 20]}
+    ref = {k: _realize(f, sizes[k]) for k, f in _shifted_exterior(img, flow).items()}
+    p = _shifted_exterior(img, flow)
+    decided = hl.auto_schedule(list(p.values()), {p[k]: sizes[k] for k in sizes})
+    for k in sizes:
+        _assert_close(_realize(p[k], sizes[k]), ref[k])
+    # the channel clamp is the identity over the RDom's range: one channel per thread
+    (why,) = [s for k, v in decided.stages.items() if k.startswith("img_d.update")
+              for s in v]
+    assert why.startswith("parallel(") and "disjoint" in why
+    assert any(dm.kind == "parallel" and not dm.pure
+               for dm in p["d_img"].update(0)._definition().schedule.dims)
+
+
+def test_rvar_parallel_by_hand_is_still_refused_by_name():
+    p = _soft_histogram(RNG.random((8, 8)))
+    rx = p["hist"].update(0)._definition().schedule.dims[0].name
+    with pytest.raises(hl.ScheduleError, match="cannot parallelize the reduction dimension"):
+        p["hist"].update(0).parallel(rx)

@@ -429,6 +429,11 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
     if done is not None:
         result.stages[where] = done
         return
+    rv = None if pure else _disjoint_rvar(f, ldef, values, opts)
+    if rv is not None:
+        stage._parallel_disjoint(rv)
+        result.stages[where] = [f"parallel({rv.name()}: its writes are disjoint)"]
+        return
     if _tiling(pure, opts) is None:
         large = [(rv, e) for rv, e in rvars if e >= opts.tile_w]
         longest = max(rvars, key=lambda p: p[1], default=(None, 0))
@@ -461,6 +466,44 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
         done = [f"parallel({' * '.join(names)})"]
     result.stages.setdefault(where, [])
     result.stages[where] += done or []
+
+
+def _disjoint_rvar(f, ldef, values, opts):
+    """The outermost RVar of a scatter with no pure Vars (a boundary condition's adjoint
+    ``d_image(clamp(r.x, ..), .., clamp(r.z, ..)) += ..``) that some left-hand-side argument
+    maps one-to-one onto the points it writes: the argument reads no other RVar and is the
+    RVar itself or the RVar clamped to bounds that contain its whole range (under the
+    estimates), so different iterations write different points and the loop may run in
+    parallel. The update must read ``f`` only where it writes. None if there is no such RVar
+    with at least ``min_threads`` iterations."""
+    d = ldef.source
+    if any(not all(a is b for a, b in zip(c.args, d.args))
+           for c in sym.calls(_def_nodes(d), E.CALL) if c.params["fid"] == f.fid):
+        return None
+    env = {leaf: (sym.const(v, leaf.dtype), sym.const(v, leaf.dtype))
+           for leaf, v in values.items()}
+    rvar_ids = {id(leaf) for leaf, _, _ in ldef.rvars}
+    for (leaf, lo, ext), (_, rv) in reversed(list(zip(ldef.rvars, d.rvars()))):
+        span = interval(lo, env), interval(ext, env)
+        if None in span or const_value(span[1][0]) is None \
+                or const_value(span[1][0]) < opts.min_threads:
+            continue
+        first = const_value(span[0][0])
+        last = None if first is None else first + const_value(span[1][0]) - 1
+        for a in d.args:
+            if {id(n) for n in sym.free_leaves(a) if id(n) in rvar_ids} != {id(leaf)}:
+                continue
+            if a is leaf:
+                return rv
+            if isinstance(a, sym.Apply) and a.prim.name == "clamp" and a.args[0] is leaf \
+                    and last is not None:
+                bounds = [interval(b, env) for b in a.args[1:]]
+                if None not in bounds and const_value(bounds[0][1]) is not None \
+                        and const_value(bounds[1][0]) is not None \
+                        and const_value(bounds[0][1]) <= first \
+                        and last <= const_value(bounds[1][0]):
+                    return rv
+    return None
 
 
 def _scatter_order(stage, d, pure, opts):

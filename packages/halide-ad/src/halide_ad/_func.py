@@ -304,6 +304,13 @@ class _Scheduling:
             self.split(v, v, f"{dim_name(v)}.t", _factor(task_size, "parallel"))
         return self._mark(v, "parallel")
 
+    def _parallel_disjoint(self, v):
+        """``parallel`` over a reduction dimension whose iterations the caller (the
+        auto-scheduler) proved to write disjoint points."""
+        s, fn, st = self._sched()
+        s.dims[s.find(dim_name(v), fn, st)].kind = "parallel"
+        return self
+
     def serial(self, v):
         return self._mark(v, "serial")
 
