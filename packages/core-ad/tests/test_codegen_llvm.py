@@ -499,6 +499,18 @@ def test_debug_flag_prints_compile_time(monkeypatch, capfd):
     assert fn.compile_time > 0
 
 
+def _two_processes(code, cache_dir, modes):
+    """Run ``code`` (``sys.argv[1]`` = mode) in one fresh process per mode, sharing the disk
+    cache ``cache_dir``; the completed processes, each checked to have succeeded."""
+    env = dict(os.environ, CORE_AD_CACHE_DIR=str(cache_dir), CORE_AD_DEBUG="1",
+               PYTHONPATH=os.path.abspath(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    runs = [subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True,
+                           text=True, timeout=120) for mode in modes]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    return runs
+
+
 def test_disk_object_cache_is_used_by_a_second_process(tmp_path):
     code = (
         "import numpy as np\n"
@@ -508,12 +520,7 @@ def test_disk_object_cache_is_used_by_a_second_process(tmp_path):
         "v = fn(np.linspace(0, 1, 11))[0]\n"
         "assert abs(v[3] - (np.sin(0.3) * 7.5 + np.exp(0.3))) < 1e-14\n"
     )
-    env = dict(os.environ, CORE_AD_CACHE_DIR=str(tmp_path), CORE_AD_DEBUG="1",
-               PYTHONPATH=os.path.abspath(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    runs = [subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
-                           text=True, timeout=120) for _ in range(2)]
-    for r in runs:
-        assert r.returncode == 0, r.stderr
+    runs = _two_processes(code, tmp_path, ("first", "second"))
     assert list(tmp_path.glob("*.o")), "no object file was written"
     assert " compiled in " in runs[0].stderr
     assert " disk cache in " in runs[1].stderr
@@ -566,12 +573,7 @@ def test_a_disk_cache_hit_builds_no_ir_and_keeps_bounds_checks(tmp_path):
         "refusing[0] = False\n"
         "assert 'define' in fn.ir\n"
     )
-    env = dict(os.environ, CORE_AD_CACHE_DIR=str(tmp_path), CORE_AD_DEBUG="1",
-               PYTHONPATH=os.path.abspath(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    runs = [subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True,
-                           text=True, timeout=120) for mode in ("compile", "load")]
-    for r in runs:
-        assert r.returncode == 0, r.stderr
+    runs = _two_processes(code, tmp_path, ("compile", "load"))
     assert list(tmp_path.glob("*.json")), "no kernel metadata was written"
     assert " disk cache in " in runs[1].stderr
 

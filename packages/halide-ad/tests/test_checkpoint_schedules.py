@@ -16,14 +16,20 @@ from bench_checkpoint import SCHEDULES, backward  # noqa: E402 - the benchmark's
 N = 64
 
 
+def _convolve(img, kernel):
+    """E6's convolved image, zero padding (float64)."""
+    h, w = img.shape
+    kh, kw = kernel.shape
+    p = np.pad(img, ((kh - 1, 0), (kw - 1, 0)))
+    return sum(p[kh - 1 - j:kh - 1 - j + h, kw - 1 - i:kw - 1 - i + w] * kernel[j, i]
+               for j in range(kh) for i in range(kw))
+
+
 def _reference(img, target, kernel):
     """d_in = correlation of 2 (convolved - target) with kernel, zero padding (float64)."""
     h, w = img.shape
     kh, kw = kernel.shape
-    p = np.pad(img, ((kh - 1, 0), (kw - 1, 0)))
-    conv = sum(p[kh - 1 - j:kh - 1 - j + h, kw - 1 - i:kw - 1 - i + w] * kernel[j, i]
-               for j in range(kh) for i in range(kw))
-    g = np.pad(2 * (conv - target), ((0, kh - 1), (0, kw - 1)))
+    g = np.pad(2 * (_convolve(img, kernel) - target), ((0, kh - 1), (0, kw - 1)))
     return sum(g[j:j + h, i:i + w] * kernel[j, i] for j in range(kh) for i in range(kw))
 
 
@@ -51,13 +57,8 @@ def test_schedule_gives_the_unscheduled_gradient(problem, how):
 
 
 def _loss(img, target, kernel):
-    """E6's loss, sum (convolved - target)^2 with zero padding, in numpy (float64)."""
-    h, w = img.shape
-    kh, kw = kernel.shape
-    p = np.pad(img, ((kh - 1, 0), (kw - 1, 0)))
-    conv = sum(p[kh - 1 - j:kh - 1 - j + h, kw - 1 - i:kw - 1 - i + w] * kernel[j, i]
-               for j in range(kh) for i in range(kw))
-    return float(np.sum((conv - target) ** 2))
+    """E6's loss, sum (convolved - target)^2, in numpy (float64)."""
+    return float(np.sum((_convolve(img, kernel) - target) ** 2))
 
 
 @pytest.mark.parametrize("how", SCHEDULES[:4])

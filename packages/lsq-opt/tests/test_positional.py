@@ -6,36 +6,15 @@ the declared indices is a named error."""
 import numpy as np
 import pytest
 
-from lsq_opt import (Array, ComputedArray, Dim, Energy, InBounds, L_p, LsqCompileError, Param,
-                     Select, Unknown, compile_problem, solve)
+from lsq_opt import (Array, ComputedArray, Dim, Energy, LsqCompileError, Param, Unknown,
+                     compile_problem, solve)
 from lsq_opt._compiler.positional import PositionalBindingError
 from lsq_opt.examples import intrinsic
-
-NBRS = intrinsic.NBRS
 
 
 def fig33_energy():
     """The listing of Fig. 33, binding indices exactly as printed."""
-    W, H = Dim("W"), Dim("H")
-    w_fit = Param("w_fitSqrt", index=0)
-    w_alb = Param("w_regSqrtAlbedo", index=1)
-    w_shd = Param("w_regSqrtShading", index=2)
-    p_norm = Param("pNorm", index=4)
-    r = Unknown("r", (W, H), 3, index=5)
-    r_const = Array("r_const", (W, H), 3, index=5)  # a constant view of the unknown
-    i = Array("i", (W, H), 3, index=6)
-    s = Unknown("s", (W, H), index=8)
-    terms = []
-    for x, y in NBRS:
-        diff = r(0, 0) - r(x, y)
-        diff_const = r_const(0, 0) - r_const(x, y)
-        cost = L_p(diff, diff_const, p_norm, (W, H))
-        terms.append(w_alb * Select(InBounds(0, 0), Select(InBounds(x, y), cost, 0), 0))
-    for x, y in NBRS:
-        diff = s(0, 0) - s(x, y)
-        terms.append(w_shd * Select(InBounds(0, 0), Select(InBounds(x, y), diff, 0), 0))
-    terms.append(w_fit * (r(0, 0) + s(0, 0) - i(0, 0)))
-    return Energy(*terms)
+    return intrinsic.energy(intrinsic.FIG33_INDICES)
 
 
 def _positional(img, p_norm=0.8):

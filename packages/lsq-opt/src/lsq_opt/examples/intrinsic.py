@@ -28,14 +28,25 @@ NAME = "intrinsic"
 NBRS = ((1, 0), (-1, 0), (0, 1), (0, -1))
 
 
-def energy() -> Energy:
+# Fig. 33's binding indices as printed (r_const shares r's index 5: the same buffer)
+FIG33_INDICES = {"w_fitSqrt": 0, "w_regSqrtAlbedo": 1, "w_regSqrtShading": 2, "pNorm": 4,
+                 "r": 5, "r_const": 5, "i": 6, "s": 8}
+
+
+def energy(indices=None) -> Energy:
+    """Fig. 33's energy, bound by name; with ``indices`` (e.g. :data:`FIG33_INDICES`) each
+    declaration carries its binding index for ``compile_problem(positional=...)`` and
+    ``r_const`` is an Array sharing ``r``'s index, as printed, instead of ``r.const()``."""
+    ix = indices or {}
     W, H = Dim("W"), Dim("H")
-    w_fit, w_alb, w_shd = Param("w_fitSqrt"), Param("w_regSqrtAlbedo"), Param("w_regSqrtShading")
-    p_norm = Param("pNorm")
-    r = Unknown("r", (W, H), 3)
-    r_const = r.const()  # a constant view of the unknown (Fig. 33)
-    i = Array("i", (W, H), 3)
-    s = Unknown("s", (W, H))
+    w_fit, w_alb, w_shd, p_norm = (Param(n, index=ix.get(n)) for n in (
+        "w_fitSqrt", "w_regSqrtAlbedo", "w_regSqrtShading", "pNorm"))
+    r = Unknown("r", (W, H), 3, index=ix.get("r"))
+    # a constant view of the unknown (Fig. 33)
+    r_const = r.const() if indices is None else Array("r_const", (W, H), 3,
+                                                        index=ix["r_const"])
+    i = Array("i", (W, H), 3, index=ix.get("i"))
+    s = Unknown("s", (W, H), index=ix.get("s"))
     terms = []
     for x, y in NBRS:
         diff = r(0, 0) - r(x, y)
