@@ -1,6 +1,6 @@
-"""The spec's acceptance experiments AE-1 to AE-8 (``specs/halide-ad.md`` section 9), named
-tests with the exact values the spec (from the papers' and the research branch's tests)
-gives. Finite-difference checks of the same constructs on random data are in
+"""The acceptance experiments AE-1 to AE-8 (docs/design/halide-ad.md; the paper's sections
+3.5-3.10), as named tests with the exact values the papers' and the research branch's tests
+give. Finite-difference checks of the same constructs on random data are in
 ``test_adjoints.py``; AE-9 (schedule invariance) is in ``test_checkpoint_schedules.py``, AE-11
 in ``test_autoschedule.py``, AE-12 in ``test_table1_ops.py``."""
 
