@@ -393,6 +393,7 @@ class Plan:
         self._colmap[self.free_idx] = np.arange(self.n)
         self._lin_x = None
         self._lin = None
+        self._j_structure = None  # J's sparsity, found on the first jacobian()
         self.x0 = self._fixed[self.free_idx].copy()
         self.linearize_changes_cost = bool(self.views)
         self._refresh_views(self._fixed)
@@ -920,11 +921,25 @@ class Plan:
         return self._memory.download(self._transpose_apply(lin, jp))[self.free_idx]
 
     def jacobian(self, x):
-        """The materialised J (scipy.sparse.csr_matrix, m x n) for checks and baselines."""
+        """The materialised J (scipy.sparse.csr_matrix, m x n): the materialised linear systems,
+        checks and baselines. Its sparsity is the plan's (graphs and exclusions are fixed at
+        compile time): found once, after which a call gathers the partials into it."""
         lin = self._linearize(x)
-        rows, cols, vals = [], [], []
-        for t, (F, D) in zip(self.terms, lin):
-            D = self._memory.download(D)
+        if self._j_structure is None:
+            self._j_structure = self._jacobian_structure()
+        picks, inverse, indices, indptr = self._j_structure
+        vals = [self._memory.download(D)[k, r][ok]
+                for (t, (_, D)) in zip(self.terms, lin) for (k, r, ok) in picks[t.index]]
+        vals = np.concatenate(vals) if vals else np.zeros(0)
+        data = np.bincount(inverse, weights=vals, minlength=len(indices)).astype(self.dtype)
+        return sp.csr_matrix((data, indices, indptr), shape=(self.m, self.n))
+
+    def _jacobian_structure(self):
+        """Per term, the (channel k, read r, lanes) blocks of J's entries, and the CSR layout
+        they sum into (entries at the same (row, column) add)."""
+        picks, rows, cols = {}, [], []
+        for t in self.terms:
+            picks[t.index] = []
             lanes = np.arange(t.L)
             for r, (_, d) in enumerate(t.ureads):
                 base = self._uoff[d.name]
@@ -940,17 +955,15 @@ class Plan:
                 col = self._colmap[base + pix * C + d.channel]
                 ok = ok & (col >= 0)
                 for k in range(t.K):
+                    picks[t.index].append((k, r, ok))
                     rows.append(t.row0 + k * t.L + lanes[ok])
                     cols.append(col[ok])
-                    vals.append(D[k, r][ok])
-        if rows:
-            rows, cols, vals = np.concatenate(rows), np.concatenate(cols), np.concatenate(vals)
-        else:
-            rows = cols = np.zeros(0, np.int64)
-            vals = np.zeros(0, self.dtype)
-        J = sp.csr_matrix((vals, (rows, cols)), shape=(self.m, self.n), dtype=self.dtype)
-        J.sum_duplicates()
-        return J
+        rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        cols = np.concatenate(cols) if cols else np.zeros(0, np.int64)
+        keys, inverse = np.unique(rows * max(self.n, 1) + cols, return_inverse=True)
+        indptr = np.zeros(self.m + 1, np.int64)
+        np.cumsum(np.bincount(keys // max(self.n, 1), minlength=self.m), out=indptr[1:])
+        return picks, inverse.ravel(), (keys % max(self.n, 1)).astype(np.int64), indptr
 
     def __repr__(self):
         return (f"Plan(n={self.n}, m={self.m}, unknowns={self.unknowns}, terms={len(self.terms)}, "
