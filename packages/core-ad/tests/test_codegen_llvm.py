@@ -540,11 +540,21 @@ def test_disk_cache_is_on_by_default_in_the_user_cache_and_can_be_turned_off(
     assert Jit.cache_dir() == str(tmp_path / "mine")
 
 
-def test_code_keys_hash_the_code_generators_sources():
+def test_code_keys_hash_the_code_generators_sources(tmp_path):
+    """An edit to the emitter changes the fingerprint in every code key, so the disk cache
+    cannot serve machine code an older generator built."""
+    import shutil
+
     from core_ad._codegen import cache
 
-    assert cache.CODEGEN_VERSION.startswith("core_ad-llvm-")
-    assert cache.CODEGEN_VERSION == "core_ad-llvm-" + cache._generator_fingerprint()
+    src = os.path.dirname(os.path.abspath(cache.__file__))
+    copy = tmp_path / "_codegen"
+    shutil.copytree(src, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    before = cache._generator_fingerprint(str(copy))
+    assert cache.CODEGEN_VERSION == "core_ad-llvm-" + before
+    with open(copy / "llvm" / "emitter.py", "a") as f:
+        f.write("\n# an edit\n")
+    assert cache._generator_fingerprint(str(copy)) != before
 
 
 def test_a_disk_cache_hit_builds_no_ir_and_keeps_bounds_checks(tmp_path):

@@ -26,18 +26,10 @@ import argparse
 import time
 
 import numpy as np
+from core_ad import benchmark as bench
 
 import h2mc
 from edge_rt import scenes
-
-
-def median_time(fn, repeats):
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return float(np.median(times))
 
 
 def main():
@@ -55,7 +47,7 @@ def main():
     paths = ps.trace(u)
     print(f"value kernels, lengths 3..{args.max_length}, both techniques: compiled in "
           f"{time.perf_counter() - t0:.1f} s")
-    t_trace = median_time(lambda: ps.trace(u), args.repeats)
+    t_trace = bench.time_median(lambda: ps.trace(u), args.repeats, warmup=0)
     rows = []
     for k, s in ps.techniques:
         if (k, s) not in paths.structure:  # no state of this batch closes a path this way
@@ -72,10 +64,10 @@ def main():
         rgb = np.stack(value(*cols), 1)
         with np.errstate(divide="ignore"):  # paths gated to f* = 0 by the BSDF: -inf in both
             assert np.allclose(lf, np.log(h2mc.luminance(rgb)), rtol=1e-12, equal_nan=True)
-        t_v = median_time(lambda: value(*cols), args.repeats)
-        t_h = median_time(lambda: hess(*cols), args.repeats)
-        t_full = median_time(lambda: ps.log_f_derivatives(u, k, s, paths=paths),
-                             args.repeats)
+        t_v = bench.time_median(lambda: value(*cols), args.repeats, warmup=0)
+        t_h = bench.time_median(lambda: hess(*cols), args.repeats, warmup=0)
+        t_full = bench.time_median(lambda: ps.log_f_derivatives(u, k, s, paths=paths),
+                                   args.repeats, warmup=0)
         n = len(ps.dims(k, s))
         rows.append((f"{k},{'NEE' if s else 'HIT'}", n, len(lanes), compile_s, t_v, t_h, t_h / t_v, t_h / (n * t_v),
                      (t_trace + t_full) / t_trace))

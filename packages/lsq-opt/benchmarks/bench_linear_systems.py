@@ -9,9 +9,9 @@ The paper (GPU) reports matrix-free faster on every example but cotangent smooth
 from __future__ import annotations
 
 import argparse
-import time
 
 import numpy as np
+from core_ad import benchmark as bench
 
 from lsq_opt import compile_problem
 from lsq_opt._solver.materialized import with_linear_system
@@ -47,15 +47,6 @@ def problems():
     yield "volumetric 12x40x12", volumetric.make_plan(U, hm, U[hm] + 0.2)
 
 
-def median(fn, repeats):
-    ts = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts))
-
-
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeats", type=int, default=7)
@@ -69,10 +60,10 @@ def main(argv=None):
         prod, lin = {}, {}
         for form in FORMS:
             prob = with_linear_system(plan, form)
-            lin[form] = median(lambda: call_linearize(prob, x), args.repeats)
+            lin[form] = bench.time_median(lambda: call_linearize(prob, x), args.repeats, warmup=0)
             op = jtjp_operator(prob, x)
             op(p)
-            prod[form] = median(lambda: op(p), args.repeats)
+            prod[form] = bench.time_median(lambda: op(p), args.repeats, warmup=0)
         ms = {k: f"{v * 1e3:.2f} ms" for k, v in prod.items()}
         ls = {k: f"{v * 1e3:.1f} ms" for k, v in lin.items()}
         print(f"| {name} | {plan.n} | {ms['matrix_free']} | {ms['jacobian']} | {ms['jtj']} | "

@@ -37,8 +37,8 @@ from .._sym.expr import Apply, Const, Leaf
 
 __all__ = ["KernelCache", "structural_key", "code_key", "serialize", "KERNELS"]
 
-def _generator_fingerprint() -> str:
-    here = os.path.dirname(os.path.abspath(__file__))
+def _generator_fingerprint(here: str = os.path.dirname(os.path.abspath(__file__))) -> str:
+    """A hash of the code generators' sources below ``here`` (core_ad's ``_codegen``)."""
     h = hashlib.sha256()
     for rel in ("cache.py", "llvm/emitter.py", "llvm/kernel.py", "llvm/vecmath.py",
                 "llvm/runtime.py", "llvm/builder.py", "llvm/jit.py", "llvm/__init__.py"):
