@@ -152,6 +152,10 @@ def primitive_node(prim, dtype):
     elif name == "lane_scatter_add":
         args = [sym.buffer("acc", T), sym.var("k", "int64"), sym.var("a", T)]
         params = {"name": "acc"}
+    elif name == "lane_sum":
+        if T.kind != "f":
+            return None
+        args = [sym.var("a", T)]
     else:
         args = [sym.var(c, T) for c in "abc"[: _arity(prim)]]
     try:

@@ -59,6 +59,59 @@ def test_repeated_iterations_hit_the_kernel_cache(xy):
         assert _lazy.stats()["compiled"] == compiled
 
 
+def test_whole_array_sums_stay_pending_and_fuse_with_their_operand(xy):
+    """sum (and mean, and scalar arithmetic on sums) stay pending: the sum is an output of the
+    kernel computing its operand, so no array of terms is stored; the gradient of a sum loss
+    comes from the same single kernel as its value."""
+    x0, y0 = xy
+    with ad.lazy():
+        before = dict(_lazy.stats())
+        total = anp.sum(f(ad.Array(x0), ad.Array(y0)))
+        mean = anp.mean(f(ad.Array(x0), ad.Array(y0)), keepdims=True)
+        both = total * 0.5 + anp.sum(ad.Array(x0) ** 2)
+        assert total.is_pending and mean.is_pending and both.is_pending
+        assert mean.shape == (1,)
+        ad.eval(total, mean, both)
+        after = dict(_lazy.stats())
+        assert after["evaluations"] == before["evaluations"] + 1
+        np.testing.assert_allclose(float(total), np.sum(f(x0, y0)), rtol=1e-13)
+        np.testing.assert_allclose(mean.numpy(), [np.mean(f(x0, y0))], rtol=1e-13)
+        np.testing.assert_allclose(float(both), np.sum(f(x0, y0)) * 0.5 + np.sum(x0**2),
+                                   rtol=1e-13)
+        x = ad.Array(x0, requires_grad=True)
+        loss = anp.mean(f(x, ad.Array(y0)))
+        loss.backward()
+        float(loss)
+        fused = dict(_lazy.stats())
+        assert fused["kernels"] - after["kernels"] == 1  # the sum and x.grad together
+        assert fused["outputs"] - after["outputs"] == 3  # ... then the mean, from the sum
+    eager = _value_and_grads(x0, y0)
+    np.testing.assert_allclose(np.asarray(x.grad), eager[1] / x0.size, rtol=1e-13, atol=1e-16)
+    np.testing.assert_allclose(float(loss), np.mean(f(x0, y0)), rtol=1e-13)
+
+
+def test_sums_spread_over_lanes_or_of_other_shapes_evaluate_correctly(xy):
+    x0, y0 = xy
+    z0 = np.linspace(0.5, 1.5, 77)
+    with ad.lazy():
+        x = ad.Array(x0)
+        centred = x - anp.mean(x * 1.0)  # a sum spread over lanes: evaluated first
+        var = anp.mean(centred * centred)
+        prod = anp.sum(x * y0) * anp.sum(ad.Array(z0) * 2.0)  # sums of two lane shapes
+        rows = anp.sum(anp.reshape(x * 2.0, (10, 100)), axis=1)  # a partial sum: eager
+        ints = anp.sum(ad.Array(np.arange(1000)) * 3)  # integer sums: numpy's
+        np.testing.assert_allclose(float(var), np.var(x0), rtol=1e-12)
+        np.testing.assert_allclose(float(prod), np.sum(x0 * y0) * np.sum(z0 * 2.0), rtol=1e-13)
+        np.testing.assert_allclose(rows.numpy(), (x0 * 2.0).reshape(10, 100).sum(axis=1),
+                                   rtol=1e-13)
+        assert int(ints) == 3 * 999 * 1000 // 2
+        x32 = ad.Array(x0.astype(np.float32))
+        s32 = anp.sum(x32 * x32)
+        assert s32.dtype == np.float32
+        np.testing.assert_allclose(float(s32), np.sum(np.float64(x0.astype(np.float32)) ** 2),
+                                   rtol=1e-6)
+
+
 def test_lazy_switch_restores_the_previous_mode():
     before = ad.lazy_mode()  # "auto", or True / False from CORE_AD_LAZY
     with ad.lazy():

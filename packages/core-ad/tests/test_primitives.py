@@ -327,6 +327,8 @@ EXCLUDED: dict[str, str] = {
     " tested in test_sym_buffers.py",
     "lane_scatter_add": "kernel output primitive (no derivative by design); tested in"
     " test_sym_buffers.py",
+    "lane_sum": "kernel output primitive (the sum over a kernel's lanes); tested in"
+    " test_sym_buffers.py and through the lazy sums of test_lazy.py",
 }
 
 

@@ -155,7 +155,8 @@ def test_forward_mode_through_an_eliminated_graph():
 def test_nested_differentiation_is_refused_on_a_simplified_graph_and_agrees_in_transforms():
     x = ad.Array(X0[:50], requires_grad=True)
     with ad.lazy():
-        y = anp.sum(chain(x, 3))  # the reduction evaluates, eliminating the chain
+        y = anp.sum(chain(x, 3))
+        float(y)  # the evaluation eliminates the chain
         with pytest.raises(ad.GraphSimplifiedError, match="set_vertex_elimination"):
             y.backward(create_graph=True)
 
@@ -197,24 +198,35 @@ def test_zero_weights_stay_zero_through_composed_weights():
 
 
 def test_outermost_value_and_grad_eliminates_and_matches_eager_and_differences():
-    """grad / value_and_grad at the outermost level simplify the traced graph: the forward
-    evaluation computes the primal and the folded edge weights together and stores no
-    intermediates; the gradient is the eager one and that of central differences."""
+    """grad / value_and_grad at the outermost level: a whole-array sum stays pending, so the
+    value and the gradient come from one kernel after the sweep. A partial sum evaluates during
+    the trace; the graph is simplified first, so that evaluation computes the primal and the
+    folded edge weights together and stores no intermediates. Both gradients are the eager
+    one and that of central differences."""
     from core_ad import _lazy
 
     def f(x):
         return anp.sum(chain(x, 3) * x)
 
+    def f_rows(x):  # the row sums are eager: they evaluate the trace
+        return anp.sum(anp.sum(anp.reshape(chain(x, 3) * x, (50, -1)), axis=1))
+
     v_eager, g_eager = ad.value_and_grad(f)(X0)
     before = dict(_lazy.stats())
     with ad.lazy():
         v_lazy, g_lazy = ad.value_and_grad(f)(X0)
-    after = _lazy.stats()
-    assert after["eliminated"] > before["eliminated"]
+    after = dict(_lazy.stats())
+    assert after["evaluations"] - before["evaluations"] == 1
+    assert after["outputs"] - before["outputs"] == 2  # the value and the gradient
+    with ad.lazy():
+        v_rows, g_rows = ad.value_and_grad(f_rows)(X0)
+    last = _lazy.stats()
+    assert last["eliminated"] > after["eliminated"]
     # the primal and one folded weight (forward), the seeded gradient (backward)
-    assert after["outputs"] - before["outputs"] <= 3
-    np.testing.assert_allclose(v_lazy, v_eager, rtol=1e-13)
-    np.testing.assert_allclose(g_lazy, g_eager, rtol=1e-12, atol=1e-14)
+    assert last["outputs"] - after["outputs"] <= 3
+    for v, g in ((v_lazy, g_lazy), (v_rows, g_rows)):
+        np.testing.assert_allclose(v, v_eager, rtol=1e-13)
+        np.testing.assert_allclose(g, g_eager, rtol=1e-12, atol=1e-14)
     h, idx = 1e-6, np.array([0, 1234, 4999])
     for i in idx:
         e = np.zeros_like(X0)

@@ -6,10 +6,16 @@ lazy, ``set_lazy(False)`` every size eager. In lazy mode a lane-wise
 operation (a primitive with an LLVM lowering) on operands of one shape does not compute: it
 records a :mod:`core_ad.sym` node over *leaves* (the numpy buffers it reads) and the Array holds
 a :class:`Pending` value (shape and dtype known). Anything that needs numbers -- ``.value``,
-printing, ``numpy()``/``np.asarray``, a reduction, reshape, gather or scatter (these stay
-eager), :func:`eval` -- evaluates **every live pending array of the scope at once**: their
+printing, ``numpy()``/``np.asarray``, a partial reduction, reshape, gather or scatter (these
+stay eager), :func:`eval` -- evaluates **every live pending array of the scope at once**: their
 expressions become the outputs of one lane-wise kernel per shape, compiled by
 ``sym.compile`` (LLVM, vectorised, multi-threaded) through the structural kernel cache.
+
+A sum over every element of a pending array stays pending too: a ``lane_sum`` output of the
+kernel that computes its operand (no array of terms is stored, and the sum is compensated).
+Operations on such sums whose result has one element (``mean``, a loss's scalar arithmetic)
+stay pending as well and are evaluated after the kernels that compute the sums; an operation
+that would spread a sum over many lanes evaluates the scope first.
 Leaves are named by their order of first use in the scope, so a loop whose iterations repeat
 the same operations builds the same expressions and hits the cache.
 
@@ -43,13 +49,14 @@ SCALAR_LANES = 16  # arrays with fewer lanes are evaluated by scalar (not vector
 
 
 class Pending:
-    """A not-yet-computed value: a symbolic expression over the scope's leaves."""
+    """A not-yet-computed value: a symbolic expression over the scope's leaves. ``reduces``:
+    the expression reads whole-array sums (``lane_sum`` nodes, listed in ``Scope.sums``)."""
 
-    __slots__ = ("expr", "shape", "dtype", "scope", "where")
+    __slots__ = ("expr", "shape", "dtype", "scope", "where", "reduces")
 
-    def __init__(self, expr, shape, dtype, scope, where):
+    def __init__(self, expr, shape, dtype, scope, where, reduces=False):
         self.expr, self.shape, self.dtype, self.scope = expr, shape, np.dtype(dtype), scope
-        self.where = where
+        self.where, self.reduces = where, reduces
 
     ndim = property(lambda self: len(self.shape))
     size = property(lambda self: int(np.prod(self.shape, dtype=np.int64)))
@@ -62,6 +69,7 @@ class Scope:
         self.leaves = {}  # id(buffer) -> (var, buffer)
         self.aliases = []  # arrays whose leaf buffer is another array
         self.pending = []  # weakrefs to Arrays holding a Pending of this scope
+        self.sums = {}  # id(lane_sum node) -> (node, lane shape of its operand)
         self.n_ops = 0
         self.closed = False
 
@@ -232,16 +240,23 @@ def _lane_shape(args):
 
 def record(prim, args, params, array_cls):
     """The Pending value of ``prim(*args)`` or None when the operation must run eagerly."""
+    from . import _rules as R
     from ._codegen.llvm.emitter import LOWERINGS
     from ._primitives import bind
 
+    if prim is R.reduce_sum_p:
+        return _record_sum(args[0], params["axes"], params["keepdims"])
     if not prim.elementwise or prim.name not in LOWERINGS:
         return None
     shape = _lane_shape(args)
-    if shape is None or (min_lanes() > 1 and math.prod(shape) < min_lanes()
-                         and not any(isinstance(getattr(a, "_value", None), Pending)
-                                     for a in args)):
+    if shape is None:
         return None
+    pending = [a._value for a in args if isinstance(getattr(a, "_value", None), Pending)]
+    if not pending and (shape == () or min_lanes() > 1 and math.prod(shape) < min_lanes()):
+        return None  # nothing to fuse with: numpy is as fast on one number
+    reduces = any(v.reduces for v in pending)
+    if reduces and math.prod(shape) != 1:
+        return None  # a sum spread over lanes: evaluate the sum first
     scope = current_scope()
     exprs = []
     for a in args:
@@ -264,7 +279,23 @@ def record(prim, args, params, array_cls):
             return None
     expr = bind(prim, *exprs, **params)
     scope.n_ops += 1
-    return Pending(expr, shape, expr.dtype, scope, _user_frame())
+    return Pending(expr, shape, expr.dtype, scope, _user_frame(), reduces)
+
+
+def _record_sum(x, axes, keepdims):
+    """The Pending sum of every element of ``x`` when ``x`` is pending in this scope (a sum of
+    a computed array is numpy's job), else None."""
+    from . import _rules as R
+
+    v = getattr(x, "_value", None)
+    if (not isinstance(v, Pending) or v.reduces or v.scope is not current_scope()
+            or v.dtype.kind != "f" or not v.shape or len(axes) != len(v.shape)):
+        return None
+    expr = R.lane_sum(v.expr)
+    v.scope.sums[id(expr)] = (expr, v.shape)
+    v.scope.n_ops += 1
+    shape = (1,) * len(v.shape) if keepdims else ()
+    return Pending(expr, shape, v.dtype, v.scope, _user_frame(), reduces=True)
 
 
 def track(arr, scope):
@@ -307,50 +338,85 @@ def evaluate_scope(scope: Scope | None = None):
     if not live:
         return
     _STATS["evaluations"] += 1
-    by_shape: dict = {}
+    lane_groups: dict = {}
+    sum_groups: dict = {}  # arrays whose expressions read sums: evaluated after the sums
     for a in live:
         p = a._value
         m = materialize(p, scope)
         if m is not None:
             a._value = m
             continue
-        by_shape.setdefault(p.shape, []).append(a)
-    var_buf = {v: buf for v, buf in scope.leaves.values()}
-    for shape, arrays in by_shape.items():
-        outs, index = [], {}
-        for a in arrays:
-            e = a._value.expr
-            if e not in index:
-                index[e] = len(outs)
-                outs.append(e)
-        leaves = sorted(sym.free_leaves(outs), key=lambda v: int(v.key[5:].split("_")[0]))
-        from ._codegen.cache import KERNELS
+        (sum_groups if p.reduces else lane_groups).setdefault(p.shape, []).append(a)
+    needed = {}  # the sums read, each computed by the kernel of its operand's lanes
+    if sum_groups:
+        stop = set(scope.sums)
+        for arrays in sum_groups.values():
+            for n in sym.toposort([a._value.expr for a in arrays], stop=stop):
+                if id(n) in stop:
+                    needed[id(n)] = scope.sums[id(n)]
+    for _, lanes in needed.values():
+        lane_groups.setdefault(lanes, [])
+    sums = {}
+    for shape, arrays in lane_groups.items():
+        extra = [node for node, lanes in needed.values() if lanes == shape]
+        for node, value in zip(extra, _evaluate_group(scope, shape, arrays, extra)):
+            sums[node] = scope.leaf(value)
+    for shape, arrays in sum_groups.items():
+        exprs = sym.substitute([a._value.expr for a in arrays], sums)
+        for a, e in zip(arrays, exprs):
+            a._value = Pending(e, a._value.shape, a._value.dtype, scope, a._value.where)
+        rest = []
+        for a in arrays:  # e.g. the sum itself: now one of the leaves
+            m = materialize(a._value, scope)
+            if m is None:
+                rest.append(a)
+            else:
+                a._value = m
+        if rest:  # arithmetic on a few numbers: numpy, no kernel to compile or launch
+            _evaluate_group(scope, shape, rest, [], backend="numpy")
 
-        misses = KERNELS.misses
-        try:
-            # a few lanes gain nothing from vector code, whose staged tail costs compile time
-            # per output (a tape of scalar intermediates has thousands of outputs)
-            fn = sym.compile(outs, leaves, vectorize=int(np.prod(shape)) >= SCALAR_LANES)
-        except Exception as e:  # a lowering problem: name the user's line of the first op
-            raise type(e)(f"{e} (lazy evaluation of the operation at"
-                          f" {arrays[0]._value.where})") from e
-        _STATS["compiled"] += KERNELS.misses - misses
-        ins = []
-        for v in leaves:
-            buf = var_buf[v]
-            ins.append(np.ascontiguousarray(buf).reshape(-1) if buf.ndim else buf)
-        try:
-            res = fn(*ins)
-        except (IndexError, ValueError, FloatingPointError) as e:
-            raise type(e)(f"{e} (lazy evaluation of the operation at"
-                          f" {arrays[0]._value.where})") from e
-        _STATS["kernels"] += 1
-        _STATS["outputs"] += len(outs)
-        for a in arrays:
-            p = a._value
-            r = np.asarray(res[index[p.expr]])
-            a._value = (np.broadcast_to(r, shape) if r.ndim == 0 else r.reshape(shape)).astype(
-                p.dtype, copy=r.ndim == 0)
+
+def _evaluate_group(scope, shape, arrays, extra, backend=None):
+    """Compute the pending ``arrays`` of one lane shape in one kernel, which also computes the
+    sums ``extra`` (lane_sum nodes over this shape); returns their values."""
+    from . import sym
+    from ._codegen.cache import KERNELS
+
+    outs, index = [], {}
+    for a in arrays:
+        e = a._value.expr
+        if e not in index:
+            index[e] = len(outs)
+            outs.append(e)
+    outs += extra
+    where = arrays[0]._value.where if arrays else "<a sum>"
+    leaves = sorted(sym.free_leaves(outs), key=lambda v: int(v.key[5:].split("_")[0]))
+    misses = KERNELS.misses
+    try:
+        # a few lanes gain nothing from vector code, whose staged tail costs compile time
+        # per output (a tape of scalar intermediates has thousands of outputs)
+        fn = (sym.compile(outs, leaves, backend="numpy") if backend == "numpy" else
+              sym.compile(outs, leaves, vectorize=int(np.prod(shape)) >= SCALAR_LANES))
+    except Exception as e:  # a lowering problem: name the user's line of the first op
+        raise type(e)(f"{e} (lazy evaluation of the operation at {where})") from e
+    _STATS["compiled"] += KERNELS.misses - misses
+    var_buf = {v: buf for v, buf in scope.leaves.values()}
+    ins = []
+    for v in leaves:
+        buf = var_buf[v]
+        ins.append(np.ascontiguousarray(buf).reshape(-1) if buf.ndim else buf)
+    try:
+        res = fn(*ins)
+    except (IndexError, ValueError, FloatingPointError) as e:
+        raise type(e)(f"{e} (lazy evaluation of the operation at {where})") from e
+    _STATS["kernels"] += backend != "numpy"
+    _STATS["outputs"] += len(outs)
+    for a in arrays:
+        p = a._value
+        r = np.asarray(res[index[p.expr]])
+        a._value = (np.broadcast_to(r, shape) if r.ndim == 0 else r.reshape(shape)).astype(
+            p.dtype, copy=r.ndim == 0)
+    return [np.asarray(r) for r in res[len(res) - len(extra):]]
 
 
 def force(arr):

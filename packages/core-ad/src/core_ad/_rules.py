@@ -915,6 +915,8 @@ reduce_sum_p = register(
         lambda x, axes, keepdims: np.sum(x, axis=axes, keepdims=keepdims),
         jvp=lambda ts, args, out, nb, axes, keepdims: reduce_sum(ts[0], axes, keepdims),
         vjp=_sum_vjp,
+        # the vjp reads shapes only: a lazy sweep need not compute the operand first
+        extra={"shape_only_vjp": True},
     )
 )
 
@@ -1357,6 +1359,21 @@ lane_scatter_add_p = _elementwise(
 )
 
 
+def _lane_sum_impl(value):
+    v = np.asarray(value)
+    return np.asarray(np.sum(v, dtype=v.dtype))
+
+
+lane_sum_p = _elementwise(
+    "lane_sum",
+    _lane_sum_impl,
+    jvp=lambda ts, args, out, nb: None if ts[0] is None else lane_sum(ts[0]),
+    vjp=lambda ct, args, out: (ct,),
+    doc="the sum of value over all lanes of a kernel (a kernel output, not a lane value)",
+    extra={"reduction": True, "fold": False},
+)
+
+
 def lane_gather(buffer, index, name=None):
     """Per-lane ``buffer[index]`` in a kernel; out-of-range indices raise IndexError."""
     return bind(lane_gather_p, buffer, index, name=name)
@@ -1365,6 +1382,11 @@ def lane_gather(buffer, index, name=None):
 def lane_scatter_add(buffer, index, value, name=None):
     """A copy of ``buffer`` with each lane's ``value`` added at its ``index`` (a kernel output)."""
     return bind(lane_scatter_add_p, buffer, index, value, name=name)
+
+
+def lane_sum(value):
+    """The sum of ``value`` over every lane of a kernel (a kernel output, a scalar)."""
+    return bind(lane_sum_p, value)
 
 
 # --------------------------------------------------------------------------------------------

@@ -595,7 +595,8 @@ def _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumul
                 in_args, out = args, node
                 if not isinstance(ct, Array):
                     ct = Array(ct)
-            elif fuse and (node._prim.vjp is None or node._prim.extra.get("lanewise")):
+            elif fuse and (node._prim.vjp is None or node._prim.extra.get("lanewise")
+                           or node._prim.extra.get("shape_only_vjp")):
                 # lazy: the partials and adjoint arithmetic are recorded on the (possibly
                 # pending) primal values and fused with them into one kernel
                 in_args = tuple(Array._view(a) if isinstance(a, Array) else a for a in args)

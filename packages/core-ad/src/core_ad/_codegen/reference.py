@@ -12,7 +12,7 @@ import functools
 import numpy as np
 
 from .. import _rules as R
-from .._sym.buffers import is_buffer, is_scatter
+from .._sym.buffers import is_buffer, is_reduction, is_scatter
 from .._sym.expr import Const, Leaf
 from .._sym.program import Program, _schedule
 from .._sym.simplify import impl_of
@@ -30,6 +30,11 @@ def _finish(r, shape, dt, copy):
     return r.copy() if copy else r
 
 
+def _lane_sum(v, shape):
+    v = np.broadcast_to(np.asarray(v), shape)  # a constant or scalar value counts every lane
+    return np.asarray(np.sum(v, dtype=v.dtype))
+
+
 _CHUNK = 16
 _INFIX = {R.add_p: " + ", R.mul_p: " * ", R.sub_p: " - ", R.div_p: " / "}
 
@@ -42,6 +47,7 @@ def compile_reference(prog: Program, roots, inputs):
         "_bshapes": np.broadcast_shapes,
         "_errstate": np.errstate,
         "_finish": _finish,
+        "_lane_sum": _lane_sum,
         "_where": np.where,
     }
     in_names = [v.name for v in inputs]
@@ -102,6 +108,8 @@ def compile_reference(prog: Program, roots, inputs):
             expr = f"(-{args[0]})"
         elif prim is R.select_p:
             expr = f"_where({', '.join(args)})"
+        elif prim is R.lane_sum_p:
+            expr = f"_lane_sum({args[0]}, shape)"
         else:
             fname = f"_f{nv}"
             impl = impl_of(prim)
@@ -120,6 +128,8 @@ def compile_reference(prog: Program, roots, inputs):
         seen.add(id(r))
         if is_scatter(r):  # a whole buffer, not lanes
             outs.append(slot[id(r)])
+        elif is_reduction(r):  # one number
+            outs.append(f"_finish({slot[id(r)]}, (), {k}, {copy})")
         else:
             outs.append(f"_finish({slot[id(r)]}, shape, {k}, {copy})")
     lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")

@@ -12,7 +12,7 @@
 
 # first: the simplifier registers the symbolic kind with the primitive registry
 from . import simplify as _simplify  # noqa: F401, I001
-from .buffers import buffer, gather, scatter_add
+from .buffers import buffer, gather, lane_sum, scatter_add
 from .program import Program, cse
 from .diff import DiffMemo, diff, grad, hessian, hvp, jacobian, jvp, vjp
 from .expr import (
@@ -70,6 +70,7 @@ __all__ = [
     "is_const",
     "jacobian",
     "jvp",
+    "lane_sum",
     "leaf",
     "scatter_add",
     "substitute",

@@ -18,6 +18,7 @@ from .source import (
     BUFFER,
     DEFAULT_NAME,
     SCATTER,
+    SUM,
     KernelSpec,
     _check_name,
     kernel_spec,
@@ -163,6 +164,8 @@ def allocate_outputs(xp, spec: KernelSpec, arrays, shape) -> list:
     for r, (kind, k) in zip(spec.roots, spec.output_kinds):
         if kind == SCATTER:
             outs.append(arrays[k].copy())
+        elif kind == SUM:
+            outs.append(xp.zeros((), dtype=r.dtype))
         else:
             outs.append(xp.empty(shape, dtype=r.dtype))
     return outs

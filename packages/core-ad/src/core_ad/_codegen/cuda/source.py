@@ -37,7 +37,7 @@ import numpy as np
 
 from ... import _rules as R
 from ..._primitives import Primitive
-from ..._sym.buffers import is_buffer, is_scatter
+from ..._sym.buffers import is_buffer, is_reduction, is_scatter
 from ..._sym.expr import Apply, Const, Leaf
 from ..._sym.program import Program, _describe, check_inputs, check_program, cse
 from ..._sym.simplify import CORE_PRIMITIVES
@@ -299,6 +299,7 @@ def spell(prim: Primitive, operands, arg_dtypes, out_dtype) -> str:
 LANE = "lane"
 BUFFER = "buffer"
 SCATTER = "scatter"
+SUM = "sum"
 
 
 @dataclass(frozen=True)
@@ -306,8 +307,9 @@ class KernelSpec:
     """A generated kernel and what its launcher needs to know.
 
     ``input_kinds[k]``: ``"lane"`` (per-lane array or 0-d scalar) or ``"buffer"`` (whole 1-D
-    array). ``output_kinds[j]``: ``("lane", None)`` or ``("scatter", k)`` (a copy of input
-    buffer ``k`` accumulated into). ``sites[s - 1]``: ``(op, buffer name, input index)`` of
+    array). ``output_kinds[j]``: ``("lane", None)``, ``("scatter", k)`` (a copy of input
+    buffer ``k`` accumulated into) or ``("sum", None)`` (one zeroed number every lane adds
+    into atomically). ``sites[s - 1]``: ``(op, buffer name, input index)`` of
     bounds-checked access site ``s`` (the value the kernel stores in ``err[0]``).
     """
 
@@ -436,6 +438,13 @@ class _Writer:
                         " 32/64-bit integer elements)"
                     )
                 output_kinds.append((SCATTER, k))
+            elif is_reduction(r):
+                if r.dtype not in _ATOMIC_DTYPES:
+                    raise NotImplementedError(
+                        f"cuda backend: lane_sum of dtype {r.dtype} is not supported"
+                        " (atomicAdd needs float32 or float64)"
+                    )
+                output_kinds.append((SUM, None))
             else:
                 output_kinds.append((LANE, None))
             params.append(f"{c_type(r.dtype, f'output {j}')}* __restrict__ out{j}")
@@ -458,7 +467,7 @@ class _Writer:
                 continue
             self._check_operands(n)
             prim = n.prim
-            if is_scatter(n):
+            if is_scatter(n) or is_reduction(n):
                 continue  # an output: accumulated after the lane's values are computed
             if prim is R.lane_gather_p:
                 k = self._buffer_operand(n, 0)
@@ -479,6 +488,8 @@ class _Writer:
                 val = _cast(self.ref(r.args[2]), r.args[2].dtype, r.dtype)
                 body.checked(self.ref(r.args[1]), f"len{k}", len(self.sites), "i",
                              CudaWriter.atomic_add(f"out{j}[ix]", val))
+            elif is_reduction(r):
+                body.line(CudaWriter.atomic_add(f"out{j}[0]", self.ref(r.args[0])))
             else:
                 body.line(f"out{j}[i] = {self.ref(r)};")
 

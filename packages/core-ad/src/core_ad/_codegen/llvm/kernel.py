@@ -20,6 +20,12 @@ out-of-range access; the Python side raises IndexError (:mod:`.runtime`).
 ``lane_scatter_add`` outputs accumulate into ``ptrs[output]`` (a copy of the buffer or a
 per-thread partial, plain load/add/store in lane order) or, in the ``atomic`` variant, into one
 shared copy with ``atomicrmw``.
+
+A ``lane_sum`` output is one number per call, the sum over lanes ``[start, end)`` stored at
+``ptrs[output][0]`` (the caller adds the calls' partials). It is accumulated with Neumaier's
+compensated summation in a vector of partial sums (the padded lanes of the staged tail
+masked off), then over the vector's lanes in order: the error stays a few ulps of the sum's
+magnitude whatever the lane count, where a plain running sum would grow with it.
 """
 
 from __future__ import annotations
@@ -29,12 +35,12 @@ from typing import NamedTuple
 import numpy as np
 from llvmlite import ir
 
-from ..._sym.buffers import is_buffer, is_scatter
+from ..._sym.buffers import is_buffer, is_reduction, is_scatter
 from ..._sym.expr import Apply
 from ..._sym.program import Program
-from .builder import loop, vector_loop
+from .builder import loop, splat, vector_loop
 from .emitter import BufferArg, Emitter, Unsupported, llvm_type, lowering_for
-from .vecmath import VecMath
+from .vecmath import VecMath, intrinsic
 
 __all__ = ["KernelIR", "build_kernel", "check_supported", "vector_width", "CHECKED_PRIMS"]
 
@@ -137,6 +143,8 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         if is_scatter(r) and id(r) not in seen_scatter:
             seen_scatter.add(id(r))
             targets[r] = BufferArg(p, length(n_in + k))
+    sums = {k: _Accumulator(b, r.dtype, width) for k, r in enumerate(roots)
+            if is_reduction(r)}
     entry = b.block
     exit_ok = fn.append_basic_block("exit")
     exit_err = fn.append_basic_block("error")
@@ -160,7 +168,13 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         em = Emitter(b, w, math=math, buffers=buffers, scatter_targets=targets,
                      on_bounds_error=on_error, atomic_scatter=atomic)
         def store(k, v):  # as soon as the value exists: it need not stay live to the end
-            if not is_scatter(roots[k]):
+            if k in sums:
+                v = em.splat(v) if w is not None else v
+                if out_over is not None:  # the staged tail's padding lanes add nothing
+                    v = b.select(_lanes_before(b, lane0, end, w), v,
+                                 ir.Constant(v.type, None))
+                sums[k].add(v)
+            elif not is_scatter(roots[k]):
                 _store(b, (out_over or {}).get(k, out_ptrs[k]), i, v, roots[k].dtype, w, em)
 
         em.emit_program(prog, env, on_output=store)
@@ -178,6 +192,8 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         b.branch(exit_ok)
 
     b.position_at_end(exit_ok)
+    for k, acc in sums.items():
+        b.store(acc.total(), out_ptrs[k], align=roots[k].dtype.itemsize)
     b.ret(_I32(0))
 
     b.position_at_end(exit_err)
@@ -208,6 +224,63 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
     return KernelIR(text, name, width, checks)
 
 
+class _Accumulator:
+    """Neumaier-compensated running sums (a vector of them and a scalar one) in stack slots
+    that LLVM promotes to registers."""
+
+    def __init__(self, b, dtype, width):
+        self.b = b
+        self.ty = llvm_type(dtype)
+        self.slots = {}
+        for w in {1, width}:
+            t = self.ty if w == 1 else ir.VectorType(self.ty, w)
+            pair = (b.alloca(t), b.alloca(t))
+            for p in pair:
+                b.store(ir.Constant(t, None), p)
+            self.slots[w] = pair
+
+    def add(self, y):
+        b = self.b
+        w = y.type.count if isinstance(y.type, ir.VectorType) else 1
+        ps, pc = self.slots[w]
+        s, c = _neumaier(b, b.load(ps), b.load(pc), y)
+        b.store(s, ps)
+        b.store(c, pc)
+
+    def total(self):
+        """The sum of every lane's and the scalar partials, in lane order."""
+        b = self.b
+        s, c = (b.load(p) for p in self.slots[1])
+        for w, (ps, pc) in self.slots.items():
+            if w == 1:
+                continue
+            vs, vc = b.load(ps), b.load(pc)
+            for k in range(w):
+                s, c = _neumaier(b, s, c, b.extract_element(vs, _I32(k)))
+                c = b.fadd(c, b.extract_element(vc, _I32(k)))
+        # an infinite or NaN sum makes the compensation NaN: report the sum itself then
+        finite = b.fcmp_ordered("<", _fabs(b, s), ir.Constant(self.ty, float("inf")))
+        return b.select(finite, b.fadd(s, c), s)
+
+
+def _neumaier(b, s, c, y):
+    """One step of Neumaier's summation: the new sum and compensation."""
+    t = b.fadd(s, y)
+    s_bigger = b.fcmp_ordered(">=", _fabs(b, s), _fabs(b, y))
+    lost = b.select(s_bigger, b.fadd(b.fsub(s, t), y), b.fadd(b.fsub(y, t), s))
+    return t, b.fadd(c, lost)
+
+
+def _fabs(b, v):
+    return b.call(intrinsic(b.module, "llvm.fabs", v.type, [v.type]), [v])
+
+
+def _lanes_before(b, lane0, end, w):
+    """The mask of the ``w`` lanes from ``lane0`` that are below ``end``."""
+    iota = ir.Constant(ir.VectorType(_I64, w), list(range(w)))
+    return b.icmp_signed("<", b.add(splat(b, lane0, w), iota), splat(b, end, w))
+
+
 def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, out_ptrs,
                  exit_ok):
     """Lanes [start, end), W at a time; a partial last group goes through stack copies."""
@@ -219,6 +292,8 @@ def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, 
             st = llvm_type(v.dtype, storage=True)
             stage_in[v] = b.bitcast(b.alloca(ir.ArrayType(st, W)), st.as_pointer())
         for k, r in enumerate(roots):
+            if is_reduction(r):  # one number, not lanes
+                continue
             st = llvm_type(r.dtype, storage=True)
             stage_out[k] = b.bitcast(b.alloca(ir.ArrayType(st, W)), st.as_pointer())
     head = fn.append_basic_block("vec.head")
@@ -251,7 +326,7 @@ def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, 
     b.position_at_end(main)
     at = b.select(is_tail, _I64(0), i)
     ins = {v: b.select(is_tail, stage_in[v], p) for v, p in in_ptrs.items()}
-    outs = {k: b.select(is_tail, stage_out[k], p) for k, p in enumerate(out_ptrs)}
+    outs = {k: b.select(is_tail, stage_out[k], out_ptrs[k]) for k in stage_out}
     body(at, W, lane0=i, in_over=ins, out_over=outs)
     b.cbranch(is_tail, unstage, latch)
     b.position_at_end(latch)
@@ -263,7 +338,7 @@ def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, 
     b.position_at_end(unstage)
     with loop(b, _I64(0), b.sub(end, i), 1, "tail.lane") as lane:
         dst = b.add(i, lane)
-        for k in range(len(roots)):
+        for k in stage_out:
             b.store(b.load(b.gep(stage_out[k], [lane])), b.gep(out_ptrs[k], [dst]))
     b.branch(exit_ok)
 

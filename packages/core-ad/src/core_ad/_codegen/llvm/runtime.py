@@ -13,7 +13,9 @@ backend's, made strict):
   leaf, a ``bool`` for a bool leaf);
 * arrays must be contiguous and aligned (ValueError suggesting ``np.ascontiguousarray``);
 * returns a tuple with one new array per output: N lanes (0-d when every lane input is
-  0-d); a scatter_add output is the whole updated copy of its buffer;
+  0-d); a scatter_add output is the whole updated copy of its buffer; a lane_sum output is
+  0-d (each thread's call sums its lanes; the partials are added in thread order, so the
+  result is deterministic for a given thread count);
 * an out-of-range gather / scatter_add index raises IndexError naming the operation, the
   buffer, the index and the lane, before any out-of-range access.
 
@@ -42,7 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import host_pool
-from ..._sym.buffers import is_buffer, is_scatter
+from ..._sym.buffers import is_buffer, is_reduction, is_scatter
 from ..._sym.expr import Apply
 
 __all__ = ["LLVMKernel", "num_threads", "thread_pool"]
@@ -140,6 +142,7 @@ class LLVMKernel:
         self.in_dtypes = [v.dtype for v in self.inputs]
         self.is_buf = [is_buffer(v) for v in self.inputs]
         self.scatter_out = [is_scatter(r) for r in self.outputs]
+        self.sum_out = [k for k, r in enumerate(self.outputs) if is_reduction(r)]
         self.n_in = len(self.inputs)
         self.buf_pos = [j for j, bf in enumerate(self.is_buf) if bf]
         self.compile_times: dict = {}
@@ -288,6 +291,8 @@ class LLVMKernel:
         for k, r in enumerate(self.outputs):
             if self.scatter_out[k]:
                 outs.append(np.array(arrays[self.scatter_src[k]], copy=True))
+            elif k in self.sum_out:
+                outs.append(np.zeros((), r.dtype))  # the sum of no lanes
             else:
                 outs.append(host_pool.empty(n, r.dtype))
         if n > 0:
@@ -330,6 +335,7 @@ class LLVMKernel:
             if cfunc(0, n, ctypes.addressof(ptrs), lens_p, ctypes.addressof(err)):
                 self._raise(kir, arrays, outs, [err])
             return
+        sums = {k: np.zeros(t, outs[k].dtype) for k in self.sum_out}  # one slot per thread
         # lane ranges: multiples of the vector width, so every lane takes the same code path
         per = -(-n // t)
         per = -(-per // width) * width
@@ -346,6 +352,8 @@ class LLVMKernel:
                     p = host_pool.zeros(outs[k].shape[0], outs[k].dtype)
                     partials.append((k, p))
                     a_c[n_in + k] = _addr(p)
+            for k, slots in sums.items():
+                a_c[n_in + k] = _addr(slots) + c * slots.itemsize
             ptr_arrays.append((ctypes.c_void_p * n_ptr)(*a_c))
         pool = thread_pool()
         futs = [
@@ -360,6 +368,11 @@ class LLVMKernel:
             self._raise(kir, arrays, outs, [er for er, rc in zip(errs, rcs) if rc])
         for k, p in partials:
             np.add(outs[k], p, out=outs[k])
+        for k, slots in sums.items():
+            total = slots[0]
+            for part in slots[1:]:
+                total = total + part
+            outs[k] = np.asarray(total)
 
     def _raise(self, kir, arrays, outs, errs):
         e = min(errs, key=lambda x: x[2])  # the first failing lane (slots: 1, ordinal, lane,
