@@ -20,6 +20,7 @@ kernel cache is shared, to keep the file fast.
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import subprocess
 import sys
@@ -376,6 +377,24 @@ def test_one_and_two_threads_give_identical_results():
     want = ref([e], [x, y])(xs, ys)[0]
     mag = np.abs(np.sin(xs) * np.exp(-xs * xs)) + np.abs(np.arctan2(ys, xs)) + np.abs(xs**3)
     close_scaled(one[0], want, mag, 16)
+
+
+def test_chunked_threads_report_the_first_bad_lane_and_sum_deterministically():
+    """Without scatters the threads take chunks of lanes in turn: an out-of-range gather is
+    reported at its first lane whichever thread met it, and a lane_sum adds its per-chunk
+    partials in chunk order (the same value on every call)."""
+    b, i, x = sym.buffer("table"), sym.var("i", "int64"), sym.var("x")
+    fn = llvm([sym.gather(b, i) * x, sym.lane_sum(x * x)], [b, i, x])
+    n = 400_000
+    idx = np.zeros(n, np.int64)
+    idx[[150_001, 390_000]] = 7  # in different chunks
+    with pytest.raises(IndexError, match="index 7 at lane 150001 .* 'table'"):
+        fn(np.arange(7.0), idx, np.ones(n), num_threads=2)
+    xs = np.random.default_rng(2).normal(size=n)
+    sums = {float(fn(np.arange(7.0), np.zeros(n, np.int64), xs, num_threads=2)[1])
+            for _ in range(5)}
+    assert len(sums) == 1 and fn.last_call["threads"] == 2
+    assert abs(sums.pop() - math.fsum(xs * xs)) <= 4 * np.finfo(float).eps * np.sum(xs * xs)
 
 
 def test_num_threads_from_the_environment(monkeypatch):

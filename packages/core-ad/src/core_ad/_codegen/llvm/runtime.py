@@ -20,10 +20,13 @@ backend's, made strict):
   buffer, the index and the lane, before any out-of-range access.
 
 Threads: ``num_threads`` (keyword), else ``CORE_AD_NUM_THREADS``, else the CPUs available; a
-call uses at most one thread per :attr:`LLVMKernel.min_lanes` lanes. Lane ranges are
-multiples of the vector width, so every lane is computed by the same code path whatever the
-thread count (results are bitwise identical for 1 and N threads). ctypes releases the GIL
-during the call, so the pool's threads run truly in parallel.
+call uses at most one thread per :attr:`LLVMKernel.min_lanes` lanes. Without scatter outputs
+the lanes are cut into up to :data:`CHUNKS_PER_THREAD` chunks per thread, which the threads
+take in turn (a core shared with another process does less of the work); with scatter outputs
+each thread takes one range. Ranges are multiples of the vector width, so every lane is
+computed by the same code path whatever the thread count (lane results are bitwise identical
+for 1 and N threads). ctypes releases the GIL during the call, so the pool's threads run truly
+in parallel.
 
 scatter_add under threads (option ``scatter``): ``"partials"`` -- thread 0 accumulates into the
 output copy, every other thread into a private zeroed buffer, summed afterwards (deterministic
@@ -36,6 +39,7 @@ atomic.
 from __future__ import annotations
 
 import ctypes
+import itertools
 import os
 import sys
 import threading
@@ -54,6 +58,7 @@ _KFUNC = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes
 
 _POOL = None
 _POOL_LOCK = threading.Lock()
+CHUNKS_PER_THREAD = 4
 
 
 def thread_pool() -> ThreadPoolExecutor:
@@ -335,7 +340,9 @@ class LLVMKernel:
             if cfunc(0, n, ctypes.addressof(ptrs), lens_p, ctypes.addressof(err)):
                 self._raise(kir, arrays, outs, [err])
             return
-        sums = {k: np.zeros(t, outs[k].dtype) for k in self.sum_out}  # one slot per thread
+        if not scatter_ks:
+            self._run_chunks(cfunc, kir, arrays, outs, addrs, lens_p, n, t)
+            return
         # lane ranges: multiples of the vector width, so every lane takes the same code path
         per = -(-n // t)
         per = -(-per // width) * width
@@ -352,8 +359,6 @@ class LLVMKernel:
                     p = host_pool.zeros(outs[k].shape[0], outs[k].dtype)
                     partials.append((k, p))
                     a_c[n_in + k] = _addr(p)
-            for k, slots in sums.items():
-                a_c[n_in + k] = _addr(slots) + c * slots.itemsize
             ptr_arrays.append((ctypes.c_void_p * n_ptr)(*a_c))
         pool = thread_pool()
         futs = [
@@ -368,6 +373,46 @@ class LLVMKernel:
             self._raise(kir, arrays, outs, [er for er, rc in zip(errs, rcs) if rc])
         for k, p in partials:
             np.add(outs[k], p, out=outs[k])
+
+    def _run_chunks(self, cfunc, kir, arrays, outs, addrs, lens_p, n, t):
+        """Lanes in up to CHUNKS_PER_THREAD x ``t`` chunks that ``t`` threads take in turn: a
+        thread slowed by another process takes fewer (static shares all wait for the slowest).
+        A lane_sum output has a slot per chunk, added in chunk order: the result does not
+        depend on which thread ran which chunk."""
+        width = self.width
+        per = max(-(-n // (CHUNKS_PER_THREAD * t)), self.min_lanes)
+        per = -(-per // width) * width  # every lane takes the same code path
+        n_chunks = -(-n // per)
+        n_in = self.n_in
+        sums = {k: np.zeros(n_chunks, outs[k].dtype) for k in self.sum_out}
+        ptr_arrays = []
+        for c in range(n_chunks if sums else 1):
+            a_c = list(addrs)
+            for k, slots in sums.items():
+                a_c[n_in + k] = _addr(slots) + c * slots.itemsize
+            ptr_arrays.append((ctypes.c_void_p * len(a_c))(*a_c))
+        ptrs = [ctypes.addressof(p) for p in ptr_arrays]
+        errs = [(ctypes.c_int64 * 4)() for _ in range(n_chunks)]
+        rcs = [0] * n_chunks
+        taken = itertools.count()  # next() is atomic under the GIL
+
+        def work():
+            for c in iter(taken.__next__, None):
+                if c >= n_chunks:
+                    return
+                s = c * per
+                rcs[c] = cfunc(s, min(n, s + per), ptrs[c if sums else 0], lens_p,
+                               ctypes.addressof(errs[c]))
+
+        t = min(t, n_chunks)
+        self.last_call["threads"] = t
+        pool = thread_pool()
+        futs = [pool.submit(work) for _ in range(t - 1)]
+        work()
+        for f in futs:
+            f.result()
+        if any(rcs):
+            self._raise(kir, arrays, outs, [er for er, rc in zip(errs, rcs) if rc])
         for k, slots in sums.items():
             total = slots[0]
             for part in slots[1:]:
