@@ -41,7 +41,7 @@ from .graph import (
 )
 from .ops import *  # noqa: F403
 from .ops import __all__ as _ops_all
-from .simplify import call
+from .simplify import call, clear_build_cache
 
 __all__ = [
     "Apply",
@@ -56,6 +56,7 @@ __all__ = [
     "buffer",
     "call",
     "calls",
+    "clear_build_cache",
     "const",
     "count_nodes",
     "cse",

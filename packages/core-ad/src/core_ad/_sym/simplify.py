@@ -238,9 +238,36 @@ def _node(prim, args, pkey=(), params=None, dtype=None) -> Apply:
     return make_apply(prim, args, pkey, params, dtype, _flags(prim, args))
 
 
+# Recent constructions, (prim, operand ids, params, dtype) -> (operands, node): nodes are
+# interned weakly, so a loop that rebuilds the same expressions every iteration (lazy
+# evaluation, transforms) would redo the rewrites each time. An entry holds its operands, so
+# their ids are not reused while it lives; the memo is emptied when it reaches
+# BUILD_MEMO_SIZE entries (clearing is atomic; evicting one entry would race with threads).
+BUILD_MEMO_SIZE = 16384
+_BUILD_MEMO: dict = {}
+
+
 def build(prim: Primitive, args: tuple, params: dict, out_dtype=None) -> Expr:
     """The canonical, interned node for ``prim(*args, **params)`` (args are Exprs)."""
     pkey = freeze_params(params, prim.name)
+    key = (prim, tuple(map(id, args)), pkey, None if out_dtype is None else np.dtype(out_dtype))
+    hit = _BUILD_MEMO.get(key)
+    if hit is not None:
+        return hit[1]
+    node = _build(prim, args, params, pkey, out_dtype)
+    if len(_BUILD_MEMO) >= BUILD_MEMO_SIZE:
+        _BUILD_MEMO.clear()
+    _BUILD_MEMO[key] = (args, node)
+    return node
+
+
+def clear_build_cache() -> None:
+    """Forget the memo of recent constructions (it keeps up to BUILD_MEMO_SIZE nodes, and the
+    expressions below them, alive)."""
+    _BUILD_MEMO.clear()
+
+
+def _build(prim, args, params, pkey, out_dtype):
     if args and all(isinstance(a, Const) for a in args) and prim.extra.get("fold", True):
         r = _fold(prim, args, params)
         return r if out_dtype is None else coerce(r, np.dtype(out_dtype))
