@@ -102,12 +102,13 @@ class Scope:
 # kernel's compile and launch cost more than numpy (a 20-step rotation fit on 3-vectors: 0.02 s
 # eager, 0.08 s lazy, 0.29 s on the first call), on many lanes fusion wins (bench_grad, the
 # memory argument). The bound is where a lazy value_and_grad of 50 lane-wise ops (10 steps of
-# sin(b) * 1.1 + b * b * 0.25) catches up with numpy: recording costs ~0.1 ms per op, so lazy
-# took 8.2-9.8 ms at every size up to 32k lanes, eager 2.2 ms at 5000, 5.2 at 16k, 9.2 at 32k,
-# 16 at 50k (lazy 9.9). CORE_AD_LAZY=1 in the environment (read at import): lazy at every
-# size -- how CI runs the core-ad suite a second time; CORE_AD_LAZY=0: eager everywhere.
+# sin(b) * 1.1 + b * b * 0.25, then a sum) catches up with numpy: recording costs ~30 us per
+# op (with sym's construction memo), so lazy took 3.0-3.4 ms up to 16k lanes (4.3 at 32k, 4.8
+# at 50k), eager 1.6 ms at 2000, 2.3 at 5000, 4.9 at 16k, 9.0 at 32k, 16 at 50k.
+# CORE_AD_LAZY=1 in the environment (read at import): lazy at every size -- how CI runs the
+# core-ad suite a second time; CORE_AD_LAZY=0: eager everywhere.
 AUTO = "auto"
-AUTO_MIN_LANES = 32768
+AUTO_MIN_LANES = 8192
 _ENV = os.environ.get("CORE_AD_LAZY", AUTO).strip().lower()
 DEFAULT_LAZY = (True if _ENV in ("1", "true", "yes", "on")
                 else False if _ENV in ("0", "false", "no", "off") else AUTO)
