@@ -90,6 +90,44 @@ def test_whole_array_sums_stay_pending_and_fuse_with_their_operand(xy):
     np.testing.assert_allclose(float(loss), np.mean(f(x0, y0)), rtol=1e-13)
 
 
+def test_reshapes_and_one_element_broadcasts_stay_pending(xy):
+    """A reshape keeps the lanes in order and a one-element broadcast is its value in every
+    lane, so neither evaluates; arrays of one size but different shapes share a kernel."""
+    x0, y0 = xy
+    with ad.lazy():
+        before = dict(_lazy.stats())
+        x = ad.Array(x0)
+        r = anp.reshape(f(x, ad.Array(y0)), (10, 100))
+        t = anp.broadcast_to(ad.Array(np.array(2.0)) * 3.0, (1000,))  # pending, 1000 lanes
+        mixed = anp.reshape(r * 2.0, (1000,)) + t * x
+        assert r.is_pending and r.shape == (10, 100) and mixed.is_pending
+        ad.eval(r, mixed)
+        assert _lazy.stats()["kernels"] - before["kernels"] == 1
+    np.testing.assert_allclose(r.numpy(), f(x0, y0).reshape(10, 100), rtol=1e-13, atol=1e-14)
+    np.testing.assert_allclose(mixed.numpy(), 2.0 * f(x0, y0) + 6.0 * x0, rtol=1e-13,
+                               atol=1e-14)
+    # a sum cannot be spread over lanes inside one kernel: numpy's broadcast, then a kernel
+    with ad.lazy():
+        spread = anp.broadcast_to(anp.sum(ad.Array(x0) * 2.0), (4,)) + 1.0
+        np.testing.assert_allclose(spread.numpy(), np.full(4, 2.0 * np.sum(x0) + 1.0),
+                                   rtol=1e-13)
+
+
+def test_mean_loss_backward_in_lazy_mode_is_one_kernel(xy):
+    """The mean's adjoint (seed / n, reshaped, broadcast) is recorded, not computed: the
+    loss, its sum and the gradient come from one kernel."""
+    x0, y0 = xy
+    with ad.lazy():
+        x = ad.Array(x0.reshape(20, 50), requires_grad=True)
+        loss = anp.mean(f(x, ad.Array(y0.reshape(20, 50))))
+        before = dict(_lazy.stats())
+        loss.backward()
+        float(loss)
+        assert _lazy.stats()["kernels"] - before["kernels"] == 1
+    np.testing.assert_allclose(np.asarray(x.grad).ravel(),
+                               _value_and_grads(x0, y0)[1] / x0.size, rtol=1e-13, atol=1e-17)
+
+
 def test_sums_spread_over_lanes_or_of_other_shapes_evaluate_correctly(xy):
     x0, y0 = xy
     z0 = np.linspace(0.5, 1.5, 77)

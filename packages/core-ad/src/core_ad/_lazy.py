@@ -6,9 +6,10 @@ lazy, ``set_lazy(False)`` every size eager. In lazy mode a lane-wise
 operation (a primitive with an LLVM lowering) on operands of one shape does not compute: it
 records a :mod:`core_ad.sym` node over *leaves* (the numpy buffers it reads) and the Array holds
 a :class:`Pending` value (shape and dtype known). Anything that needs numbers -- ``.value``,
-printing, ``numpy()``/``np.asarray``, a partial reduction, reshape, gather or scatter (these
-stay eager), :func:`eval` -- evaluates **every live pending array of the scope at once**: their
-expressions become the outputs of one lane-wise kernel per shape, compiled by
+printing, ``numpy()``/``np.asarray``, a partial reduction, a transpose, gather or scatter
+(these stay eager), :func:`eval` -- evaluates **every live pending array of the scope at
+once**: their expressions become the outputs of one lane-wise kernel per lane count (a
+reshape keeps a pending array pending: the lanes stay in order), compiled by
 ``sym.compile`` (LLVM, vectorised, multi-threaded) through the structural kernel cache.
 
 A sum over every element of a pending array stays pending too: a ``lane_sum`` output of the
@@ -247,14 +248,16 @@ def record(prim, args, params, array_cls):
 
     if prim is R.reduce_sum_p:
         return _record_sum(args[0], params["axes"], params["keepdims"])
+    if prim is R.reshape_p or prim is R.broadcast_to_p:
+        return _record_reshape(prim, args[0], params["shape"])
     if not prim.elementwise or prim.name not in LOWERINGS:
         return None
     shape = _lane_shape(args)
     if shape is None:
         return None
     pending = [a._value for a in args if isinstance(getattr(a, "_value", None), Pending)]
-    if not pending and (shape == () or min_lanes() > 1 and math.prod(shape) < min_lanes()):
-        return None  # nothing to fuse with: numpy is as fast on one number
+    if not pending and min_lanes() > 1 and math.prod(shape) < min_lanes():
+        return None
     reduces = any(v.reduces for v in pending)
     if reduces and math.prod(shape) != 1:
         return None  # a sum spread over lanes: evaluate the sum first
@@ -283,6 +286,19 @@ def record(prim, args, params, array_cls):
     return Pending(expr, shape, expr.dtype, scope, _user_frame(), reduces)
 
 
+def _record_reshape(prim, x, shape):
+    """A pending array in another shape: a reshape keeps the lanes in order (kernels run over
+    the flattened lanes), and a one-element array broadcast is its value in every lane."""
+    from . import _rules as R
+
+    v = getattr(x, "_value", None)
+    if not isinstance(v, Pending) or v.scope is not current_scope():
+        return None
+    if prim is R.broadcast_to_p and (v.size != 1 or v.reduces and math.prod(shape) != 1):
+        return None  # a real broadcast (or a sum spread over lanes): numpy's
+    return Pending(v.expr, tuple(shape), v.dtype, v.scope, v.where, v.reduces)
+
+
 def _record_sum(x, axes, keepdims):
     """The Pending sum of every element of ``x`` when ``x`` is pending in this scope (a sum of
     a computed array is numpy's job), else None."""
@@ -293,7 +309,7 @@ def _record_sum(x, axes, keepdims):
             or v.dtype.kind != "f" or not v.shape or len(axes) != len(v.shape)):
         return None
     expr = R.lane_sum(v.expr)
-    v.scope.sums[id(expr)] = (expr, v.shape)
+    v.scope.sums[id(expr)] = (expr, v.size)
     v.scope.n_ops += 1
     shape = (1,) * len(v.shape) if keepdims else ()
     return Pending(expr, shape, v.dtype, v.scope, _user_frame(), reduces=True)
@@ -313,8 +329,9 @@ def materialize(p: Pending, scope: Scope):
     if sym.is_const(e):
         return np.full(p.shape, e.value, p.dtype)
     for v, buf in scope.leaves.values():
-        if v is e:
-            return np.broadcast_to(buf, p.shape).astype(p.dtype, copy=True)
+        if v is e:  # the leaf itself, maybe reshaped (same size) or broadcast (one element)
+            b = buf.reshape(p.shape) if buf.size == p.size else np.broadcast_to(buf, p.shape)
+            return b.astype(p.dtype, copy=True)
     return None
 
 
@@ -347,7 +364,7 @@ def evaluate_scope(scope: Scope | None = None):
         if m is not None:
             a._value = m
             continue
-        (sum_groups if p.reduces else lane_groups).setdefault(p.shape, []).append(a)
+        (sum_groups if p.reduces else lane_groups).setdefault(p.size, []).append(a)
     needed = {}  # the sums read, each computed by the kernel of its operand's lanes
     if sum_groups:
         stop = set(scope.sums)
@@ -358,11 +375,11 @@ def evaluate_scope(scope: Scope | None = None):
     for _, lanes in needed.values():
         lane_groups.setdefault(lanes, [])
     sums = {}
-    for shape, arrays in lane_groups.items():
-        extra = [node for node, lanes in needed.values() if lanes == shape]
-        for node, value in zip(extra, _evaluate_group(scope, shape, arrays, extra)):
+    for lanes, arrays in lane_groups.items():
+        extra = [node for node, n in needed.values() if n == lanes]
+        for node, value in zip(extra, _evaluate_group(scope, lanes, arrays, extra)):
             sums[node] = scope.leaf(value)
-    for shape, arrays in sum_groups.items():
+    for lanes, arrays in sum_groups.items():
         exprs = sym.substitute([a._value.expr for a in arrays], sums)
         for a, e in zip(arrays, exprs):
             a._value = Pending(e, a._value.shape, a._value.dtype, scope, a._value.where)
@@ -374,12 +391,13 @@ def evaluate_scope(scope: Scope | None = None):
             else:
                 a._value = m
         if rest:  # arithmetic on a few numbers: numpy, no kernel to compile or launch
-            _evaluate_group(scope, shape, rest, [], backend="numpy")
+            _evaluate_group(scope, lanes, rest, [], backend="numpy")
 
 
-def _evaluate_group(scope, shape, arrays, extra, backend=None):
-    """Compute the pending ``arrays`` of one lane shape in one kernel, which also computes the
-    sums ``extra`` (lane_sum nodes over this shape); returns their values."""
+def _evaluate_group(scope, lanes, arrays, extra, backend=None):
+    """Compute the pending ``arrays`` of ``lanes`` elements (any shapes) in one kernel over
+    their flattened lanes, which also computes the sums ``extra`` (lane_sum nodes over that
+    many lanes); returns their values."""
     from . import sym
     from ._codegen.cache import KERNELS
 
@@ -397,7 +415,7 @@ def _evaluate_group(scope, shape, arrays, extra, backend=None):
         # a few lanes gain nothing from vector code, whose staged tail costs compile time
         # per output (a tape of scalar intermediates has thousands of outputs)
         fn = (sym.compile(outs, leaves, backend="numpy") if backend == "numpy" else
-              sym.compile(outs, leaves, vectorize=int(np.prod(shape)) >= SCALAR_LANES))
+              sym.compile(outs, leaves, vectorize=lanes >= SCALAR_LANES))
     except Exception as e:  # a lowering problem: name the user's line of the first op
         raise type(e)(f"{e} (lazy evaluation of the operation at {where})") from e
     _STATS["compiled"] += KERNELS.misses - misses
@@ -405,7 +423,11 @@ def _evaluate_group(scope, shape, arrays, extra, backend=None):
     ins = []
     for v in leaves:
         buf = var_buf[v]
-        ins.append(np.ascontiguousarray(buf).reshape(-1) if buf.ndim else buf)
+        if buf.ndim and (buf.size != 1 or lanes == 1):
+            buf = np.ascontiguousarray(buf).reshape(-1)
+        elif buf.ndim:  # one element broadcast to every lane (a broadcast_to recorded it)
+            buf = buf.reshape(())
+        ins.append(buf)
     try:
         res = fn(*ins)
     except (IndexError, ValueError, FloatingPointError) as e:
@@ -415,7 +437,7 @@ def _evaluate_group(scope, shape, arrays, extra, backend=None):
     for a in arrays:
         p = a._value
         r = np.asarray(res[index[p.expr]])
-        a._value = (np.broadcast_to(r, shape) if r.ndim == 0 else r.reshape(shape)).astype(
+        a._value = (np.broadcast_to(r, p.shape) if r.ndim == 0 else r.reshape(p.shape)).astype(
             p.dtype, copy=r.ndim == 0)
     return [np.asarray(r) for r in res[len(res) - len(extra):]]
 

@@ -756,6 +756,7 @@ broadcast_to_p = register(
         lambda x, shape: np.broadcast_to(x, shape),
         jvp=_broadcast_to_jvp,
         vjp=lambda ct, args, out, shape: (_sum_to_shape(ct, shape_of(args[0])),),
+        extra={"shape_only_vjp": True},
     )
 )
 
@@ -779,6 +780,7 @@ reshape_p = register(
         lambda x, shape: np.reshape(x, shape),
         jvp=lambda ts, args, out, nb, shape: reshape(ts[0], shape_of(ts[0])[:nb] + shape),
         vjp=lambda ct, args, out, shape: (reshape(ct, shape_of(args[0])),),
+        extra={"shape_only_vjp": True},
     )
 )
 
