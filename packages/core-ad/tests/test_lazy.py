@@ -265,3 +265,35 @@ def test_memory_argument_torch_keeps_every_intermediate():
             b = b * b
     assert sum(saved.values()) >= 50 * ARRAY_BYTES
     b.sum().backward()
+
+
+# ---- bad input -----------------------------------------------------------------------------
+
+
+def test_shape_mismatch_raises_at_the_operation_and_leaves_the_scope_usable():
+    with ad.lazy():
+        a, b = ad.Array(np.ones(3)), ad.Array(np.ones(4))
+        c = anp.sin(a)  # pending
+        with pytest.raises(ValueError, match=r"add: operand shapes \(3,\), \(4,\) do not"):
+            c + b
+        np.testing.assert_allclose(c.numpy(), np.sin(np.ones(3)))
+
+
+def test_an_evaluation_failure_names_the_users_line(monkeypatch):
+    """Kernels compile when the scope evaluates, far from the operation: a failure there names
+    the file and line of the operation that created the first array (not the kernel)."""
+    import inspect
+
+    from core_ad import sym
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("no kernel today")
+
+    with ad.lazy():
+        x = ad.Array(np.linspace(0.0, 1.0, 5))
+        line = inspect.currentframe().f_lineno + 1
+        y = anp.exp(x) * 2.0
+        monkeypatch.setattr(sym, "compile", refuse)
+        with pytest.raises(RuntimeError, match=rf"no kernel today \(lazy evaluation of the"
+                                               rf" operation at .*test_lazy.py:{line}\)"):
+            y.numpy()
