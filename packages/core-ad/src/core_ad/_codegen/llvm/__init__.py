@@ -89,6 +89,7 @@ def check_options(options: dict) -> tuple:
 
 
 _CODE: dict = {}  # code key -> (address, KernelIR, compile seconds); machine code is never freed
+LANEWISE_SPEED_LEVEL = 2  # the IR pipeline of lane-wise kernels (builder loop nests: O3)
 _CODE_LOCK = threading.RLock()  # one compile per code key, even from concurrent threads
 
 
@@ -135,7 +136,13 @@ def compile_program(prog, roots, inputs, options: tuple, key: str):
             return addr, kir, secs
         kir = _ir(mask, atomic)
         t1 = time.perf_counter()
-        addr, times = jit().compile(kir.text, name, name)
+        # straight-line vector code that sym has already CSE'd: the O2 pipeline without the SLP
+        # vectoriser gives the same machine code speed as O3, whose loop unswitching copies
+        # the whole body on the staged tail's condition (a 1432-node Hessian kernel: 0.44 s
+        # instead of 2.35 s), and SLP finds nothing to vectorise in it (an 846-node h2mc
+        # value kernel: the same output, 0.56 s of its 0.66 s optimisation)
+        addr, times = jit().compile(kir.text, name, name, speed_level=LANEWISE_SPEED_LEVEL,
+                                    slp=False)
         _save_meta(name, kir)
         secs = time.perf_counter() - t0
         times["ir"] = t1 - t0

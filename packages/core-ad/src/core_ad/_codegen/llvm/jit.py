@@ -4,7 +4,8 @@ kernels, O0), an optional on-disk object cache.
 * ``llvm.initialize()`` is deprecated in llvmlite 0.50 and not called; the native target and
   asm printer are initialised once.
 * The target machine is the host CPU with its features (``znver3``: AVX2 + FMA here), ``-O3``;
-  modules are optimised with the new pass manager's O3 pipeline (``speed_level=3``; the loop
+  modules are optimised with the new pass manager's O3 pipeline (``speed_level=3``; O2 without
+  the SLP vectoriser for core_ad's lane-wise kernels, see ``LANEWISE_SPEED_LEVEL``; the loop
   vectoriser is off because kernels are emitted in vector form already, SLP is on) before
   code generation, except large ones (a function over ``LARGE_KERNEL_LINES``), which go straight to code
   generation; very large ones (``FAST_CODEGEN_LINES``) also get -O0 code generation (fast
@@ -155,11 +156,14 @@ class Jit:
         return data
 
     # ---- compile -----------------------------------------------------------------------
-    def compile(self, ir_text: str, module_name: str, fn_name) -> tuple:
+    def compile(self, ir_text: str, module_name: str, fn_name, speed_level: int = 3,
+                slp: bool = True) -> tuple:
         """Parse, optimise, compile and link ``ir_text`` (levels by size: see the module
-        docstring); returns (address of ``fn_name``, {"parse", "opt", "codegen"} in seconds,
-        "disk_hit", "codegen_level"}). With a list or tuple of names, the first element is the
-        tuple of their addresses (one module, one optimisation and code generation for all)."""
+        docstring; ``speed_level`` is the IR pipeline's below that size, ``slp`` whether it
+        runs the SLP vectoriser); returns (address of
+        ``fn_name``, {"parse", "opt", "codegen"} in seconds, "disk_hit", "codegen_level"}).
+        With a list or tuple of names, the first element is the tuple of their addresses (one
+        module, one optimisation and code generation for all)."""
         names = [fn_name] if isinstance(fn_name, str) else list(fn_name)
         if not names or not all(isinstance(n, str) for n in names):
             raise TypeError(f"LLVM backend: fn_name must be a name or a list of names, got"
@@ -181,11 +185,12 @@ class Jit:
             hit = d is not None and os.path.exists(os.path.join(d, module_name + ".o"))
             if not hit:  # the object cache supplies the machine code: no need to optimise
                 pto = llvm.create_pipeline_tuning_options(
-                    speed_level=3 if lines < LARGE_KERNEL_LINES else 0)
+                    speed_level=speed_level if lines < LARGE_KERNEL_LINES else 0)
                 # the main loop is already in vector form and the remainder runs < W times:
                 # the loop vectoriser has nothing to gain (and costs compile time); SLP stays
+                # unless the caller's code is vector code throughout
                 pto.loop_vectorization = False
-                pto.slp_vectorization = True
+                pto.slp_vectorization = slp
                 pb = llvm.create_pass_builder(tm, pto)
                 pb.getModulePassManager().run(mod, pb)
             t2 = time.perf_counter()
