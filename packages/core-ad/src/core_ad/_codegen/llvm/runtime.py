@@ -409,8 +409,9 @@ class LLVMKernel:
         pool = thread_pool()
         futs = [pool.submit(work) for _ in range(t - 1)]
         work()
-        for f in futs:
-            f.result()
+        for f in futs:  # every chunk is taken: helpers that have not started are not needed
+            if not f.cancel():  # (nor awaited, so a call from a busy pool cannot deadlock)
+                f.result()
         if any(rcs):
             self._raise(kir, arrays, outs, [er for er, rc in zip(errs, rcs) if rc])
         for k, slots in sums.items():
