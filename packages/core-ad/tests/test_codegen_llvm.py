@@ -397,6 +397,19 @@ def test_chunked_threads_report_the_first_bad_lane_and_sum_deterministically():
     assert abs(sums.pop() - math.fsum(xs * xs)) <= 4 * np.finfo(float).eps * np.sum(xs * xs)
 
 
+def test_kernels_called_from_every_pool_worker_do_not_deadlock():
+    """Each pool worker calls a multi-threaded kernel: the chunk helpers it queues cannot
+    start (every worker is busy), so the caller takes every chunk and cancels them."""
+    from core_ad._codegen.llvm.runtime import cpu_count, thread_pool
+
+    x = sym.var("x")
+    fn = llvm([sym.sin(x) * 2.0], [x])
+    xs = np.linspace(0.0, 1.0, 300_000)
+    futs = [thread_pool().submit(fn, xs, num_threads=2) for _ in range(cpu_count())]
+    for f in futs:
+        np.testing.assert_allclose(f.result(timeout=60)[0], np.sin(xs) * 2.0, rtol=1e-15)
+
+
 def test_num_threads_from_the_environment(monkeypatch):
     x = sym.var("x")
     fn = llvm([sym.sin(x)], [x])
