@@ -398,16 +398,26 @@ def test_chunked_threads_report_the_first_bad_lane_and_sum_deterministically():
 
 
 def test_kernels_called_from_every_pool_worker_do_not_deadlock():
-    """Each pool worker calls a multi-threaded kernel: the chunk helpers it queues cannot
-    start (every worker is busy), so the caller takes every chunk and cancels them."""
+    """Each pool worker calls a multi-threaded kernel: the helpers it queues cannot start
+    (every worker is busy), so the caller takes every chunk and cancels them (a scatter
+    kernel's fixed ranges: the caller runs the ranges whose helper never started)."""
     from core_ad._codegen.llvm.runtime import cpu_count, thread_pool
 
-    x = sym.var("x")
+    x, b, i = sym.var("x"), sym.buffer("acc"), sym.var("i", "int64")
     fn = llvm([sym.sin(x) * 2.0], [x])
+    scatter = llvm([sym.scatter_add(b, i, x)], [b, i, x], scatter="partials")
     xs = np.linspace(0.0, 1.0, 300_000)
+    idx = np.arange(xs.size) % 7
     futs = [thread_pool().submit(fn, xs, num_threads=2) for _ in range(cpu_count())]
-    for f in futs:
-        np.testing.assert_allclose(f.result(timeout=60)[0], np.sin(xs) * 2.0, rtol=1e-15)
+    futs += [thread_pool().submit(scatter, np.zeros(7), idx, xs, num_threads=2)
+             for _ in range(cpu_count())]
+    want = np.bincount(idx, xs, minlength=7)
+    for k, f in enumerate(futs):
+        got = f.result(timeout=60)[0]
+        if k < cpu_count():
+            np.testing.assert_allclose(got, np.sin(xs) * 2.0, rtol=1e-15)
+        else:
+            np.testing.assert_allclose(got, want, rtol=1e-12)
 
 
 def test_num_threads_from_the_environment(monkeypatch):

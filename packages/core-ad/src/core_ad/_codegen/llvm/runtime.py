@@ -368,7 +368,13 @@ class LLVMKernel:
         ]
         s, e = bounds[0]
         rcs = [cfunc(s, e, ctypes.addressof(ptr_arrays[0]), lens_p, ctypes.addressof(errs[0]))]
-        rcs += [f.result() for f in futs]
+        for c, f in enumerate(futs, start=1):
+            if f.cancel():  # not started (a busy pool): run its range here, do not wait
+                s, e = bounds[c]
+                rcs.append(cfunc(s, e, ctypes.addressof(ptr_arrays[c]), lens_p,
+                                 ctypes.addressof(errs[c])))
+            else:
+                rcs.append(f.result())
         if any(rcs):
             self._raise(kir, arrays, outs, [er for er, rc in zip(errs, rcs) if rc])
         for k, p in partials:
