@@ -70,7 +70,7 @@ class Scope:
         self.leaves = {}  # id(buffer) -> (var, buffer)
         self.aliases = []  # arrays whose leaf buffer is another array
         self.pending = []  # weakrefs to Arrays holding a Pending of this scope
-        self.sums = {}  # id(lane_sum node) -> (node, lane shape of its operand)
+        self.sums = {}  # id(lane_sum node) -> (node, lane count of its operand)
         self.n_ops = 0
         self.closed = False
 
