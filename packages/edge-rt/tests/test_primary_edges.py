@@ -428,3 +428,30 @@ def test_derivative_image_rejects_foreign_tensors():
         edge_rt.derivative_image(scene, torch.zeros(3, 3), torch.zeros(3, 3))
     with pytest.raises(ValueError, match="direction has shape"):
         edge_rt.derivative_image(scene, scene.meshes[1].vertices, torch.zeros(2))
+
+
+@pytest.mark.parametrize("kind", ["pinhole", "fisheye"])
+def test_gradients_wrt_a_subset_equal_the_full_gradients(kind):
+    """``wrt`` skips the sides of edge samples on meshes that cannot move (their edge
+    equations have zero derivatives) and keeps every other sample's random numbers: the
+    wanted gradients are bitwise those of the full gradient, the others None."""
+    import edge_rt
+    from edge_rt import scenes
+
+    scene = scenes.cornell_box(resolution=(24, 24))
+    scene.camera.kind = kind
+    box = next(m for m in scene.meshes if m.name == "short_box")
+    wanted = (box.vertices, scene.lights[0].emission)
+    wrt = [any(t is w for w in wanted) for t in scene.tensors()]
+    adjoint = torch.as_tensor(np.random.default_rng(2).uniform(0.5, 1.5, size=(24, 24, 3)))
+    kw = dict(spp=4, seed=3, progress=False)
+    full = edge_rt.gradients(scene, adjoint, **kw)
+    part = edge_rt.gradients(scene, adjoint, wrt=wrt, **kw)
+    for f, p, w in zip(full, part, wrt):
+        if w:
+            assert f.abs().sum() > 0
+            assert torch.equal(f, p)
+        else:
+            assert p is None
+    with pytest.raises(ValueError, match="wrt has 2 entries"):
+        edge_rt.gradients(scene, adjoint, wrt=[True, False], **kw)

@@ -44,17 +44,36 @@ def uniforms(seed, start, n, k, *stream):
     return np.concatenate(blocks) if blocks else np.zeros((0, k))
 
 
+def uniforms_at(seed, paths, k, *stream):
+    """The rows of ``uniforms`` for the paths ``paths`` (sorted indices, any gaps): blocks
+    without a selected path are not drawn."""
+    out = np.empty((len(paths), k))
+    if len(paths) == 0:
+        return out
+    first, last = paths[0] // STREAM_BLOCK, paths[-1] // STREAM_BLOCK
+    bounds = np.searchsorted(paths, np.arange(first, last + 2) * STREAM_BLOCK)
+    for b, lo, hi in zip(range(first, last + 1), bounds[:-1], bounds[1:]):
+        if lo < hi:
+            u = np.random.default_rng([*seed, b * STREAM_BLOCK, *stream]).random(
+                (STREAM_BLOCK, k))
+            out[lo:hi] = u[paths[lo:hi] - b * STREAM_BLOCK]
+    return out
+
+
 class Sampler:
     """Deterministic uniforms per (seed, path index, purpose, bounce) for the paths
-    start..start+n; ``repeat`` tiles each draw so that lanes k, k + n, ... share random
-    numbers (the two sides of an edge sample)."""
+    start..start+n, or for the sorted path indices ``paths`` (then ``start`` and ``n`` are
+    ignored); ``repeat`` tiles each draw so that lanes k, k + n, ... share random numbers (the
+    two sides of an edge sample)."""
 
-    def __init__(self, seed, start, n, repeat=1):
+    def __init__(self, seed, start, n, repeat=1, paths=None):
         self.seed = tuple(np.atleast_1d(seed).tolist())
-        self.start, self.n, self.repeat = start, n, repeat
+        self.start, self.n, self.repeat, self.paths = start, n, repeat, paths
 
     def uniform(self, purpose, bounce, k, dtype):
-        u = torch.as_tensor(uniforms(self.seed, self.start, self.n, k, purpose, bounce))
+        u = torch.as_tensor(
+            uniforms(self.seed, self.start, self.n, k, purpose, bounce) if self.paths is None
+            else uniforms_at(self.seed, self.paths, k, purpose, bounce))
         u = u.to(dtype)
         return u.repeat(self.repeat, 1) if self.repeat > 1 else u
 

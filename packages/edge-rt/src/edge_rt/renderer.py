@@ -105,9 +105,11 @@ def render_image(scene, spp=4, seed=0, max_depth=2, output="radiance", dtype=tor
 @torch_single_thread()
 def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
               edge_samples=None, dtype=torch.float32, interior=True, edges=True,
-              progress=True):
+              progress=True, wrt=None):
     """d<grad_image, render(scene)>/d(every scene tensor), as a list following
-    ``scene.tensors()`` (zeros where a tensor does not influence the image).
+    ``scene.tensors()`` (zeros where a tensor does not influence the image). ``wrt``: one
+    bool per tensor (default all True); the others get None and are held constant, and the
+    sides of edge samples that then cannot move are not traced.
 
     Interior: each chunk of pixel paths is re-traced with autograd recording, and
     <grad_image, contribution> is differentiated. Boundary: ``edge_samples`` (default: one
@@ -116,15 +118,21 @@ def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
     seed = tuple(np.atleast_1d(seed).tolist())
     cam = scene.camera
     npix = cam.width * cam.height
-    params = [t.detach().to(dtype).requires_grad_(True) for t in scene.tensors()]
+    tensors = scene.tensors()
+    wrt = [True] * len(tensors) if wrt is None else [bool(w) for w in wrt]
+    if len(wrt) != len(tensors):
+        raise ValueError(f"gradients: wrt has {len(wrt)} entries, the scene {len(tensors)} "
+                         "tensors")
+    params = [t.detach().to(dtype).requires_grad_(w) for t, w in zip(tensors, wrt)]
     sc = scene.with_tensors(params)
     adj = grad_image.detach().to(dtype).reshape(npix, -1)
-    acc = [torch.zeros_like(p) for p in params]
+    wanted = [p for p, w in zip(params, wrt) if w]
+    acc = [torch.zeros_like(p) for p in wanted]
 
     def accumulate(objective):
         if not objective.requires_grad:
             return
-        gs = torch.autograd.grad(objective, params, allow_unused=True)
+        gs = torch.autograd.grad(objective, wanted, allow_unused=True)
         for k, gk in enumerate(gs):
             if gk is not None:
                 acc[k] += gk
@@ -145,12 +153,14 @@ def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
         n_edge = total if edge_samples is None else int(edge_samples)
         primal = scene.with_tensors([t.detach().to(dtype) for t in scene.tensors()])
         with torch.enable_grad():
-            terms = _edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress)
+            terms = _edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress,
+                                _moving_meshes(sc, wanted))
             if terms is not None:
                 sides = ((adj[terms.pix_upper] * terms.upper).sum(1)
                          - (adj[terms.pix_lower] * terms.lower).sum(1))
                 accumulate((terms.weight * sides.to(dtype) * terms.alpha).sum())
-    return [a.to(t.dtype) for a, t in zip(acc, scene.tensors())]
+    grads = iter(acc)
+    return [next(grads).to(t.dtype) if w else None for t, w in zip(tensors, wrt)]
 
 
 @torch_single_thread()
@@ -197,7 +207,8 @@ def derivative_image(scene, tensor, direction, spp=4, seed=1, max_depth=2, outpu
                     image.index_add_(0, pix, tangent.double() / spp)
         if edges:
             n_edge = total if edge_samples is None else int(edge_samples)
-            terms = _edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress)
+            terms = _edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress,
+                                _moving_meshes(sc, [params[index]]))
             if terms is not None:
                 rate = fwad.unpack_dual(terms.alpha).tangent
                 if rate is not None:
@@ -226,15 +237,25 @@ class EdgeTerms:
     pix_lower: torch.Tensor
 
 
-def _edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress):
+def _moving_meshes(sc, varying):
+    """Per mesh of ``sc``: whether its edges move with one of the ``varying`` tensors. An
+    edge equation depends on the camera and its mesh's vertices only, so a sample on any
+    other edge has a zero derivative whatever its two sides (its sides are not traced)."""
+    ids = {id(t) for t in varying}
+    cam = sc.camera
+    camera = id(cam.cam_to_world) in ids or id(cam.fov) in ids
+    return np.array([camera or id(m.vertices) in ids for m in sc.meshes], dtype=bool)
+
+
+def _edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress, moving):
     make = _pinhole_edge_terms if sc.camera.kind == "pinhole" else _curved_edge_terms
-    return make(sc, primal, n_edge, seed, max_depth, output, dtype, progress)
+    return make(sc, primal, n_edge, seed, max_depth, output, dtype, progress, moving)
 
 
-def _side_values(primal, point, normal, seed, max_depth, output, dtype, progress):
+def _side_values(primal, point, normal, paths, seed, max_depth, output, dtype, progress):
     """Both sides of each edge sample traced with shared random numbers on the detached
     scene: values (N, C) x 2 and pixel indices x 2; ``normal`` (unit, pixels) points to the
-    upper side."""
+    upper side; ``paths`` (sorted) the samples' indices, which pick their random numbers."""
     cam = primal.camera
     n_edge = len(point)
     upper, lower = point + SIDE_OFFSET * normal, point - SIDE_OFFSET * normal
@@ -247,7 +268,8 @@ def _side_values(primal, point, normal, seed, max_depth, output, dtype, progress
             count = stop - start
             xy = np.concatenate([upper[start:stop], lower[start:stop]])
             v = trace(primal, g, torch.as_tensor(xy, dtype=dtype),
-                      Sampler((*seed, 13), start, count, repeat=2), max_depth, output)
+                      Sampler((*seed, 13), 0, count, repeat=2, paths=paths[start:stop]),
+                      max_depth, output)
             values[0, start:stop], values[1, start:stop] = v[:count].double(), v[count:].double()
     pixels = []
     for side in (upper, lower):
@@ -265,13 +287,18 @@ def _live_terms(weight, alpha_of, upper, lower, pix_upper, pix_lower):
                      pix_upper[live], pix_lower[live])
 
 
-def _pinhole_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress):
-    """Samples of the screen-space line equation (5.5) (spec 3.4, 5.4)."""
+def _pinhole_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress, moving):
+    """Samples of the screen-space line equation (5.5) (spec 3.4, 5.4) on ``moving`` meshes'
+    edges (the edge distribution is over every edge, so the kept samples do not change)."""
     prim = edges_mod.primary_edges(primal)
     if len(prim) == 0 or n_edge == 0:
         return None
     rng = np.random.default_rng([*seed, 11])
     k, point, weight = edges_mod.sample(prim, n_edge, rng)
+    paths = np.nonzero(moving[prim.mesh[k]])[0]
+    if len(paths) == 0:
+        return None
+    k, point, weight = k[paths], point[paths], weight[paths]
     # The side offset follows the normal of the near-clipped projected line.
     with torch.no_grad():
         a, b = edges_mod.clipped_endpoints(primal, prim.mesh[k], prim.v0[k], prim.v1[k],
@@ -280,7 +307,8 @@ def _pinhole_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, prog
     normal = np.stack([a[:, 1] - b[:, 1], b[:, 0] - a[:, 0]], 1)
     grad_norm = np.linalg.norm(normal, axis=1)
     normal /= grad_norm[:, None]
-    sides = _side_values(primal, point, normal, seed, max_depth, output, dtype, progress)
+    sides = _side_values(primal, point, normal, paths, seed, max_depth, output, dtype,
+                         progress)
     coeff = torch.as_tensor(weight / grad_norm / n_edge, dtype=dtype)
 
     def alpha_of(sel):
@@ -291,7 +319,7 @@ def _pinhole_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, prog
     return _live_terms(coeff, alpha_of, *sides)
 
 
-def _curved_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress):
+def _curved_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progress, moving):
     """The same for a non-linear projection (fisheye), with the 3D edge equation (spec 3.6):
     weight = |d(x, y)/dt| / (|grad_xy alpha| P(E) p(t)) / N."""
     cam = primal.camera
@@ -300,6 +328,10 @@ def _curved_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progr
         return None
     rng = np.random.default_rng([*seed, 11])
     k, t, inv_p = edges_mod.sample_curved(curved, n_edge, rng)
+    paths = np.nonzero(moving[curved.mesh[k]])[0]
+    if len(paths) == 0:
+        return None
+    k, t, inv_p = k[paths], t[paths], inv_p[paths]
     with torch.enable_grad():
         pa, pb = (x.detach() for x in edges_mod.endpoints(primal, curved.mesh[k], curved.v0[k],
                                                           curved.v1[k], torch.float64))
@@ -320,8 +352,8 @@ def _curved_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, progr
     if len(keep) == 0:
         return None
     normal = (grad_xy[keep] / grad_norm[keep, None]).numpy()
-    sides = _side_values(primal, xy[keep].numpy(), normal, seed, max_depth, output, dtype,
-                         progress)
+    sides = _side_values(primal, xy[keep].numpy(), normal, paths[keep.numpy()], seed, max_depth,
+                         output, dtype, progress)
     coeff = (speed[keep] / grad_norm[keep] * torch.as_tensor(inv_p)[keep] / n_edge).to(dtype)
     sel_k = keep.numpy()
 
@@ -348,8 +380,7 @@ class _Render(torch.autograd.Function):
     def backward(ctx, grad_image):
         opts = dict(ctx.options)
         opts["seed"] = opts.pop("grad_seed")
-        gs = gradients(ctx.scene, grad_image, **opts)
-        return (None, None, *[g if need else None for g, need in zip(gs, ctx.needs)])
+        return (None, None, *gradients(ctx.scene, grad_image, wrt=ctx.needs, **opts))
 
 
 def render(scene, spp=4, seed=0, max_depth=2, output="radiance", grad_seed=None,
