@@ -367,3 +367,34 @@ def test_rough_glass_converges_to_path_traced_reference(torus, method, mpp, boun
     errors = _check_converges(ps, refs, r, 1 << 18)
     assert errors[-1] < bound, errors
     assert r.stats["small"].acceptance > 0.2
+
+
+@pytest.mark.parametrize("method, mpp, seed", [("h2mc", 32, 4), ("mmlt", 128, 3)])
+def test_modified_parameterization_converges(cornell, method, mpp, seed):
+    """Spec 5.2: small steps in the modified coordinates (absolute spherical directions on
+    every Cornell-box vertex, threshold 0.03) with MH ratios of f*_w, large steps and splats
+    in f*_PSS, leave the image unchanged: H2MC (sigma2 1e-3) and MMLT (Kelemen's isotropic
+    step on w) converge to edge_rt's reference as the PSS runs do (relMSE falling over the
+    checkpoints, mean luminance within 4 standard errors)."""
+    scene, _, refs = cornell
+    ps = PathSpace(scene, max_length=3, roughness_threshold=0.03)
+    r = render_mlt(scene, mpp, method=method, chains=256, bootstrap_samples=1 << 15,
+                   direct_spp=0, seed=seed, checkpoints=(mpp // 8, mpp // 4, mpp),
+                   path_space=ps, sigma2=1e-3, parameterization="modified",
+                   roughness_threshold=0.03)
+    errors = _check_converges(ps, refs, r, 1 << 15)
+    assert errors[-1] < 0.03, errors
+    assert r.stats["small"].acceptance > 0.3 and r.stats["large"].acceptance > 0.03
+
+
+def test_modified_parameterization_bad_input(cornell):
+    scene, ps, _ = cornell
+    with pytest.raises(MLTError, match="parameterization must be one of"):
+        render_mlt(scene, 1, method="h2mc", parameterization="spherical", path_space=ps)
+    with pytest.raises(MLTError, match="roughness_threshold must be >= 0"):
+        render_mlt(scene, 1, method="h2mc", parameterization="modified",
+                   roughness_threshold=-1.0, path_space=ps)
+    with pytest.raises(MLTError, match="needs a multiplexed state"):
+        render_mlt(scene, 1, method="pssmlt", parameterization="modified", path_space=ps)
+    with pytest.raises(MLTError, match="path_space has roughness_threshold"):
+        render_mlt(scene, 1, method="h2mc", parameterization="modified", path_space=ps)

@@ -25,7 +25,9 @@ Two chain states over the techniques ``t = (length, s)`` of :class:`~h2mc.PathSp
     costs nothing.
 
 Small steps: ``"kelemen"``, Kelemen et al.'s symmetric exponential perturbation of every
-coordinate, offsets in ``[s1, s2]`` with density ~ 1/offset, wrapped; ``"h2mc"``, the H2MC
+coordinate, offsets in ``[s1, s2]`` with density ~ 1/offset, wrapped; ``"isotropic"``, the
+reference renderer's isotropic Gaussian ``N(0, sigma2 I)`` on every coordinate, wrapped (both
+symmetric, spec 1.6 perturbStdDev); ``"h2mc"``, the H2MC
 Gaussian from the gradient and Hessian of log f* at the state (h2mc_proposal; on a
 multiplexed state of ``log f*_t`` over the technique's coordinates, the others held), with
 probability ``uniform_mixing`` replaced by the Kelemen step (spec 4.7 rule 4); the Gaussian is
@@ -72,7 +74,7 @@ from ._kernels import _wrap
 from ._pathspace import PathSpace
 from ._proposal import GaussianProposal, h2mc_proposal
 
-SMALL_STEPS = ("kelemen", "h2mc")
+SMALL_STEPS = ("kelemen", "isotropic", "h2mc")
 PARAMETERIZATIONS = ("kelemen", "modified")
 LARGE_STEPS = ("uniform", "mmlt", "resample")
 METHODS = {"pssmlt": ("kelemen", "uniform"), "mmlt": ("kelemen", "mmlt"),
@@ -195,7 +197,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
-    state) override the method's. H2MC small steps use the prior *variance* ``sigma2``: the
+    state) override the method's; ``"isotropic"`` small steps use ``sigma2`` too. H2MC small steps use the prior *variance* ``sigma2``: the
     default is the reference renderer's sigma = 0.01; tune it for 50-70% small-step
     acceptance, 1e-3 on the Cornell box.
 
@@ -280,7 +282,11 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         h2 = ~large & ~iso
         y = state.x.copy()  # an H2MC step on a technique moves only that technique's dims
         y[large] = rng.random((int(large.sum()), ps.dim))
-        y[iso] = kelemen_perturb(state.x[iso], rng, s1, s2)
+        if small_step == "isotropic":
+            y[iso] = _wrap(state.x[iso] + np.sqrt(sigma2) * rng.standard_normal(
+                (int(iso.sum()), ps.dim)))
+        else:
+            y[iso] = kelemen_perturb(state.x[iso], rng, s1, s2)
         ty = state.t.copy()
         if pmf is not None:
             ty[large] = rng.choice(len(pmf), size=int(large.sum()), p=pmf)

@@ -366,7 +366,7 @@ class PathSpace:
         for t in np.unique(tech[tech >= 0]):
             lanes, res = self._run("directions", u, *self.techniques[t], paths,
                                    np.flatnonzero(tech == t))
-            for i in range(len(res) // 3):
+            for i in range(len(res) // 3 if len(lanes) else 0):
                 exact[i + 1, t] = (lanes, np.stack(res[3 * i:3 * i + 3], 1))
         for i, (lanes, wo, rough) in enumerate(paths.directions, start=1):
             wo = wo.copy()
