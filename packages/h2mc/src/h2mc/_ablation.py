@@ -9,6 +9,7 @@ segments) against edge_rt's path tracer on the same lengths.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 import edge_rt
@@ -17,6 +18,7 @@ from edge_rt import scenes, torch_single_thread
 from ._diagnostics import rel_mse
 from ._mlt import render_mlt
 from ._pathspace import PathSpace
+from ._png import write_png
 
 AE10_VARIANTS = {  # name -> (small step, parameterization)
     "modified+h2mc": ("h2mc", "modified"),
@@ -38,12 +40,14 @@ def indirect_reference(scene, spp, max_length, seed=91):
 def ae10_parameterization(resolution=(16, 16), mutations_per_pixel=64, max_length=4,
                           seeds=(0, 1, 2), reference_spp=4096, chains=128, sigma2=1e-4,
                           roughness_threshold=0.01, large_step_prob=0.5,
-                          bootstrap_samples=1 << 16, reference=None, backend="numpy"):
+                          bootstrap_samples=1 << 16, reference=None, backend="numpy",
+                          png=None):
     """relMSE per variant (:data:`AE10_VARIANTS`) and seed against the reference, with the
     small-step acceptance: ``{"relmse": {name: [per seed]}, "acceptance": {name: [...]},
     "reference": image, "images": {name: first seed's image}}``. Defaults follow spec 1.6's
     torus column (large-step probability 0.5, threshold 0.01, sigma 0.01 for both kernels,
-    128 chains); the spec's size is 128x128 at 256 samples per pixel."""
+    128 chains); the spec's size is 128x128 at 256 samples per pixel. ``png``: a path for
+    the reference and the variants' first-seed images side by side (tone-mapped alike)."""
     scene = scenes.torus_glass_cube(tuple(resolution))
     ref = (indirect_reference(scene, reference_spp, max_length) if reference is None
            else reference)
@@ -62,4 +66,8 @@ def ae10_parameterization(resolution=(16, 16), mutations_per_pixel=64, max_lengt
             acc.append(r.stats["small"].acceptance)
             out["images"].setdefault(name, r.indirect)
         out["relmse"][name], out["acceptance"][name] = errors, acc
+    if png is not None:
+        row = np.concatenate([ref, *out["images"].values()], axis=1)
+        scale = np.percentile(ref, 99) or 1.0
+        write_png(png, np.clip(row / scale, 0.0, 1.0) ** (1 / 2.2))
     return out
