@@ -376,7 +376,10 @@ def test_modified_parameterization_converges(cornell, method, mpp, seed):
     every Cornell-box vertex, threshold 0.03) with MH ratios of f*_w, large steps and splats
     in f*_PSS, leave the image unchanged: H2MC (sigma2 1e-3) and MMLT (Kelemen's isotropic
     step on w) converge to edge_rt's reference as the PSS runs do (relMSE falling over the
-    checkpoints, mean luminance within 4 standard errors)."""
+    checkpoints, mean luminance within 4 standard errors). Measured: relMSE 0.036, 0.030,
+    0.016 (H2MC, 4 / 8 / 32 mutations per pixel; PSS coordinates: 0.035, 0.027, 0.013) and
+    0.029, 0.026, 0.016 (MMLT, 16 / 32 / 128; PSS: 0.033, 0.024, 0.012), small-step acceptance
+    56% / 85%: on this Lambertian scene Kelemen's cosine sampling already flattens f*."""
     scene, _, refs = cornell
     ps = PathSpace(scene, max_length=3, roughness_threshold=0.03)
     r = render_mlt(scene, mpp, method=method, chains=256, bootstrap_samples=1 << 15,
