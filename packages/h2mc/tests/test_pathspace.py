@@ -540,8 +540,8 @@ def test_jacobian_matches_finite_differences_of_the_map(kind):
 
 
 @pytest.mark.parametrize("scene, length, technique, n", [
-    ("glossy", 3, NEE, 30), ("glossy", 4, NEE, 30), ("glossy", 3, HIT, 20),
-    ("torus", 4, NEE, 20),
+    ("glossy", 3, NEE, 30), pytest.param("glossy", 4, NEE, 30, marks=pytest.mark.slow),
+    ("glossy", 3, HIT, 20), ("torus", 4, NEE, 20),
 ])
 def test_log_f_w_derivatives_match_central_differences(scene, length, technique, n):
     """AE-7 in the modified coordinates: value, gradient and Hessian of log f*_w (the
