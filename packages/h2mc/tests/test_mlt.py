@@ -8,6 +8,7 @@ import edge_rt
 from edge_rt import scenes, testing, torch_single_thread
 from h2mc import (NEE, Bootstrap, MLTError, PathSpace, PathSpaceError, bootstrap,
                   kelemen_perturb, luminance, rel_mse, render_mlt)
+from h2mc import ae10_parameterization
 from h2mc._mlt import LENGTH_FLOOR
 
 RES = (16, 12)  # non-square: a swapped axis in splatting fails
@@ -367,3 +368,56 @@ def test_rough_glass_converges_to_path_traced_reference(torus, method, mpp, boun
     errors = _check_converges(ps, refs, r, 1 << 18)
     assert errors[-1] < bound, errors
     assert r.stats["small"].acceptance > 0.2
+
+
+@pytest.mark.parametrize("method, mpp, seed", [("h2mc", 32, 4), ("mmlt", 128, 3)])
+def test_modified_parameterization_converges(cornell, method, mpp, seed):
+    """Spec 5.2: small steps in the modified coordinates (absolute spherical directions on
+    every Cornell-box vertex, threshold 0.03) with MH ratios of f*_w, large steps and splats
+    in f*_PSS, leave the image unchanged: H2MC (sigma2 1e-3) and MMLT (Kelemen's isotropic
+    step on w) converge to edge_rt's reference as the PSS runs do (relMSE falling over the
+    checkpoints, mean luminance within 4 standard errors). Measured: relMSE 0.036, 0.030,
+    0.016 (H2MC, 4 / 8 / 32 mutations per pixel; PSS coordinates: 0.035, 0.027, 0.013) and
+    0.029, 0.026, 0.016 (MMLT, 16 / 32 / 128; PSS: 0.033, 0.024, 0.012), small-step acceptance
+    56% / 85%: on this Lambertian scene Kelemen's cosine sampling already flattens f*."""
+    scene, _, refs = cornell
+    ps = PathSpace(scene, max_length=3, roughness_threshold=0.03)
+    r = render_mlt(scene, mpp, method=method, chains=256, bootstrap_samples=1 << 15,
+                   direct_spp=0, seed=seed, checkpoints=(mpp // 8, mpp // 4, mpp),
+                   path_space=ps, sigma2=1e-3, parameterization="modified",
+                   roughness_threshold=0.03)
+    errors = _check_converges(ps, refs, r, 1 << 15)
+    assert errors[-1] < 0.03, errors
+    assert r.stats["small"].acceptance > 0.3 and r.stats["large"].acceptance > 0.03
+
+
+def test_modified_parameterization_bad_input(cornell):
+    scene, ps, _ = cornell
+    with pytest.raises(MLTError, match="parameterization must be one of"):
+        render_mlt(scene, 1, method="h2mc", parameterization="spherical", path_space=ps)
+    with pytest.raises(MLTError, match="roughness_threshold must be >= 0"):
+        render_mlt(scene, 1, method="h2mc", parameterization="modified",
+                   roughness_threshold=-1.0, path_space=ps)
+    with pytest.raises(MLTError, match="needs a multiplexed state"):
+        render_mlt(scene, 1, method="pssmlt", parameterization="modified", path_space=ps)
+    with pytest.raises(MLTError, match="path_space has roughness_threshold"):
+        render_mlt(scene, 1, method="h2mc", parameterization="modified", path_space=ps)
+
+
+@pytest.mark.slow
+def test_ae10_parameterization_ordering(tmp_path):
+    """AE-10 at a reduced size (16x16 torus_glass_cube, paths of 3-4 segments, 48 mutations
+    per pixel, 128 chains, large-step probability 0.5, sigma 0.01 for H2MC and the isotropic
+    Gaussian, threshold 0.01 so the torus is absolute and the alpha-0.08 glass Kelemen; edge_rt
+    reference at 16384 spp; ~7 min). Measured (seeds 0, 1, 2): modified + H2MC 0.0274, 0.0131,
+    0.0284; modified + isotropic 0.0329, 0.0162, 0.0325; Kelemen + isotropic 0.0376, 0.0241,
+    0.0311 (small-step acceptance 0.60-0.65, 0.49-0.54, 0.46-0.53). H2MC is lowest on every
+    seed; the two isotropic variants are ordered on the mean over seeds (0.0272 < 0.0309) but
+    not on every seed (seed 2: 0.0325 > 0.0311), so only the means are asserted: the spec's
+    size (128x128, 256 spp) is out of reach on 2 cores."""
+    out = ae10_parameterization((16, 16), 48, seeds=(0, 1, 2), reference_spp=16384,
+                                png=tmp_path / "ae10.png")
+    mean = {k: np.mean(v) for k, v in out["relmse"].items()}
+    assert mean["modified+h2mc"] < mean["modified+isotropic"] < mean["kelemen+isotropic"], mean
+    h2, iso = np.array(out["relmse"]["modified+h2mc"]), np.array(out["relmse"]["modified+isotropic"])
+    assert (h2 < iso).all() and (h2 < np.array(out["relmse"]["kelemen+isotropic"])).all()

@@ -437,3 +437,161 @@ def test_rough_dielectric_path_derivatives_match_central_differences(scene, leng
     n_lobes = length - 1 if technique == HIT else length - 2
     lobes = [list(dims).index(ps.bsdf_dims[b][0]) for b in range(n_lobes)]
     assert (g[:, lobes] == 0).all() and (H[:, lobes] == 0).all()
+
+
+# ---------------------------------------------------------------- modified parameterisation
+class _InCoords:
+    """``ps`` tracing every lane in the modified coordinates of technique index ``t`` (for
+    ``_central_differences``, which traces through ``trace(u)``)."""
+
+    def __init__(self, ps, t):
+        self.ps, self.t = ps, t
+
+    def trace(self, w):
+        return self.ps.trace(w, coords=np.full(len(w), self.t))
+
+    def branches(self, w, length, technique, paths):
+        return self.ps.branches(w, length, technique, paths)
+
+
+def _modified_states(ps, length, technique, rng, n):
+    """``n`` states with a path of ``(length, technique)`` in its modified coordinates."""
+    t = ps.techniques.index((length, technique))
+    u = _valid_states(ps, length, technique, rng, n)
+    return ps.to_modified(u, ps.trace(u), np.full(len(u), t), rng), t
+
+
+def test_modified_coordinates_reproduce_the_pss_paths():
+    """u -> w -> path: converting PSS states to each technique's modified coordinates
+    (threshold 0.05: the glossy tall box, roughness 0.02, keeps Kelemen's coordinates, the
+    walls and the glossy sphere take absolute directions) and tracing w gives the same paths:
+    the same discrete structure and f*_PSS to 1e-9 relative; f*_w = f*_PSS * |det du/dw| with
+    a positive Jacobian, not 1 on most lanes (those with an absolute vertex). The spherical map
+    round-trips (w -> omega -> w) to 1e-12."""
+    ps = PathSpace(_glossy_box(), max_length=4, min_length=3, backend="numpy",
+                   roughness_threshold=0.05)
+    rng = np.random.default_rng(11)
+    u = rng.random((16384, ps.dim))
+    pu = ps.trace(u)
+    for t, key in enumerate(ps.techniques):
+        coords = np.full(len(u), t)
+        w = ps.to_modified(u, pu, coords, rng)
+        pw = ps.trace(w, coords=coords)
+        v = pu.valid[:, t]
+        assert v.sum() >= 40
+        np.testing.assert_array_equal(pw.valid[:, t], v)
+        (la, pa), (lb, pb) = pu.structure[key], pw.structure[key]
+        np.testing.assert_array_equal(la, lb)
+        names = [nm for _ in range(key[0] - 1) for nm in ps._vertex_names] + ["light"] * 13
+        assert all((a == b).all() for a, b, nm in zip(pa, pb, names) if nm != "absolute")
+        assert not any(pa[j].any() for j, nm in enumerate(names) if nm == "absolute")
+        np.testing.assert_allclose(pw.scores[v, t], pu.scores[v, t], rtol=1e-9, atol=1e-300)
+        np.testing.assert_allclose(pw.scores_w[:, t], pw.scores[:, t] * pw.jacobian[:, t])
+        assert (pw.jacobian[v, t] > 0).all() and (pw.jacobian[v, t] != 1).mean() > 0.8
+        np.testing.assert_array_equal(pu.jacobian, 1.0)
+        # PSS coordinates of the dimensions the technique does not use are kept
+        unused = np.setdiff1d(np.arange(ps.dim), ps.dims(*key))
+        np.testing.assert_array_equal(w[:, unused], u[:, unused])
+    from h2mc._pathspace import spherical_coordinates, spherical_direction
+    ws = rng.random((1000, 2))
+    np.testing.assert_allclose(spherical_coordinates(spherical_direction(ws)), ws, atol=1e-12)
+
+
+@pytest.mark.parametrize("kind", ["diffuse", "glossy"])
+def test_jacobian_matches_finite_differences_of_the_map(kind):
+    """The factor p_bsdf |d omega/dw| of spec 5.2 is |det du/dw|: on a single-lobe BSDF
+    (Lambertian, or a pure Blinn-Phong lobe of roughness 0.1) the map (u1, u2) -> w of
+    edge_rt's sampling followed by spherical coordinates has, by float64 central differences
+    (h = 1e-6), |det dw/du| = 1 / (p_bsdf 2 pi^2 sin phi) to 1e-5 relative."""
+    from edge_rt import bsdf
+    from h2mc._pathspace import spherical_coordinates
+    rng = np.random.default_rng(5)
+    n_lanes = 200
+    normal = rng.normal(size=(n_lanes, 3))
+    normal /= np.linalg.norm(normal, axis=1, keepdims=True)
+    wi = normal + 0.8 * rng.normal(size=(n_lanes, 3))
+    wi /= np.linalg.norm(wi, axis=1, keepdims=True)
+    wi *= np.sign((wi * normal).sum(1))[:, None]
+    kd, ks = ((0.7, 0.0), (0.0, 0.7))[kind == "glossy"]
+    kd, ks = torch.full((n_lanes, 3), kd, dtype=torch.float64), torch.full(
+        (n_lanes, 3), ks, dtype=torch.float64)
+    rough = torch.full((n_lanes,), 0.1, dtype=torch.float64)
+    u = np.concatenate([np.full((n_lanes, 1), 0.5), 0.05 + 0.9 * rng.random((n_lanes, 2))], 1)
+    nt, wit = torch.as_tensor(normal), torch.as_tensor(wi)
+
+    def w_of(uu):
+        wo, pdf = bsdf.sample(nt, wit, kd, ks, rough, torch.as_tensor(uu))
+        return spherical_coordinates(wo.numpy()), pdf.numpy(), wo.numpy()
+
+    w0, pdf, wo = w_of(u)
+    h = 1e-6
+    J = np.zeros((n_lanes, 2, 2))
+    for j in (1, 2):
+        up, um = u.copy(), u.copy()
+        up[:, j] += h
+        um[:, j] -= h
+        d = w_of(up)[0] - w_of(um)[0]
+        d[:, 0] -= np.round(d[:, 0])  # the azimuth wraps at 1
+        J[:, :, j - 1] = d / (2 * h)
+    ok = (pdf > 0) & (np.abs(wo[:, 2]) < 0.99)  # away from the poles of the sphere
+    assert ok.sum() > 150
+    expected = 1.0 / (pdf[ok] * 2 * np.pi ** 2 * np.sqrt(1 - wo[ok, 2] ** 2))
+    np.testing.assert_allclose(np.abs(np.linalg.det(J))[ok], expected, rtol=1e-5)
+
+
+@pytest.mark.parametrize("scene, length, technique, n", [
+    ("glossy", 3, NEE, 30), pytest.param("glossy", 4, NEE, 30, marks=pytest.mark.slow),
+    ("glossy", 3, HIT, 20), ("torus", 4, NEE, 20),
+])
+def test_log_f_w_derivatives_match_central_differences(scene, length, technique, n):
+    """AE-7 in the modified coordinates: value, gradient and Hessian of log f*_w (the
+    compiled kernels: absolute spherical directions on vertices rougher than the threshold,
+    the Jacobian p_bsdf 2 pi^2 sin phi inside the expression) against Richardson-extrapolated
+    float64 central differences of the traced f*_w, relative 1e-4, on the glossy Cornell box
+    (threshold 0.05: Kelemen's coordinates on the roughness-0.02 box, absolute elsewhere) and
+    through the torus scene's rough glass (threshold 0.001: absolute on the glass too). The
+    unused lobe numbers of absolute vertices have no derivative."""
+    if scene == "glossy":
+        ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy",
+                       roughness_threshold=0.05)
+    else:
+        ps = PathSpace(scenes.torus_glass_cube((12, 12)), max_length=length,
+                       min_length=length, backend="numpy", roughness_threshold=0.001)
+    w, t = _modified_states(ps, length, technique, np.random.default_rng(8), n)
+    view = _InCoords(ps, t)
+    p = view.trace(w)
+    lf, g, H = ps.log_f_derivatives(w, length, technique, paths=p)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_allclose(lf, np.log(p.scores_w[:, t]), rtol=1e-12)
+    np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
+    gfd, Hfd, ok = _central_differences(
+        view, w, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
+        lambda pp: pp.scores_w[:, t], _same_piece(view, w, length, technique),
+        ps.dims(length, technique), _steps(H))
+    ok &= np.isfinite(lf)
+    assert ok.sum() >= 0.6 * n, ok.sum()
+    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
+    assert (p.jacobian[:, t] != 1).mean() >= 0.3  # lanes with an absolute vertex
+
+
+def test_modified_coordinates_wrong_side_directions_are_zero_not_nan():
+    """Uniform states read as modified coordinates point half of the absolute directions into
+    the surface: those paths end (zero contribution, invalid), none is NaN; bad input gets
+    named errors."""
+    ps = PathSpace(scenes.cornell_box((16, 12)), max_length=4, min_length=3, backend="numpy",
+                   roughness_threshold=0.03)
+    w = np.random.default_rng(2).random((4096, ps.dim))
+    coords = np.full(len(w), ps.techniques.index((4, NEE)))
+    pw, pu = ps.trace(w, coords=coords), ps.trace(w)
+    assert not pw.nonfinite.any() and np.isfinite(pw.scores_w).all()
+    assert 0.02 < pw.valid[:, 3].mean() < 0.6 * pu.valid[:, 3].mean()
+    assert (pw.contrib[~pw.valid] == 0).all()
+    with pytest.raises(PathSpaceError, match="roughness_threshold must be >= 0"):
+        PathSpace(ps.scene, roughness_threshold=-0.1)
+    with pytest.raises(PathSpaceError, match="need a roughness_threshold"):
+        PathSpace(ps.scene, max_length=4, backend="numpy").trace(w, coords=coords)
+    with pytest.raises(PathSpaceError, match="technique indices"):
+        ps.trace(w, coords=np.full(len(w), 7))
+    with pytest.raises(PathSpaceError, match="coords must have shape"):
+        ps.trace(w, coords=coords[:3])

@@ -13,6 +13,7 @@
 * diagnostics: :func:`ess` (Geyer), histograms, :func:`write_png`.
 """
 
+from ._ablation import AE10_VARIANTS, ae10_parameterization
 from ._diagnostics import (
     HistogramAccumulator,
     autocovariance,
@@ -29,6 +30,7 @@ from ._kernels import HMC, MALA, H2MCStep, IsotropicStep, Kernel, LargeStep, Ran
 from ._mlt import (
     LARGE_STEPS,
     METHODS,
+    PARAMETERIZATIONS,
     SMALL_STEPS,
     Bootstrap,
     MLTError,
@@ -54,6 +56,8 @@ from . import toy  # noqa: F401
 __version__ = "0.1.0"
 
 __all__ = [
+    "AE10_VARIANTS",
+    "ae10_parameterization",
     "Bootstrap",
     "MLTError",
     "MLTResult",
@@ -61,6 +65,7 @@ __all__ = [
     "LARGE_STEPS",
     "METHODS",
     "SMALL_STEPS",
+    "PARAMETERIZATIONS",
     "bootstrap",
     "kelemen_perturb",
     "rel_mse",

@@ -25,7 +25,9 @@ Two chain states over the techniques ``t = (length, s)`` of :class:`~h2mc.PathSp
     costs nothing.
 
 Small steps: ``"kelemen"``, Kelemen et al.'s symmetric exponential perturbation of every
-coordinate, offsets in ``[s1, s2]`` with density ~ 1/offset, wrapped; ``"h2mc"``, the H2MC
+coordinate, offsets in ``[s1, s2]`` with density ~ 1/offset, wrapped; ``"isotropic"``, the
+reference renderer's isotropic Gaussian ``N(0, sigma2 I)`` on every coordinate, wrapped (both
+symmetric, spec 1.6 perturbStdDev); ``"h2mc"``, the H2MC
 Gaussian from the gradient and Hessian of log f* at the state (h2mc_proposal; on a
 multiplexed state of ``log f*_t`` over the technique's coordinates, the others held), with
 probability ``uniform_mixing`` replaced by the Kelemen step (spec 4.7 rule 4); the Gaussian is
@@ -45,6 +47,15 @@ rgb(y) b / S_y`` (all its techniques, spec 1.4 step 4; ``a`` does not depend on 
 The image is scaled by ``pixels / (steps * chains)``. Paths shorter than ``min_length``
 (direct lighting, and emitters seen directly) come from edge_rt's path tracer (spec 1.5).
 
+Coordinates (``parameterization``, spec 5.1-5.2): ``"kelemen"``, every step in primary sample
+space; ``"modified"`` (multiplexed states only), the chain state is in the modified coordinates
+``w`` of its technique (PathSpace's absolute spherical directions on vertices rougher than
+``roughness_threshold``). Small steps (H2MC and Kelemen's isotropic perturbation alike) move
+``w`` with MH ratios of ``f*_w = f*_PSS |det du/dw|`` and H2MC derivatives of ``log f*_w``; a
+large step samples ``u`` as before, picks its technique, converts it to ``w``
+(``PathSpace.to_modified``, whose proposal density in ``w`` is the Jacobian, so the MH ratio is
+the PSS one) and is accepted with the ``f*_PSS`` ratios above; splat weights use ``f*_PSS``.
+
 A non-finite contribution is a counted rejection (PathSpace voids the state; ``nonfinite``
 counts it), never a NaN pixel.
 """
@@ -63,7 +74,8 @@ from ._kernels import _wrap
 from ._pathspace import PathSpace
 from ._proposal import GaussianProposal, h2mc_proposal
 
-SMALL_STEPS = ("kelemen", "h2mc")
+SMALL_STEPS = ("kelemen", "isotropic", "h2mc")
+PARAMETERIZATIONS = ("kelemen", "modified")
 LARGE_STEPS = ("uniform", "mmlt", "resample")
 METHODS = {"pssmlt": ("kelemen", "uniform"), "mmlt": ("kelemen", "mmlt"),
            "h2mc": ("h2mc", "resample")}  # method -> (small step, large step)
@@ -180,11 +192,12 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                large_step=None, max_length=3, min_length=3, chains=256, large_step_prob=0.3,
                s1=1.0 / 1024, s2=1.0 / 64, sigma2=1e-4, uniform_mixing=0.2,
                bootstrap_samples=1 << 16, direct_spp=16, seed=0, checkpoints=(),
-               path_space=None, progress=None):
+               path_space=None, progress=None, parameterization="kelemen",
+               roughness_threshold=0.03):
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
-    state) override the method's. H2MC small steps use the prior *variance* ``sigma2``: the
+    state) override the method's; ``"isotropic"`` small steps use ``sigma2`` too. H2MC small steps use the prior *variance* ``sigma2``: the
     default is the reference renderer's sigma = 0.01; tune it for 50-70% small-step
     acceptance, 1e-3 on the Cornell box.
 
@@ -193,7 +206,10 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     ``direct_spp``: samples per pixel of edge_rt's path tracer for paths shorter than
     ``min_length`` (0: leave them out); ``path_space``: a prebuilt :class:`PathSpace` of the
     scene (its kernels are compiled once; its lengths replace ``max_length`` / ``min_length``);
-    ``progress``: called with the number of mutations done so far after every step.
+    ``progress``: called with the number of mutations done so far after every step;
+    ``parameterization``: ``"kelemen"`` or ``"modified"`` (module docstring; the thesis' H2MC
+    uses the modified one, the default stays PSS), with ``roughness_threshold`` (spec 1.6:
+    0.03, 0.01 on the torus scene; a given ``path_space`` must have been built with it).
     """
     if method not in METHODS:
         raise MLTError(f"render_mlt: method must be one of {tuple(METHODS)}, got {method!r}")
@@ -211,9 +227,23 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         raise MLTError(f"render_mlt: need 0 < s1 < s2 < 0.5, got s1={s1}, s2={s2}")
     if int(chains) < 1 or mutations_per_pixel <= 0:
         raise MLTError("render_mlt: chains and mutations_per_pixel must be positive")
-    ps = path_space or PathSpace(scene, max_length=max_length, min_length=min_length)
+    if parameterization not in PARAMETERIZATIONS:
+        raise MLTError(f"render_mlt: parameterization must be one of {PARAMETERIZATIONS}, "
+                       f"got {parameterization!r}")
+    if not roughness_threshold >= 0.0:
+        raise MLTError(f"render_mlt: roughness_threshold must be >= 0, got "
+                       f"{roughness_threshold!r}")
+    modified = parameterization == "modified"
+    if modified and large_step == "uniform":
+        raise MLTError("render_mlt: the modified parameterization needs a multiplexed state "
+                       "(large_step 'mmlt' or 'resample'): its coordinates are a technique's")
+    ps = path_space or PathSpace(scene, max_length=max_length, min_length=min_length,
+                                 roughness_threshold=roughness_threshold if modified else None)
     if path_space is not None and path_space.scene is not scene:
         raise MLTError("render_mlt: path_space was built for another scene")
+    if modified and ps.roughness_threshold != roughness_threshold:
+        raise MLTError(f"render_mlt: path_space has roughness_threshold "
+                       f"{ps.roughness_threshold!r}, not {roughness_threshold!r}")
     seed = tuple(np.atleast_1d(seed).tolist())
     rng = np.random.default_rng([*seed, 0x6D6C74])
     w, h = ps.width, ps.height
@@ -230,9 +260,11 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     else:
         x, t = boot.seeds(C, rng), np.zeros(C, np.int64)  # t: the Gaussians' group below
     pmf = boot.technique_pmf() if large_step == "mmlt" else None
-    px = ps.trace(x)
-    rgb, f = _target(px, t if multiplexed else None)
-    state = _Chains(x, t, rgb, f, px.f_star, px.pixel)
+    if modified:
+        x = ps.to_modified(x, ps.trace(x), t, rng)
+    px = ps.trace(x, coords=t if modified else None)
+    rgb, f, fw = _target(px, t if multiplexed else None)
+    state = _Chains(x, t, rgb, f, fw, px.f_star, px.pixel)
     use_h2mc = small_step == "h2mc"
     if use_h2mc:
         gauss = _Gaussians(ps, multiplexed, sigma2, C)
@@ -250,25 +282,37 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         h2 = ~large & ~iso
         y = state.x.copy()  # an H2MC step on a technique moves only that technique's dims
         y[large] = rng.random((int(large.sum()), ps.dim))
-        y[iso] = kelemen_perturb(state.x[iso], rng, s1, s2)
+        if small_step == "isotropic":
+            y[iso] = _wrap(state.x[iso] + np.sqrt(sigma2) * rng.standard_normal(
+                (int(iso.sum()), ps.dim)))
+        else:
+            y[iso] = kelemen_perturb(state.x[iso], rng, s1, s2)
         ty = state.t.copy()
         if pmf is not None:
             ty[large] = rng.choice(len(pmf), size=int(large.sum()), p=pmf)
         pending = gauss.propose(state, h2, y, rng) if h2.any() else []
-        py = ps.trace(y)
-        nonfinite += int(py.nonfinite.sum())
         resampled = large if large_step == "resample" else np.zeros(C, bool)
-        if resampled.any():
+        if modified and large.any():  # large steps: sample u, pick t, go to t's coordinates
+            lanes = lanes_all[large]
+            pu = ps.trace(y[lanes])
+            if large_step == "resample":
+                ty[lanes] = _pick(pu.scores, rng)
+            y[lanes] = ps.to_modified(y[lanes], pu, ty[lanes], rng)
+        py = ps.trace(y, coords=ty if modified else None)
+        nonfinite += int(py.nonfinite.sum())
+        if resampled.any() and not modified:
             ty[resampled] = _pick(py.scores[resampled], rng)
-        rgb_y, fy = _target(py, ty if multiplexed else None)
+        rgb_y, fy, fwy = _target(py, ty if multiplexed else None)
         S_y = py.f_star
         with np.errstate(divide="ignore", invalid="ignore"):
-            log_a = np.log(fy) - np.log(state.f)
+            # small steps: f*_w (= f*_PSS in PSS coordinates); large steps: f*_PSS
+            log_a = np.where(large, np.log(fy) - np.log(state.f),
+                             np.log(fwy) - np.log(state.fw))
             if pmf is not None:
                 log_a[large] += np.log(pmf[state.t[large]] / pmf[ty[large]])
             log_a[resampled] = np.log(S_y[resampled]) - np.log(state.S[resampled])
         gy = [gauss.at_proposal(y, py, g, sel, z, gx, log_a) for g, sel, gx, z in pending]
-        a = np.where(fy > 0, np.exp(np.minimum(log_a, 0.0)), 0.0)
+        a = np.where((fy > 0) & (fwy > 0), np.exp(np.minimum(log_a, 0.0)), 0.0)
         _splat(accum, state.pixel, (1.0 - a) / state.f, state.rgb)
         # a resampling large step's proposal: the expectation over its technique choice
         prop_rgb = np.where(resampled[:, None], py.rgb, rgb_y)
@@ -282,7 +326,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                 stats[name].proposed += int(sel.sum())
                 stats[name].accepted += int((accept & sel).sum())
         state.x[accept], state.t[accept], state.rgb[accept] = y[accept], ty[accept], rgb_y[accept]
-        state.f[accept], state.S[accept] = fy[accept], S_y[accept]
+        state.f[accept], state.fw[accept], state.S[accept] = fy[accept], fwy[accept], S_y[accept]
         state.pixel[accept] = py.pixel[accept]
         if use_h2mc:
             for (g, sel, _, _), gp in zip(pending, gy):
@@ -310,18 +354,19 @@ class _Chains:
     x: np.ndarray
     t: np.ndarray  # technique index (multiplexed state)
     rgb: np.ndarray  # the state's contribution (its technique's, or the sum: Kelemen)
-    f: np.ndarray  # its target f*
+    f: np.ndarray  # its target f* (f*_PSS)
+    fw: np.ndarray  # its target in the chain's coordinates f*_w (= f with PSS coordinates)
     S: np.ndarray  # the sum over all techniques' scores at x (the resampling large step's)
     pixel: np.ndarray
 
 
 def _target(paths, t):
-    """``(rgb (B, 3), f* (B,))`` of the Kelemen state (``t`` None: the sum over techniques)
-    or of technique ``t[i]`` on lane ``i``."""
+    """``(rgb (B, 3), f*_PSS (B,), f*_w (B,))`` of the Kelemen state (``t`` None: the sum
+    over techniques, PSS coordinates) or of technique ``t[i]`` on lane ``i``."""
     if t is None:
-        return paths.rgb, paths.f_star
+        return paths.rgb, paths.f_star, paths.f_star
     lanes = np.arange(len(t))
-    return paths.contrib[lanes, t], paths.scores[lanes, t]
+    return paths.contrib[lanes, t], paths.scores[lanes, t], paths.scores_w[lanes, t]
 
 
 def _pick(scores, rng):

@@ -45,6 +45,18 @@ is the prior's symmetric kick, spec 5.1) while ``F`` / ``1 - F`` stay in the pdf
 weights. Perfectly specular dielectrics (roughness 0) are refused: their contribution is a
 delta, not differentiable.
 
+The modified parameterisation (spec 5.1 (i), 5.2; ``roughness_threshold`` given): on the
+vertices a state's technique uses whose roughness exceeds the threshold, the two direction
+numbers are absolute spherical coordinates of the outgoing direction in world space
+(``theta_az = 2 pi w1``, ``phi = pi w2``, ``|d omega / dw| = 2 pi^2 sin phi``) instead of
+BSDF-sampling inputs; the lobe number is unused there. ``trace(w, coords=t)`` reads lane ``i`` in
+the coordinates of technique ``t[i]`` (:meth:`PathSpace.to_modified` converts a PSS state). The
+contribution stays the PSS one ``f/p`` (BSDF pdfs are mixture pdfs, lobe and reflect / refract
+probabilities included, so ``f*_PSS`` is a function of the path alone); its target in ``w`` is
+``f*_w = f*_PSS * prod p_bsdf(omega) |d omega/dw|`` (:attr:`Paths.jacobian`), and the
+derivative kernels differentiate ``log f*_w`` in one expression. Directions on the wrong side of
+a vertex (or of zero pdf) end the path: zero contribution, never NaN.
+
 Textured materials are looked up at the traced hit and held constant in the derivatives (the
 texture's variation over the surface is not differentiated).
 """
@@ -108,6 +120,16 @@ class Paths:
     nonfinite: np.ndarray
     structure: dict  # (length, s) -> (lanes, frozen per-lane parameters of its kernel)
     techniques: list
+    # (B, T): prod over the technique's absolute-coordinate vertices of p_bsdf |d omega/dw|
+    # (1 where the lane is in PSS coordinates); f*_w = f*_PSS * jacobian (spec 5.2)
+    jacobian: np.ndarray = None
+    # per bounce vertex i = 1..: (lanes there, direction leaving it (n, 3), roughness (n,))
+    directions: list = None
+
+    @property
+    def scores_w(self):
+        """Luminance of each technique's contribution in the modified coordinates, (B, T)."""
+        return self.scores * self.jacobian
 
     @property
     def rgb(self):
@@ -183,6 +205,20 @@ def _relative_eta(geometry, si):
     return torch.where(glass, bsdf.relative_eta(torch.where(glass, eta, 1.0), si.front), 0.0)
 
 
+def spherical_direction(w):
+    """World-space unit directions of spherical coordinates ``w`` (N, 2) in [0, 1)^2:
+    ``theta_az = 2 pi w[:, 0]``, ``phi = pi w[:, 1]`` (spec 5.1 [R])."""
+    theta, phi = 2.0 * np.pi * w[:, 0], np.pi * w[:, 1]
+    return np.stack([np.sin(phi) * np.cos(theta), np.sin(phi) * np.sin(theta), np.cos(phi)], 1)
+
+
+def spherical_coordinates(omega):
+    """Inverse of :func:`spherical_direction`: (N, 2) in [0, 1)^2 of unit directions."""
+    theta = np.mod(np.arctan2(omega[:, 1], omega[:, 0]) / (2.0 * np.pi), 1.0)
+    return np.stack([np.where(theta < 1.0, theta, 0.0),
+                     np.arccos(np.clip(omega[:, 2], -1.0, 1.0)) / np.pi], 1)
+
+
 def _cross(a, b):
     return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
 
@@ -204,14 +240,23 @@ class PathSpace:
     tracer (spec 1.5). ``backend``: core_ad's ``sym.compile`` backend for the path kernels
     (default LLVM; ``"numpy"`` builds in a fraction of a second but runs slower).
     ``techniques``: the ``(length, s)`` keys, ``s`` in (:data:`HIT`, :data:`NEE`), in the
-    order of :attr:`Paths.contrib`'s technique axis.
+    order of :attr:`Paths.contrib`'s technique axis. ``roughness_threshold``: enables the
+    modified parameterisation (module docstring) for vertices rougher than it (None: PSS only;
+    its kernels then carry no absolute-direction branch).
     """
 
-    def __init__(self, scene, max_length=3, min_length=3, backend=None):
+    def __init__(self, scene, max_length=3, min_length=3, backend=None,
+                 roughness_threshold=None):
         if not 2 <= int(min_length) <= int(max_length):
             raise PathSpaceError(f"PathSpace: need 2 <= min_length <= max_length, got "
                                  f"{min_length}, {max_length}")
         self.min_length, self.max_length = int(min_length), int(max_length)
+        if roughness_threshold is not None and not roughness_threshold >= 0.0:
+            raise PathSpaceError(f"PathSpace: roughness_threshold must be >= 0 (or None for "
+                                 f"PSS coordinates only), got {roughness_threshold!r}")
+        self.roughness_threshold = roughness_threshold
+        self._vertex_names = _VERTEX + (("absolute",) if roughness_threshold is not None
+                                        else ())
         if scene.camera.kind != "pinhole":
             raise PathSpaceError(f"PathSpace: only pinhole cameras, got {scene.camera.kind!r}")
         if scene.envmap is not None:
@@ -291,17 +336,78 @@ class PathSpace:
         return u
 
     # ------------------------------------------------------------------ discrete structure
-    def trace(self, u):
+    def modified_vertices(self, technique_index):
+        """Number of leading bounce vertices whose directions technique ``techniques[t]``
+        uses (``k - 1`` for HIT, ``k - 2`` for NEE), per entry of ``technique_index``; -1 (a
+        lane in PSS coordinates) gives 0."""
+        t = np.asarray(technique_index, np.int64)
+        if ((t < -1) | (t >= len(self.techniques))).any():
+            raise PathSpaceError(f"PathSpace: technique indices must lie in [-1, "
+                                 f"{len(self.techniques)}), got {t.min()}..{t.max()}")
+        used = np.array([k - 1 if s == HIT else k - 2 for k, s in self.techniques] + [0])
+        return used[t]
+
+    def to_modified(self, u, paths, technique_index, rng):
+        """The modified coordinates ``w`` of PSS states ``u`` traced as ``paths``
+        (``trace(u)``), lane ``i`` for technique ``techniques[technique_index[i]]``: on the
+        technique's vertices rougher than the threshold, the direction numbers become the
+        spherical coordinates of the traced direction and the (then unused) lobe number a fresh
+        uniform, so the large step's proposal density in ``w`` is ``p_bsdf |d omega/dw|`` of
+        the mixture pdf (spec 5.2)."""
+        self._need_modified()
+        u = self._check_u(u)
+        w = u.copy()
+        tech = np.asarray(technique_index, np.int64)
+        n_abs = self.modified_vertices(tech)
+        # The directions of the path as its kernel evaluates it (rays from the exact
+        # vertices; the traced ones leave from offset origins and differ by ~1e-7), so that
+        # w's path is u's to rounding; the traced ones where the technique has no path.
+        exact = {}
+        for t in np.unique(tech[tech >= 0]):
+            lanes, res = self._run("directions", u, *self.techniques[t], paths,
+                                   np.flatnonzero(tech == t))
+            for i in range(len(res) // 3 if len(lanes) else 0):
+                exact[i + 1, t] = (lanes, np.stack(res[3 * i:3 * i + 3], 1))
+        for i, (lanes, wo, rough) in enumerate(paths.directions, start=1):
+            wo = wo.copy()
+            for t in np.unique(tech[tech >= 0]):
+                if (i, t) in exact:
+                    lanes_k, wo_k = exact[i, t]
+                    wo[np.searchsorted(lanes, lanes_k)] = wo_k
+            sel = (n_abs[lanes] >= i) & (rough > self.roughness_threshold)
+            lanes = lanes[sel]
+            w[lanes, self.bsdf_dims[i - 1][0]] = rng.random(len(lanes))
+            w[np.ix_(lanes, self.bsdf_dims[i - 1][1:])] = spherical_coordinates(wo[sel])
+        return w
+
+    def _need_modified(self):
+        if self.roughness_threshold is None:
+            raise PathSpaceError("PathSpace: modified coordinates need a roughness_threshold "
+                                 "(built with None: PSS coordinates only)")
+
+    def trace(self, u, coords=None):
         """Trace states ``u`` (B, dim) with edge_rt (Embree, BSDF and light sampling) and
-        evaluate each technique's contribution with its compiled kernel: :class:`Paths`."""
+        evaluate each technique's contribution with its compiled kernel: :class:`Paths`.
+        ``coords`` (B,) technique indices: lane ``i`` is in the modified coordinates of
+        technique ``techniques[coords[i]]`` (-1: PSS); None: all lanes in PSS."""
         u = self._check_u(u)
         B = u.shape[0]
+        if coords is None:
+            n_abs = np.zeros(B, np.int64)
+        else:
+            self._need_modified()
+            if np.shape(coords) != (B,):
+                raise PathSpaceError(f"PathSpace.trace: coords must have shape ({B},), got "
+                                     f"{np.shape(coords)}")
+            n_abs = self.modified_vertices(coords)
+        directions = []
         g, cam, dt = self.geometry, self.scene.camera, torch.float64
         ut = torch.as_tensor(u)
         xy = u[:, :2] * np.array([self.width, self.height])
         pixel = (np.minimum(np.floor(xy[:, 1]).astype(np.int64), self.height - 1) * self.width
                  + np.minimum(np.floor(xy[:, 0]).astype(np.int64), self.width - 1))
         contrib = np.zeros((B, len(self.techniques), 3))
+        jacobian = np.ones((B, len(self.techniques)))
         valid = np.zeros((B, len(self.techniques)), bool)
         verts = []  # per surface vertex: (lanes alive there, their vertex parameters)
         ends = {}  # (length, s) -> (lanes, light parameters)
@@ -322,13 +428,17 @@ class PathSpace:
                 kd, ks, rough = g.material(si)
                 eta = _relative_eta(g, si)
                 glass = eta > 0
-                verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough, eta)))
+                absolute = (torch.as_tensor(n_abs[lanes.numpy()] >= i)
+                            & (rough > (self.roughness_threshold or 0.0)))
+                verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough, eta,
+                                                                 absolute)))
                 if i + 1 >= self.min_length:
                     ends[i + 1, NEE] = self._connect(si, glass,
                                                      ut[lanes][:, self.light_dims[i + 1]],
                                                      lanes)
                 wo, pdf = self._sample(si, -d, kd, ks, rough, eta,
-                                       ut[lanes][:, self.bsdf_dims[i - 1]])
+                                       ut[lanes][:, self.bsdf_dims[i - 1]], absolute)
+                directions.append((lanes.numpy(), wo.numpy(), rough.numpy()))
                 ok = torch.nonzero((pdf > 0) & _sides_ok(si, wo, glass)).flatten()
                 o, d, lanes = g.spawn(si, wo)[ok], wo[ok], lanes[ok]
         structure = {}
@@ -338,40 +448,61 @@ class PathSpace:
                 continue
             cols = self._columns(u, key, verts, lanes_k, light_params)
             with np.errstate(all="ignore"):
-                rgb = np.stack([np.broadcast_to(np.asarray(c), (len(lanes_k),))
+                out = np.stack([np.broadcast_to(np.asarray(c), (len(lanes_k),))
                                 for c in self._value_kernel(*key)(*cols)], 1)
-            contrib[lanes_k, t] = rgb
+            if out.shape[1] == 4:  # the kernel's contribution is in w: back to PSS
+                jacobian[lanes_k, t] = out[:, 3]
+                with np.errstate(all="ignore"):
+                    out = out[:, :3] / out[:, 3:]
+            contrib[lanes_k, t] = out
             valid[lanes_k, t] = True
             structure[key] = (lanes_k, cols[len(self.dims(*key)):])
         # A non-finite contribution (rounding at grazing angles) voids the whole state: its
         # lanes get f = 0, so a chain rejects it instead of splatting NaN.
-        nonfinite = ~np.isfinite(contrib).all(axis=(1, 2))
+        nonfinite = ~(np.isfinite(contrib).all(axis=(1, 2)) & np.isfinite(jacobian).all(1))
         contrib[nonfinite] = 0.0
+        jacobian[nonfinite] = 1.0
         valid[nonfinite] = False
         if nonfinite.any():
             for key, (lanes_k, params) in structure.items():
                 keep = ~nonfinite[lanes_k]
                 structure[key] = (lanes_k[keep], [c[keep] for c in params])
-        return Paths(xy, pixel, contrib, valid, nonfinite, structure, list(self.techniques))
+        return Paths(xy, pixel, contrib, valid, nonfinite, structure, list(self.techniques),
+                     jacobian, directions)
 
     @staticmethod
-    def _sample(si, wi, kd, ks, rough, eta, u):
-        """edge_rt's BSDF sampling: the dielectric's on lanes with ``eta > 0``."""
+    def _sample(si, wi, kd, ks, rough, eta, u, absolute=None):
+        """edge_rt's BSDF sampling (the dielectric's on lanes with ``eta > 0``); on
+        ``absolute`` lanes the direction is ``u``'s spherical coordinates and the pdf
+        edge_rt's pdf of it."""
         wo, pdf = bsdf.sample(si.ns, wi, kd, ks, rough, u)
         glass = torch.nonzero(eta > 0).flatten()
         if len(glass):
             wo_d, pdf_d = bsdf.sample_dielectric(si.ns[glass], wi[glass], eta[glass],
                                                  rough[glass], u[glass])
             wo, pdf = wo.index_copy(0, glass, wo_d), pdf.index_copy(0, glass, pdf_d)
+        fixed = torch.nonzero(absolute).flatten() if absolute is not None else []
+        if len(fixed):
+            wo_a = torch.as_tensor(spherical_direction(u[fixed, 1:].numpy()))
+            pdf_a = bsdf.pdf(si.ns[fixed], wi[fixed], wo_a, kd[fixed], ks[fixed], rough[fixed])
+            g = torch.nonzero(eta[fixed] > 0).flatten()
+            if len(g):
+                f = fixed[g]
+                pdf_a = pdf_a.index_copy(0, g, bsdf.pdf_dielectric(si.ns[f], wi[f], wo_a[g],
+                                                                    eta[f], rough[f]))
+            wo, pdf = wo.index_copy(0, fixed, wo_a), pdf.index_copy(0, fixed, pdf_a)
         return wo, pdf
 
-    def _vertex_params(self, si, kd, ks, rough, eta):
+    def _vertex_params(self, si, kd, ks, rough, eta, absolute):
         tri = si.tri.numpy()
         v = self.geometry.tri_verts.detach().numpy()[tri].reshape(-1, 9)
         side = np.where(si.front.numpy(), 1.0, -1.0)[:, None]
         n = self._tri_normals[tri].reshape(-1, 9)
-        return np.concatenate([v, side, n, kd.numpy(), ks.numpy(), rough.numpy()[:, None],
-                               eta.numpy()[:, None]], 1)
+        cols = [v, side, n, kd.numpy(), ks.numpy(), rough.numpy()[:, None],
+                eta.numpy()[:, None]]
+        if self.roughness_threshold is not None:
+            cols.append(absolute.numpy().astype(np.float64)[:, None])
+        return np.concatenate(cols, 1)
 
     def _light_params(self, tri, pmf):
         g = self.geometry
@@ -417,8 +548,9 @@ class PathSpace:
     def expressions(self, length, technique=NEE):
         """``(u_vars, param_vars, rgb)``: the MIS-weighted contribution of technique
         ``(length, technique)`` as core_ad expressions of its primary samples
-        (``dims(length, technique)``) and per-lane parameters."""
-        u, params, rgb, _ = self._expressions(length, technique)
+        (``dims(length, technique)``) and per-lane parameters; with a ``roughness_threshold``,
+        in the modified coordinates (times ``|det du/dw|``, the vertex flags ``absolute``)."""
+        u, params, rgb = self._expressions(length, technique)[:3]
         return u, params, rgb
 
     def _expressions(self, length, technique):
@@ -426,7 +558,7 @@ class PathSpace:
         k, s = self._check_technique(length, technique)
         cam = self.scene.camera
         u = [sym.var(f"pss{j}") for j in range(len(self.dims(k, s)))]
-        verts = [{nm: sym.var(f"x{i}_{nm}") for nm in _VERTEX} for i in range(1, k)]
+        verts = [{nm: sym.var(f"x{i}_{nm}") for nm in self._vertex_names} for i in range(1, k)]
         light = {nm: sym.var(f"l_{nm}") for nm in _LIGHT}
         m = cam.cam_to_world.detach().double().numpy()
         tan = float(np.tan(float(cam.fov) * np.pi / 360.0))
@@ -442,6 +574,8 @@ class PathSpace:
                 "float64")
             d_vars, d_out = bsdf.dielectric_expressions("float64")
         throughput = (1.0, 1.0, 1.0)
+        jacobian = 1.0
+        directions = []  # the direction leaving each vertex whose direction is sampled
         for i, vp in enumerate(verts):
             p, ng, ns = self._hit(o, d, vp)
             wi = tuple(-x for x in d)
@@ -462,6 +596,12 @@ class PathSpace:
                                                    for v in sd_in})
                     wo = [sym.where(glass, a, b) for a, b in zip(wo_d, wo)]
                 wo, pdf = tuple(wo[:3]), wo[3]
+                if self.roughness_threshold is not None:
+                    wo, pdf, jac = self._absolute(vp, du, wo, pdf, ns, wi, mat, glass,
+                                                  glass_mat, (p_out, p_in),
+                                                  (pd_out, pd_in) if self._dielectric else None)
+                    jacobian = jacobian * jac
+                directions.extend(wo)
             if last and s == NEE:
                 y, nl, area = self._light_point(light, u[-2], u[-1])
                 to_light = _sub(y, p)
@@ -500,8 +640,34 @@ class PathSpace:
                           for c in range(3)]
             throughput = tuple(throughput[c] * weight[c] for c in range(3))
             o, d = p, wo
-        params = [vp[nm] for vp in verts for nm in _VERTEX] + [light[nm] for nm in _LIGHT]
-        return u, params, list(throughput), mis
+        params = ([vp[nm] for vp in verts for nm in self._vertex_names]
+                  + [light[nm] for nm in _LIGHT])
+        if self.roughness_threshold is not None:  # the contribution in w (spec 5.2)
+            throughput = tuple(x * jacobian for x in throughput)
+        return u, params, list(throughput), mis, jacobian, directions
+
+    @staticmethod
+    def _absolute(vp, du, wo, pdf, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf):
+        """The direction, its pdf and the vertex's factor of ``|det du/dw|`` (spec 5.2): on
+        vertices flagged ``absolute``, ``omega`` from spherical coordinates ``du[1:]``, edge_rt's
+        (mixture) pdf of it and ``p_bsdf |d omega/dw| = p_bsdf 2 pi^2 sin phi``; elsewhere the
+        sampled ``wo``, ``pdf`` and 1."""
+        theta, phi = 2.0 * np.pi * du[1], np.pi * du[2]
+        sin_phi = sym.sin(phi)
+        omega = (sin_phi * sym.cos(theta), sin_phi * sym.sin(theta), sym.cos(phi))
+        env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
+                       (*ns, *wi, *omega)))
+        p_out, p_in = opaque_pdf
+        p_abs = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name)) for v in p_in})[0]
+        if glass_pdf is not None:
+            pd_out, pd_in = glass_pdf
+            p_glass = sym.substitute([pd_out], {v: env.get(v.name, glass_mat.get(v.name))
+                                                for v in pd_in})[0]
+            p_abs = sym.where(glass, p_glass, p_abs)
+        absolute = vp["absolute"] > 0.5
+        return (tuple(sym.where(absolute, a, b) for a, b in zip(omega, wo)),
+                sym.where(absolute, p_abs, pdf),
+                sym.where(absolute, p_abs * (2.0 * np.pi ** 2) * sin_phi, 1.0))
 
     @staticmethod
     def _plane_point(o, d, v0, v1, v2):
@@ -568,11 +734,13 @@ class PathSpace:
     def _kernel(self, kind, length, technique):
         key = (kind, *self._check_technique(length, technique))
         if key not in self._kernels:
-            u, params, rgb, mis = self._expressions(length, technique)
-            if kind == "value":
-                outs = rgb
+            u, params, rgb, mis, jacobian, directions = self._expressions(length, technique)
+            if kind == "value":  # with the modified parameterisation, also |det du/dw|
+                outs = rgb + ([jacobian] if self.roughness_threshold is not None else [])
             elif kind == "mis":
                 outs = [mis]
+            elif kind == "directions":
+                outs = directions
             elif kind == "branch":
                 preds = {}
                 for node in sym.toposort(rgb):
