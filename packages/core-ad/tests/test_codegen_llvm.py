@@ -398,9 +398,9 @@ def test_chunked_threads_report_the_first_bad_lane_and_sum_deterministically():
 
 
 def test_kernels_called_from_every_pool_worker_do_not_deadlock():
-    """Each pool worker calls a multi-threaded kernel: the helpers it queues cannot start
-    (every worker is busy), so the caller takes every chunk and cancels them (a scatter
-    kernel's fixed ranges: the caller runs the ranges whose helper never started)."""
+    """Each pool worker calls a multi-threaded kernel (lane chunks, and a scatter's one range
+    per thread): the helpers it queues cannot start (every worker is busy), so the caller
+    takes every range itself and cancels them (codegen.parallel_for)."""
     from core_ad._codegen.llvm.runtime import cpu_count, thread_pool
 
     x, b, i = sym.var("x"), sym.buffer("acc"), sym.var("i", "int64")

@@ -393,6 +393,7 @@ def parallel_for(fn, n: int, args, threads: int | None = None, chunks_per_thread
     pool = thread_pool()
     helpers = [pool.submit(drain) for _ in range(min(t, len(ranges)) - 1)]
     drain()
-    for h in helpers:
-        h.result()
+    for h in helpers:  # every range is taken: a helper that has not started is not needed,
+        if not h.cancel():  # nor awaited (a call from a busy pool would wait forever)
+            h.result()
     return rcs

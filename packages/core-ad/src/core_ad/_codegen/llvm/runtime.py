@@ -14,16 +14,17 @@ backend's, made strict):
 * arrays must be contiguous and aligned (ValueError suggesting ``np.ascontiguousarray``);
 * returns a tuple with one new array per output: N lanes (0-d when every lane input is
   0-d); a scatter_add output is the whole updated copy of its buffer; a lane_sum output is
-  0-d (each thread's call sums its lanes; the partials are added in thread order, so the
+  0-d (each range's call sums its lanes; the partials are added in range order, so the
   result is deterministic for a given thread count);
 * an out-of-range gather / scatter_add index raises IndexError naming the operation, the
   buffer, the index and the lane, before any out-of-range access.
 
 Threads: ``num_threads`` (keyword), else ``CORE_AD_NUM_THREADS``, else the CPUs available; a
-call uses at most one thread per :attr:`LLVMKernel.min_lanes` lanes. Without scatter outputs
-the lanes are cut into up to :data:`CHUNKS_PER_THREAD` chunks per thread, which the threads
-take in turn (a core shared with another process does less of the work); with scatter outputs
-each thread takes one range. Ranges are multiples of the vector width, so every lane is
+call uses at most one thread per :attr:`LLVMKernel.min_lanes` lanes. The ranges run through
+:func:`~.builder.parallel_for`: without scatter outputs the lanes are cut into
+:data:`CHUNKS_PER_THREAD` chunks per thread, which the threads take in turn (a core shared
+with another process does less of the work); with scatter outputs there is one range per
+thread. Ranges start at multiples of the vector width, so every lane is
 computed by the same code path whatever the thread count (lane results are bitwise identical
 for 1 and N threads). ctypes releases the GIL during the call, so the pool's threads run truly
 in parallel.
@@ -39,7 +40,6 @@ atomic.
 from __future__ import annotations
 
 import ctypes
-import itertools
 import os
 import sys
 import threading
@@ -48,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 import numpy as np
 
 from .. import host_pool
+from .builder import parallel_for
 from ..._sym.buffers import is_buffer, is_reduction, is_scatter
 from ..._sym.expr import Apply
 
@@ -340,86 +341,34 @@ class LLVMKernel:
             if cfunc(0, n, ctypes.addressof(ptrs), lens_p, ctypes.addressof(err)):
                 self._raise(kir, arrays, outs, [err])
             return
-        if not scatter_ks:
-            self._run_chunks(cfunc, kir, arrays, outs, addrs, lens_p, n, t)
-            return
-        # lane ranges: multiples of the vector width, so every lane takes the same code path
-        per = -(-n // t)
-        per = -(-per // width) * width
-        bounds = [(s, min(n, s + per)) for s in range(0, n, per)]
-        t = len(bounds)
-        self.last_call["threads"] = t
-        partials = []
-        errs = [(ctypes.c_int64 * 4)() for _ in range(t)]
-        ptr_arrays = []
-        for c in range(t):
+        # Without scatters the lanes go in CHUNKS_PER_THREAD chunks per thread, taken in turn
+        # (a core shared with another process does less of the work); a scatter keeps one
+        # range per thread, each but the first into a private partial unless atomic. A
+        # lane_sum has a slot per range, added in range order: the result does not depend on
+        # which thread ran which range.
+        chunks = 1 if scatter_ks else CHUNKS_PER_THREAD
+        partials, ptr_arrays, errs = [], {}, {}
+        sums = {k: np.zeros(t * chunks, outs[k].dtype) for k in self.sum_out}
+
+        def range_args(c):
             a_c = list(addrs)
             if c > 0 and not atomic:
                 for k in scatter_ks:
                     p = host_pool.zeros(outs[k].shape[0], outs[k].dtype)
                     partials.append((k, p))
                     a_c[n_in + k] = _addr(p)
-            ptr_arrays.append((ctypes.c_void_p * n_ptr)(*a_c))
-        pool = thread_pool()
-        futs = [
-            pool.submit(cfunc, s, e, ctypes.addressof(ptr_arrays[c]), lens_p,
-                        ctypes.addressof(errs[c]))
-            for c, (s, e) in enumerate(bounds[1:], start=1)
-        ]
-        s, e = bounds[0]
-        rcs = [cfunc(s, e, ctypes.addressof(ptr_arrays[0]), lens_p, ctypes.addressof(errs[0]))]
-        for c, f in enumerate(futs, start=1):
-            if f.cancel():  # not started (a busy pool): run its range here, do not wait
-                s, e = bounds[c]
-                rcs.append(cfunc(s, e, ctypes.addressof(ptr_arrays[c]), lens_p,
-                                 ctypes.addressof(errs[c])))
-            else:
-                rcs.append(f.result())
-        if any(rcs):
-            self._raise(kir, arrays, outs, [er for er, rc in zip(errs, rcs) if rc])
-        for k, p in partials:
-            np.add(outs[k], p, out=outs[k])
-
-    def _run_chunks(self, cfunc, kir, arrays, outs, addrs, lens_p, n, t):
-        """Lanes in up to CHUNKS_PER_THREAD x ``t`` chunks that ``t`` threads take in turn: a
-        thread slowed by another process takes fewer (static shares all wait for the slowest).
-        A lane_sum output has a slot per chunk, added in chunk order: the result does not
-        depend on which thread ran which chunk."""
-        width = self.width
-        per = max(-(-n // (CHUNKS_PER_THREAD * t)), self.min_lanes)
-        per = -(-per // width) * width  # every lane takes the same code path
-        n_chunks = -(-n // per)
-        n_in = self.n_in
-        sums = {k: np.zeros(n_chunks, outs[k].dtype) for k in self.sum_out}
-        ptr_arrays = []
-        for c in range(n_chunks if sums else 1):
-            a_c = list(addrs)
             for k, slots in sums.items():
                 a_c[n_in + k] = _addr(slots) + c * slots.itemsize
-            ptr_arrays.append((ctypes.c_void_p * len(a_c))(*a_c))
-        ptrs = [ctypes.addressof(p) for p in ptr_arrays]
-        errs = [(ctypes.c_int64 * 4)() for _ in range(n_chunks)]
-        rcs = [0] * n_chunks
-        taken = itertools.count()  # next() is atomic under the GIL
+            ptr_arrays[c] = (ctypes.c_void_p * n_ptr)(*a_c)
+            errs[c] = (ctypes.c_int64 * 4)()
+            return ctypes.addressof(ptr_arrays[c]), lens_p, ctypes.addressof(errs[c])
 
-        def work():
-            for c in iter(taken.__next__, None):
-                if c >= n_chunks:
-                    return
-                s = c * per
-                rcs[c] = cfunc(s, min(n, s + per), ptrs[c if sums else 0], lens_p,
-                               ctypes.addressof(errs[c]))
-
-        t = min(t, n_chunks)
-        self.last_call["threads"] = t
-        pool = thread_pool()
-        futs = [pool.submit(work) for _ in range(t - 1)]
-        work()
-        for f in futs:  # every chunk is taken: helpers that have not started are not needed
-            if not f.cancel():  # (nor awaited, so a call from a busy pool cannot deadlock)
-                f.result()
+        rcs = parallel_for(cfunc, n, range_args, threads=t, chunks_per_thread=chunks,
+                           align=width)  # whole vectors: every lane takes the same code path
         if any(rcs):
-            self._raise(kir, arrays, outs, [er for er, rc in zip(errs, rcs) if rc])
+            self._raise(kir, arrays, outs, [errs[c] for c, rc in enumerate(rcs) if rc])
+        for k, p in partials:
+            np.add(outs[k], p, out=outs[k])
         for k, slots in sums.items():
             total = slots[0]
             for part in slots[1:]:
