@@ -2,6 +2,7 @@
 kernels are still generated and (when nvcc is on PATH) compiled, so the source is checked on
 every machine; running them needs a GPU (``-m gpu`` tests skip cleanly without one)."""
 
+import re
 import shutil
 import subprocess
 
@@ -19,6 +20,11 @@ def assert_nvcc_compiles(source, tmp_path):
     r = subprocess.run(["nvcc", "-std=c++17", "-c", "-o", str(tmp_path / "k.o"), str(f)],
                        capture_output=True, text=True, check=False)
     assert r.returncode == 0, r.stderr[-3000:]
+
+
+def kernel_count(source):
+    return len(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?halide_ad_k\d+\(',
+                          source))
 
 
 def _blur(img, gpu=True):
@@ -40,7 +46,8 @@ def _blur(img, gpu=True):
 def test_gpu_schedule_generates_one_kernel_per_definition():
     p = hl.Pipeline(_blur(np.zeros((9, 11), np.float32)))
     src = p.ir()
-    assert src.count('extern "C" __global__ void halide_ad_k') == 3
+    assert kernel_count(src) == 3
+    assert src.count("__launch_bounds__(128)") == 2  # 16 x 8 threads
     assert "blockIdx.y" in src and "threadIdx.x" in src
     assert "gpu_block" in p.loop_nest()
 
@@ -58,6 +65,108 @@ def test_mixing_cpu_and_gpu_stages_is_refused():
     b2[x, y] = b[x, y]
     with pytest.raises(hl.ScheduleError, match="wholly on the GPU or on the CPU"):
         hl.Pipeline(b2).ir()
+
+
+@pytest.fixture(scope="module")
+def host_kernels(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("host emulation of CUDA needs g++")
+    from core_ad._codegen.cuda.host_emulation import HostKernels
+
+    return HostKernels([], tmp_path_factory.mktemp("halide_host"), compile_missing=True)
+
+
+@pytest.fixture
+def host_gpu(host_kernels, monkeypatch):
+    """GPU pipelines run by core_ad's host emulation of CUDA (g++ on the CPU: every thread of
+    every launch in turn, atomics as plain additions), so the GPU path's code and host side
+    are checked on machines without a device."""
+    import sys
+
+    from core_ad._codegen.cuda import launcher
+    from core_ad._codegen.cuda.host_emulation import stand_in_cupy
+
+    cp, cpx = stand_in_cupy(host_kernels, block=None)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "cupyx", cpx)
+    monkeypatch.setattr(launcher, "_KERNELS", {})
+    monkeypatch.setattr(codegen, "cuda_available", lambda: True)
+    return cp
+
+
+def test_host_gpu_blur_matches_cpu(host_gpu):
+    img = np.random.default_rng(0).random((21, 18)).astype(np.float32)
+    want = np.asarray(_blur(img, gpu=False).realize([18, 21]))
+    got = np.asarray(_blur(img).realize([18, 21]))
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+    assert host_gpu.launches == 3
+
+
+def _histogram(img, bins, gpu):
+    """A histogram of ``img`` (values in [0, 1)) and a weighted one (float), the image's
+    pixels as the RDom; on the GPU the RVars in 8 x 4 tiles: iterations that hit one bin run
+    at once, so the stores are atomic."""
+    inp = hl.Buffer(img)
+    r = hl.RDom([(0, img.shape[1]), (0, img.shape[0])])
+    b = hl.clamp(hl.i32(inp[r.x, r.y] * bins), 0, bins - 1)
+    count, weight = hl.Func("count"), hl.Func("weight")
+    count[x] = 0
+    count[b] += 1
+    weight[x] = hl.f64(0)
+    weight[b] = weight[b] + hl.f64(inp[r.x, r.y]) * 2 - 1
+    if gpu:
+        for f in (count, weight):
+            f.gpu_tile(x, hl.Var("xo"), xi, 8)
+            f.update(0).gpu_tile(r.x, r.y, "rxi", "ryi", 8, 4)
+    return count, weight
+
+
+def test_host_gpu_scatter_over_rvars_is_atomic(host_gpu):
+    img = np.random.default_rng(1).random((13, 19)).astype(np.float32)
+    p = hl.Pipeline(list(_histogram(img, 7, gpu=True)))
+    assert p.ir().count("atomicAdd((int*)&") == 1 and p.ir().count("atomicAdd((double*)&") == 1
+    count, weight = map(np.asarray, p.realize([[7], [7]]))
+    want_c, want_w = map(np.asarray, hl.Pipeline(list(_histogram(img, 7, gpu=False))).realize(
+        [[7], [7]]))
+    np.testing.assert_array_equal(count, want_c)
+    assert count.sum() == img.size
+    np.testing.assert_allclose(weight, want_w, rtol=1e-12)
+
+
+def test_gpu_loop_over_an_rvar_of_an_overwriting_update_is_refused():
+    img = np.random.default_rng(1).random((13, 19)).astype(np.float32)
+    inp = hl.Buffer(img)
+    r = hl.RDom([(0, 19), (0, 13)])
+    top = hl.Func("top")
+    top[x] = hl.f32(0)
+    b = hl.clamp(hl.i32(inp[r.x, r.y] * 7), 0, 6)
+    top[b] = hl.max(top[b], inp[r.x, r.y])  # a max, not a sum: no atomicAdd computes it
+    top.gpu_tile(x, hl.Var("xo"), xi, 8)
+    top.update(0).gpu_tile(r.x, r.y, "rxi", "ryi", 8, 4)
+    with pytest.raises(hl.ScheduleError, match=r"top.*may write one point of top.*top\(e\) ="):
+        hl.Pipeline(top).ir()
+
+
+def test_host_gpu_single_thread_zero_dimensional_sum(host_gpu):
+    img = np.random.default_rng(2).random((10, 12))
+    inp = hl.Buffer(img)
+    r = hl.RDom([(0, 12), (0, 10)])
+    total = hl.Func("total")
+    total[()] = hl.f64(0)
+    total[()] += inp[r.x, r.y] ** 2
+    total.gpu_single_thread()
+    total.update(0).gpu_tile(r.x, r.y, "rxi", "ryi", 4, 4)
+    src = hl.Pipeline(total).ir()
+    assert "atomicAdd((double*)&" in src and kernel_count(src) == 2
+    np.testing.assert_allclose(np.asarray(total.realize([])), (img ** 2).sum(), rtol=1e-12)
+
+
+def test_gpu_single_thread_with_gpu_loops_is_refused():
+    f = hl.Func("f")
+    f[x] = hl.f32(x)
+    f.gpu_tile(x, hl.Var("xo"), xi, 8)
+    with pytest.raises(hl.ScheduleError, match="gpu_single_thread with GPU loops"):
+        f.gpu_single_thread()
 
 
 def test_without_a_device_realize_says_what_is_missing():
@@ -99,7 +208,7 @@ def _bilateral_slice(gpu=True):
 
 def test_bilateral_slice_gpu_schedule_generates_its_kernels():
     src = hl.Pipeline(_bilateral_slice().output).ir()
-    assert src.count('extern "C" __global__ void halide_ad_k') == 2
+    assert kernel_count(src) == 2
 
 
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc is not installed")
@@ -139,7 +248,7 @@ def _bilateral_slice_adjoints(gpu=True):
 def test_bilateral_slice_adjoint_cuda_compiles_with_nvcc(tmp_path):
     p, _ = _bilateral_slice_adjoints()
     src = p.ir()
-    assert src.count('extern "C" __global__ void halide_ad_k') >= 3
+    assert kernel_count(src) >= 3
     assert_nvcc_compiles(src, tmp_path)
 
 

@@ -9,6 +9,13 @@ tile's extent do nothing. Loops inside run serially in each thread. Expressions 
 with core_ad's C spellings (``core_ad.codegen.c_spell_node``), so the GPU computes what the CPU
 does.
 
+A GPU loop over a reduction dimension (an RVar, or a part of one) runs iterations that may
+write one point concurrently: the update must then add to its Func at the point it writes
+(``f(e) = f(e) + v``, the form of every adjoint scatter), and its stores become ``atomicAdd``
+(the paper's GPU atomics, §4.2.1); any other update is refused with a ``ScheduleError``. Float
+sums then depend on the order the atomics land in, as in Halide. ``gpu_single_thread()`` runs
+a definition (a zero-dimensional Func, say) as one thread of one block.
+
 Kernel signature::
 
     extern "C" __global__ void k(char* const* ptrs, const long long* ints)
@@ -30,6 +37,7 @@ from ._schedule import ScheduleError
 __all__ = ["GpuKernel", "is_gpu_stmt", "kernel_source"]
 
 _AXES = "xyz"
+MAX_BLOCK = 1024  # threads per block (every CUDA device since compute capability 2.0)
 
 
 def is_gpu_stmt(stmt) -> bool:
@@ -63,11 +71,44 @@ def _split_gpu_loops(stmt, where):
     return blocks[::-1], threads[::-1], s
 
 
-class _CWriter:
-    """The lowered statements of one kernel body, written through core_ad's CUDA writer."""
+# atomicAdd's operand type per element type (64-bit integers add as unsigned: two's complement)
+_ATOMIC_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
+                 np.dtype(np.int32): "int", np.dtype(np.uint32): "unsigned int",
+                 np.dtype(np.int64): "unsigned long long",
+                 np.dtype(np.uint64): "unsigned long long"}
 
-    def __init__(self, w: codegen.CudaWriter, slots, root_storage):
+
+def _addend(value, fid, k, args):
+    """``v`` when ``value`` is ``f(args) + v`` (core_ad's sums are n-ary, differences add a
+    negation) for the ``k``-th value of Func ``fid`` at exactly ``args``, ``v`` not reading
+    ``f``; else None."""
+    if getattr(value, "prim", None) is None or value.prim.name != "add":
+        return None
+    for j, own in enumerate(value.args):
+        if (getattr(own, "prim", None) is E.CALL and own.params["fid"] == fid
+                and own.params["index"] == k and len(own.args) == len(args)
+                and all(_const_value(b - a) == 0 for a, b in zip(args, own.args))):
+            rest = [a for i, a in enumerate(value.args) if i != j]
+            v = rest[0]
+            for a in rest[1:]:
+                v = v + a
+            if any(c.params["fid"] == fid for c in sym.calls(v, E.CALL)):
+                return None
+            return v
+    return None
+
+
+def _const_value(n):
+    return n.value if getattr(n, "op", None) == "const" else None
+
+
+class _CWriter:
+    """The lowered statements of one kernel body, written through core_ad's CUDA writer.
+    ``racy``: the reduction loops among the kernel's GPU loops (their stores must be atomic)."""
+
+    def __init__(self, w: codegen.CudaWriter, slots, root_storage, where="", racy=()):
         self.w = w
+        self.where, self.racy = where, list(racy)
         self.slots, self.root_storage = slots, root_storage
         self.names = {}  # leaf -> C identifier
         self.count = 0
@@ -159,30 +200,64 @@ class _CWriter:
             raise ScheduleError(f"{s.func.name()} is computed inside a GPU kernel: compute_root"
                                 " it (GPU kernels do not allocate)")
         elif isinstance(s, Provide):
-            nodes = list(s.values) + list(s.args)
+            values = list(s.values)
+            atomic = bool(self.racy)
+            if atomic:
+                values = [self._atomic_addend(s, k, v) for k, v in enumerate(values)]
+            nodes = values + list(s.args)
             if s.predicate is not None:
                 nodes.append(s.predicate)
             vals = self.exprs(nodes)
-            n = len(s.values)
+            n = len(values)
             coords = vals[n:n + len(s.args)]
             stores = [self.index(s.func.fid, k, coords) for k in range(n)]
+            types = [_ATOMIC_TYPES[np.dtype(v.dtype)] for v in values] if atomic else None
             if s.predicate is None:
-                self._store(stores, vals)
+                self._store(stores, vals, types)
             else:
                 with self.w.if_(vals[-1]):
-                    self._store(stores, vals)
+                    self._store(stores, vals, types)
 
-    def _store(self, stores, vals):
-        for (base, idx), v in zip(stores, vals):
-            self.w.line(f"{base}[{idx}] = {v};")
+    def _atomic_addend(self, s, k, value):
+        loops = ", ".join(repr(loop.name) for loop in self.racy)
+        name = s.func.name()
+        v = _addend(value, s.func.fid, k, s.args)
+        if v is None:
+            raise ScheduleError(
+                f"{self.where}: the GPU loops over the reduction dimensions {loops} run"
+                f" iterations that may write one point of {name} at the same time; only an"
+                f" update adding to {name} where it writes ({name}(e) = {name}(e) + v) can run"
+                " so (with atomics). Keep those dimensions serial inside each thread (GPU-tile"
+                " the pure Vars instead)"
+            )
+        if np.dtype(v.dtype) not in _ATOMIC_TYPES:
+            raise ScheduleError(
+                f"{self.where}: GPU atomics add float32, float64 and 32/64-bit integers;"
+                f" {name} is {np.dtype(v.dtype)}: keep {loops} serial inside each thread"
+            )
+        return v
+
+    def _store(self, stores, vals, atomic_types=None):
+        for k, ((base, idx), v) in enumerate(zip(stores, vals)):
+            if atomic_types is None:
+                self.w.line(f"{base}[{idx}] = {v};")
+            else:
+                t = atomic_types[k]
+                self.w.line(f"atomicAdd(({t}*)&{base}[{idx}], ({t})({v}));")
 
 
 def kernel_source(name, stmt, slots, root_storage, where) -> GpuKernel:
     blocks, threads, body = _split_gpu_loops(stmt, where)
+    factors = [t.factor if t.factor is not None else const_int(t.extent) for t in threads]
+    if int(np.prod(factors)) > MAX_BLOCK:
+        raise ScheduleError(f"{where}: a GPU block of {' x '.join(map(str, factors))} threads;"
+                            f" CUDA allows at most {MAX_BLOCK}")
     w = codegen.CudaWriter()
     with w.kernel(name, [("char* const* ptrs", "buffer and parameter pointers"),
-                         ("const long long* ints", "sizes, strides and bounds")]):
-        c = _CWriter(w, slots, root_storage)
+                         ("const long long* ints", "sizes, strides and bounds")],
+                  max_threads=int(np.prod(factors))):
+        c = _CWriter(w, slots, root_storage, where,
+                     [loop for loop in blocks + threads if not loop.pure])
         for k, b in enumerate(blocks):
             c.names[b.leaf] = f"((int)blockIdx.{_AXES[k]})"
         for k, t in enumerate(threads):
@@ -193,5 +268,4 @@ def kernel_source(name, stmt, slots, root_storage, where) -> GpuKernel:
         if guards:
             w.line(f"if (!({' && '.join(guards)})) return;")
         c.stmt(body)
-    factors = [t.factor if t.factor is not None else const_int(t.extent) for t in threads]
     return GpuKernel(name, w.source(), blocks, factors)

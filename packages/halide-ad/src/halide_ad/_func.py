@@ -324,6 +324,16 @@ class _Scheduling:
             self._mark(v, "gpu_thread")
         return self
 
+    def gpu_single_thread(self):
+        """Run this definition as one GPU thread (a zero-dimensional Func, a tiny stage of a
+        GPU pipeline: the data stays on the device)."""
+        s, fn, st = self._sched()
+        gpu = [d.name for d in s.dims if d.kind.startswith("gpu")]
+        if gpu:
+            raise ScheduleError(f"{fn}{st}: gpu_single_thread with GPU loops over {gpu}")
+        s.gpu_single_thread = True
+        return self
+
     def gpu_tile(self, *args):
         """``gpu_tile(x, xo, xi, n)``, ``gpu_tile(x, y, xo, yo, xi, yi, w, h)`` or
         ``gpu_tile(x, y, xi, yi, w, h)``: blocks over the outer, threads over the inner."""

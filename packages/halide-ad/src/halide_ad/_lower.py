@@ -88,6 +88,9 @@ class For:
     # for the outer loop of a split: the extent of the dimension that was split; code
     # generation runs full inner tiles without per-tile extent checks up to extent // factor
     split_extent: object = None
+    # False for a loop over a reduction dimension (an RVar or a part of one): its iterations
+    # may write one point, so running them concurrently (GPU loops) needs atomics
+    pure: bool = True
 
 
 @dataclass
@@ -424,7 +427,12 @@ def _lower_def(graph, fid, d):
         factor = dm.factor if dm.factor is not None else (
             loops.factors.get(dm.name) if dm.kind == "gpu_thread" else None)
         body = For(dm.name, loops.leaf(dm.name), loops.extents[dm.name], dm.kind, factor, body,
-                   loops.split_of.get(dm.name))
+                   loops.split_of.get(dm.name), dm.pure)
+    if d.schedule.gpu_single_thread:
+        if any(dm.kind.startswith("gpu") for dm in loops.dims):
+            raise ScheduleError(f"{loops.where}: gpu_single_thread with GPU loops")
+        body = For("gpu_single", loop_leaf(fid, d.index, "gpu_single"), sym.const(1, I32),
+                   "gpu_block", None, body)
     return body
 
 
@@ -573,7 +581,7 @@ def _subst_stmt(s, m):
         return Block([_subst_stmt(t, m) for t in s.stmts])
     if isinstance(s, For):
         return For(s.name, s.leaf, sym.substitute(s.extent, m), s.kind, s.factor,
-                   _subst_stmt(s.body, m), _subst(s.split_extent, m))
+                   _subst_stmt(s.body, m), _subst(s.split_extent, m), s.pure)
     if isinstance(s, LetStmt):
         return LetStmt(s.leaf, sym.substitute(s.value, m))
     if isinstance(s, Allocate):
@@ -643,7 +651,7 @@ def _fuse_group(graph, members, stmts, depth):
             f = root[n]
             ext = functools.reduce(sym.maximum, exts[n])
             items.insert(0, For(f.name, f.leaf, ext, f.kind, f.factor, level(n + 1),
-                                f.split_extent if len(exts[n]) == 1 else None))
+                                f.split_extent if len(exts[n]) == 1 else None, f.pure))
         return items[0] if len(items) == 1 else Block(items)
     return level(0), maps
 

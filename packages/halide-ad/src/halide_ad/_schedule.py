@@ -56,6 +56,7 @@ class StageSchedule:
     splits: list = field(default_factory=list)
     # compute_with: (parent Func, parent definition index (0: pure), parent loop name)
     compute_with: tuple | None = None
+    gpu_single_thread: bool = False  # the whole definition as one GPU thread
 
     def names(self):
         return [d.name for d in self.dims]

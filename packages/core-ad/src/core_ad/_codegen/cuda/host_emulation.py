@@ -45,12 +45,18 @@ SHIM = r"""
 #define __global__
 #define __device__
 #define __forceinline__ inline
+#define __launch_bounds__(n)
 struct core_ad_dim3 { unsigned int x, y, z; };
 static core_ad_dim3 blockIdx = {0, 0, 0}, threadIdx = {0, 0, 0};
 static core_ad_dim3 blockDim = {1, 1, 1}, gridDim = {1, 1, 1};
 extern "C" void core_ad_host_thread(unsigned int b, unsigned int t, unsigned int nb,
                                     unsigned int nt) {
     blockIdx.x = b; threadIdx.x = t; gridDim.x = nb; blockDim.x = nt;
+}
+extern "C" void core_ad_host_thread3(const unsigned int* b, const unsigned int* t,
+                                     const unsigned int* nb, const unsigned int* nt) {
+    blockIdx = {b[0], b[1], b[2]}; threadIdx = {t[0], t[1], t[2]};
+    gridDim = {nb[0], nb[1], nb[2]}; blockDim = {nt[0], nt[1], nt[2]};
 }
 static inline double __longlong_as_double(long long v) { double d; memcpy(&d, &v, 8); return d; }
 static inline float __int_as_float(int v) { float f; memcpy(&f, &v, 4); return f; }
@@ -109,6 +115,7 @@ class HostKernels:
                                + r.stderr[-4000:])
         handle = ctypes.CDLL(str(lib))
         handle.core_ad_host_thread.restype = None
+        handle.core_ad_host_thread3.restype = None
         self.libs.append(handle)
         self.symbols.update({key: (handle, sym) for key, sym in symbols.items()})
 
@@ -128,15 +135,25 @@ class HostKernels:
         handle, sym = hit
         f = getattr(handle, sym)
         f.restype = None
-        f.core_ad_thread = handle.core_ad_host_thread  # its unit's thread-index setter
+        f.core_ad_thread = handle.core_ad_host_thread  # its unit's thread-index setters
+        f.core_ad_thread3 = handle.core_ad_host_thread3
         return f
 
-    def launch(self, f, grid: int, block: int, args) -> None:
-        """Every thread of a ``grid`` x ``block`` launch of ``f``, one after the other."""
-        set_thread = f.core_ad_thread
-        for b in range(grid):
-            for t in range(block):
-                set_thread(b, t, grid, block)
+    def launch(self, f, grid, block, args) -> None:
+        """Every thread of a ``grid`` x ``block`` launch of ``f``, one after the other: ints
+        for a 1-D launch, or tuples of up to three extents (x first, as CuPy takes them)."""
+        if isinstance(grid, int) and isinstance(block, int):
+            set_thread = f.core_ad_thread
+            for b in range(grid):
+                for t in range(block):
+                    set_thread(b, t, grid, block)
+                    f(*args)
+            return
+        dims = ctypes.c_uint * 3
+        grid3, block3 = (dims(*(tuple(e) + (1, 1))[:3]) for e in (grid, block))
+        for b in np.ndindex(*reversed(grid3)):  # x fastest, as the grid's linear block order
+            for t in np.ndindex(*reversed(block3)):
+                f.core_ad_thread3(dims(*reversed(b)), dims(*reversed(t)), grid3, block3)
                 f(*args)
 
 
@@ -191,7 +208,10 @@ class HostDeviceArray(NDArrayOperatorsMixin):
     size = property(lambda self: self.host.size)
     strides = property(lambda self: self.host.strides)
     flags = property(lambda self: self.host.flags)
+    itemsize = property(lambda self: self.host.itemsize)
     T = property(lambda self: HostDeviceArray(self.host.T))
+    # ``a.data.ptr``: the address kernels read through a pointer table (the host memory here)
+    data = property(lambda self: types.SimpleNamespace(ptr=self.host.ctypes.data))
 
     def __repr__(self):
         return f"HostDeviceArray({self.host!r})"
@@ -311,9 +331,10 @@ def _scatter_add(a, slices, value):
 _SCALAR_ARGS = {np.int64: ctypes.c_longlong, np.float32: ctypes.c_float, np.float64: ctypes.c_double}
 
 
-def stand_in_cupy(host: HostKernels, block: int = launcher.BLOCK):
+def stand_in_cupy(host: HostKernels, block: int | None = launcher.BLOCK):
     """``(cupy, cupyx)`` stand-in modules over :class:`HostDeviceArray`, whose ``RawKernel``
-    runs ``host``'s compiled kernels (every launch must use blocks of ``block`` threads).
+    runs ``host``'s compiled kernels (every launch must be a 1-D grid of blocks of ``block``
+    threads; with ``block=None``, any grid and block of up to three dimensions).
     ``cupy.built`` lists the kernel names in the order their ``RawKernel`` was created;
     ``cupy.launches`` counts launches."""
     cp = types.ModuleType("cupy")
@@ -336,7 +357,12 @@ def stand_in_cupy(host: HostKernels, block: int = launcher.BLOCK):
             cp.built.append(name)
 
         def __call__(self, grid, block_, args):
-            if len(grid) != 1 or grid[0] < 1 or tuple(block_) != (block,):
+            grid, block_ = tuple(grid), tuple(block_)
+            if block is None:
+                if not (1 <= len(grid) <= 3 and 1 <= len(block_) <= 3) or min(grid + block_) < 1:
+                    raise ValueError(f"{self.name}: launch grid {grid} x block {block_}; expected"
+                                     " 1-3 positive extents each")
+            elif len(grid) != 1 or grid[0] < 1 or block_ != (block,):
                 raise ValueError(f"{self.name}: launch grid {grid} x block {block_}; expected a"
                                  f" 1-D grid of blocks of {block}")
             conv = []
@@ -350,7 +376,10 @@ def stand_in_cupy(host: HostKernels, block: int = launcher.BLOCK):
                                     " expected device arrays and numpy.int64 / float32 / float64"
                                     " scalars (passed by value, as CuPy does)")
             cp.launches += 1
-            host.launch(self.f, grid[0], block, conv)
+            if block is None:
+                host.launch(self.f, grid, block_, conv)
+            else:
+                host.launch(self.f, grid[0], block, conv)
 
     cp.RawKernel = RawKernel
     device = types.SimpleNamespace(id=0, synchronize=lambda: None)

@@ -154,12 +154,16 @@ class CudaWriter:
             self.line("}")
 
     @contextmanager
-    def kernel(self, name: str, params: list[tuple[str, str]]):
-        """``extern "C" __global__ void name(...)``; ``params``: (declaration, comment) pairs."""
+    def kernel(self, name: str, params: list[tuple[str, str]], max_threads: int | None = None):
+        """``extern "C" __global__ void name(...)``; ``params``: (declaration, comment) pairs.
+        ``max_threads``: the largest block it is launched with (``__launch_bounds__``: the
+        compiler then keeps its registers within what such a block may use, so the launch
+        cannot fail for lack of registers)."""
+        bounds = f"__launch_bounds__({int(max_threads)}) " if max_threads else ""
         if not params:
-            self.line(f'extern "C" __global__ void {name}()')
+            self.line(f'extern "C" __global__ void {bounds}{name}()')
         else:
-            self.line(f'extern "C" __global__ void {name}(')
+            self.line(f'extern "C" __global__ void {bounds}{name}(')
             for k, (decl, note) in enumerate(params):
                 end = "," if k < len(params) - 1 else ")"
                 self.line(f"    {decl}{end}" + (f"  // {note}" if note else ""))
