@@ -67,33 +67,6 @@ def test_mixing_cpu_and_gpu_stages_is_refused():
         hl.Pipeline(b2).ir()
 
 
-@pytest.fixture(scope="module")
-def host_kernels(tmp_path_factory):
-    if shutil.which("g++") is None:
-        pytest.skip("host emulation of CUDA needs g++")
-    from core_ad._codegen.cuda.host_emulation import HostKernels
-
-    return HostKernels([], tmp_path_factory.mktemp("halide_host"), compile_missing=True)
-
-
-@pytest.fixture
-def host_gpu(host_kernels, monkeypatch):
-    """GPU pipelines run by core_ad's host emulation of CUDA (g++ on the CPU: every thread of
-    every launch in turn, atomics as plain additions), so the GPU path's code and host side
-    are checked on machines without a device."""
-    import sys
-
-    from core_ad._codegen.cuda import launcher
-    from core_ad._codegen.cuda.host_emulation import stand_in_cupy
-
-    cp, cpx = stand_in_cupy(host_kernels, block=None)
-    monkeypatch.setitem(sys.modules, "cupy", cp)
-    monkeypatch.setitem(sys.modules, "cupyx", cpx)
-    monkeypatch.setattr(launcher, "_KERNELS", {})
-    monkeypatch.setattr(codegen, "cuda_available", lambda: True)
-    return cp
-
-
 def test_host_gpu_blur_matches_cpu(host_gpu):
     img = np.random.default_rng(0).random((21, 18)).astype(np.float32)
     want = np.asarray(_blur(img, gpu=False).realize([18, 21]))

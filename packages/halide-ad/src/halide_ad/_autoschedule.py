@@ -46,6 +46,7 @@ from core_ad import sym
 
 from . import _expr as E
 from ._bounds import const_value, interval
+from ._cuda import MAX_BLOCK, additive_update
 from ._derivative import _AllRootGraph, _values
 from ._func import Func, FuncError
 from ._graph import Graph
@@ -89,6 +90,8 @@ class _Options:
     vector: int
     min_threads: int
     dims: str
+    channel: int = 4  # GPU: the third tile size (over the fused remaining dimensions)
+    gpu_min_parallel: int = 4096  # GPU: pure points below which a reduction goes parallel
 
 
 def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=(),
@@ -103,8 +106,9 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
     its own loop nest, for comparison). Existing schedules of these Funcs are replaced.
     Returns an :class:`AutoSchedule` describing the decisions.
     """
-    if target != "cpu":
-        raise ScheduleError(f"auto_schedule: target {target!r} is not supported (only 'cpu')")
+    if target not in ("cpu", "gpu"):
+        raise ScheduleError(f"auto_schedule: target must be 'cpu' or 'gpu', got {target!r}")
+    gpu = target == "gpu"
     if rule not in _RULES:
         raise ScheduleError(f"auto_schedule: rule must be one of {_RULES}, got {rule!r}")
     if dims not in _DIM_RULES:
@@ -114,7 +118,11 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
         raise ScheduleError("auto_schedule: tile (two sizes), vector_width and min_threads must"
                             f" be positive integers, got {tile}, {vector_width}, {min_threads}")
     outputs = [outputs] if isinstance(outputs, Func) else list(outputs)
-    opts = _Options(int(tile[0]), int(tile[1]), int(vector_width), int(min_threads), dims)
+    opts = _Options(int(tile[0]), int(tile[1]), int(vector_width),
+                    1 if gpu else int(min_threads), dims)
+    if gpu and opts.tile_w * opts.tile_h * opts.channel > MAX_BLOCK:
+        raise ScheduleError(f"auto_schedule: GPU tiles of {opts.tile_w} x {opts.tile_h} x"
+                            f" {opts.channel} threads; a CUDA block holds at most {MAX_BLOCK}")
     graph = _AllRootGraph(outputs)
     funcs = {fid: graph.funcs[fid] for fid in reversed(graph.order)}  # consumers first
     forced_inline = _resolve(inline, funcs, "inline")
@@ -146,11 +154,16 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
             continue
         f.compute_root()
         ext = {n: e for n, (_, e) in zip(f._pure_arg_names, regions[fid])}
-        result.stages[result.key(f)] = _parallelize(f, [(n, ext[n]) for n in f._pure_arg_names],
-                                                opts) or []
+        pure = [(n, ext[n]) for n in f._pure_arg_names]
+        if gpu:
+            result.stages[result.key(f)] = _gpu_tile(f, pure, opts)
+            for k, ldef in enumerate(graph.defs[fid][1:]):
+                _gpu_schedule_update(f, k, ldef, ext, values, opts, result)
+            continue
+        result.stages[result.key(f)] = _parallelize(f, pure, opts) or []
         for k, ldef in enumerate(graph.defs[fid][1:]):
             _schedule_update(f, k, ldef, ext, values, opts, result)
-    if fuse:
+    if fuse and not gpu:  # GPU loops do not fuse (each definition is one kernel)
         _fuse_updates(outputs, result, regions, values)
     return result
 
@@ -584,3 +597,133 @@ def _schedule_intermediate(f, intm, new_dims, pure, opts, result):
     stage.parallel(outer)
     result.stages[f"{result.key(intm)}.update(0)"] = [
         f"vectorize({lanes}, {opts.vector})", f"parallel({outer})"]
+
+
+# --------------------------------------------------------------------------------------------
+# GPU (spec §4.3 with the GPU branches; `target="gpu"`)
+
+
+def _gpu_tile(stage, pure, opts):
+    """Every pure dimension of ``stage`` on GPU blocks and threads, reduction loops serial
+    inside each thread: ``W x H`` tiles of the two dimensions ``_tiling`` picks, the others
+    fused into a third dimension split by ``opts.channel`` (when it has that many points); a
+    long dimension alone in 256-wide strips; else everything fused in blocks of up to 32. A
+    zero-dimensional stage is one thread. Returns the directives."""
+    dims = stage._definition().schedule.dims
+    rvars = [d.name for d in dims if not d.pure]
+    if not pure:
+        stage.gpu_single_thread()
+        return ["gpu_single_thread()"]
+    plan = _tiling(pure, opts)
+    names = [n for n, _ in pure]
+    size = dict(pure)
+    if plan is None:
+        stage.reorder(rvars + names)
+        for a, b in zip(names, names[1:]):
+            stage.fuse(a, b, b)
+        total = int(np.prod(list(size.values())))
+        width = max(1, min(total, 32))
+        stage.gpu_tile(names[-1], names[-1], f"{names[-1]}.ti", width)
+        return [f"gpu_tile({' * '.join(names)}, {width})"]
+    tiled = list(plan[1:])
+    rest = [n for n in names if n not in tiled]
+    stage.reorder(rvars + tiled + rest)
+    for a, b in zip(rest, rest[1:]):
+        stage.fuse(a, b, b)
+    widths = [opts.tile_w, opts.tile_h] if plan[0] == "2d" else [opts.tile_w * opts.tile_h]
+    if rest and int(np.prod([size[n] for n in rest])) >= opts.channel:
+        tiled.append(rest[-1])
+        widths.append(opts.channel)
+    inner = [f"{n}.ti" for n in tiled]
+    for n, i, w in zip(tiled, inner, widths):
+        stage.split(n, n, i, w)
+    outer = tiled + ([rest[-1]] if rest and rest[-1] not in tiled else [])
+    stage.reorder(rvars + inner + outer)
+    stage.gpu_threads(*inner).gpu_blocks(*outer)
+    return [f"gpu_tile({', '.join(tiled)}; {' x '.join(map(str, widths))})"
+            + (f", gpu_blocks({outer[-1]})" if len(outer) > len(tiled) else "")]
+
+
+def _gpu_atomic_tile(stage, pure, large, opts):
+    """The reduction ``large`` ([(RVar, extent)]: two of at least the tile sizes, or one long
+    one) on GPU blocks and threads, with atomic stores (the update adds to its Func); the pure
+    Vars fused and split by ``opts.channel`` on the third axis; the other RVars serial."""
+    dims = stage._definition().schedule.dims
+    names = [n for n, _ in pure]
+    rv_names = [rv.name() for rv, _ in large]
+    others = [d.name for d in dims if not d.pure and d.name not in rv_names]
+    stage.reorder(others + rv_names + names)
+    for a, b in zip(names, names[1:]):
+        stage.fuse(a, b, b)
+    widths = [opts.tile_w, opts.tile_h] if len(large) == 2 else [opts.tile_w * opts.tile_h]
+    tiled = list(rv_names)
+    if names:
+        tiled.append(names[-1])
+        widths.append(min(opts.channel, int(np.prod([e for _, e in pure]))))
+    inner = [f"{n}.ti" for n in tiled]
+    for n, i, w in zip(tiled, inner, widths):
+        stage.split(n, n, i, w)
+    stage.reorder(others + inner + tiled)
+    stage.gpu_threads(*inner).gpu_blocks(*tiled)
+    return [f"gpu_tile({', '.join(tiled)}; {' x '.join(map(str, widths))}) with atomics"]
+
+
+def _gpu_schedule_update(f, k, ldef, ext, values, opts, result):
+    """Spec §4.3 step 4 on the GPU: pure Vars with enough points (``gpu_min_parallel``) go on
+    the GPU (race-free: each writes its own slice), reduction loops serial per thread; a
+    reduction over few pure points is rfactored when provably associative (the partial
+    reductions on the GPU), or runs its RVars on the GPU with atomics when it adds to its Func
+    (a scatter); else the pure Vars go on the GPU however few they are, or one thread."""
+    where = f"{result.key(f)}.update({k})"
+    d = ldef.source
+    pure = [(n, ext[n]) for n in d.pure_var_names()]
+    stage = f.update(k)
+    points = int(np.prod([e for _, e in pure])) if pure else 1
+    rvars = _rvar_extents(ldef, values)
+    large = [(rv, e) for rv, e in rvars if e >= min(opts.tile_w, opts.tile_h)][:2]
+    longest = max(rvars, key=lambda p: p[1], default=(None, 0))
+    strip = opts.tile_w * opts.tile_h
+    tilable = len(large) == 2 or longest[1] >= strip
+    done = []
+    if points < opts.gpu_min_parallel and tilable:
+        names = d.func._pure_arg_names
+        scatter = any(not (E.is_var(a) and a.key == names[j]) for j, a in enumerate(d.args))
+        intm = None
+        if not scatter:
+            try:
+                if len(large) == 2:
+                    rv, e = large[0]
+                    intm = stage.rfactor([(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))])
+                    new_dims = [(intm._pure_arg_names[-1], e)]
+                    done = [f"rfactor({rv.name()}) -> {result.key(intm)}"]
+                else:
+                    intm = _rfactor_1d(f, k, *longest, opts)
+                    lanes, chunks = intm._pure_arg_names[-2:]
+                    new_dims = [(lanes, opts.tile_w), (chunks, -(-longest[1] // strip))]
+                    done = [f"split({longest[0].name()}, {strip}, {opts.tile_w}), rfactor ->"
+                            f" {result.key(intm)}"]
+            except ScheduleError as err:  # not provably associative
+                done = [f"rfactor skipped ({err})"]
+        if intm is not None:
+            intm.compute_root()
+            result.levels[result.key(intm)] = f"root (rfactor of {result.key(f)})"
+            result.rfactored.append(intm)
+            result.stages[result.key(intm)] = _gpu_tile(intm, pure + new_dims, opts)
+            result.stages[f"{result.key(intm)}.update(0)"] = _gpu_tile(
+                intm.update(0), pure + new_dims, opts)
+            stage = f.update(k)
+            # the final reduction over the partial results (its RVars: the new dimensions)
+            final = [(rv, const_value(rv.rdom.bounds[rv.dim][1].node))
+                     for _, rv in f._updates[k].rvars()]
+            big = [(rv, e) for rv, e in final
+                   if e is not None and e >= min(opts.tile_w, opts.tile_h)][:2]
+            if not pure and additive_update(f, k) and big:
+                result.stages[where] = done + _gpu_atomic_tile(stage, pure, big, opts)
+            else:
+                result.stages[where] = done + _gpu_tile(stage, pure, opts)
+            return
+        if additive_update(f, k):
+            result.stages[where] = done + _gpu_atomic_tile(
+                stage, pure, large if len(large) == 2 else [longest], opts)
+            return
+    result.stages[where] = done + _gpu_tile(stage, pure, opts)

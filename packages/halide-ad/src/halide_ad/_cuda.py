@@ -34,7 +34,7 @@ from ._bounds import const_int
 from ._lower import Allocate, Block, For, LetStmt, Provide
 from ._schedule import ScheduleError
 
-__all__ = ["GpuKernel", "is_gpu_stmt", "kernel_source"]
+__all__ = ["MAX_BLOCK", "GpuKernel", "additive_update", "is_gpu_stmt", "kernel_source"]
 
 _AXES = "xyz"
 MAX_BLOCK = 1024  # threads per block (every CUDA device since compute capability 2.0)
@@ -96,6 +96,13 @@ def _addend(value, fid, k, args):
                 return None
             return v
     return None
+
+
+def additive_update(f, k) -> bool:
+    """Whether update ``k`` of ``f`` adds to ``f`` where it writes (``f(e) = f(e) + v``, every
+    value), so its iterations may run concurrently with atomic stores."""
+    d = f._updates[k]
+    return all(_addend(v, f.fid, j, d.args) is not None for j, v in enumerate(d.values))
 
 
 def _const_value(n):

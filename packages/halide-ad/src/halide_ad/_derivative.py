@@ -277,8 +277,9 @@ class _Contribution:
 
 
 class _Adjoints:
-    def __init__(self, output, seed_func, out_region):
+    def __init__(self, output, seed_func, out_region, scatter_to_gather=True):
         self.output = output
+        self.scatter_to_gather = scatter_to_gather
         graph = _AllRootGraph([output])
         self.graph = graph
         values = _values(graph)
@@ -527,7 +528,7 @@ class _Adjoints:
         solved: dict = {}
         masks, new_dims = [], []
         done = [False] * m
-        progress = True
+        progress = self.scatter_to_gather  # off: every call a general scatter (AE-10's (b))
         while progress:
             progress = False
             for i, a in enumerate(args):
@@ -617,13 +618,15 @@ class _Adjoints:
         return e
 
 
-def propagate_adjoints(output, adjoint=None):
+def propagate_adjoints(output, adjoint=None, *, scatter_to_gather=True):
     """Adjoints of every Func, Buffer and Param ``output`` depends on.
 
     ``propagate_adjoints(loss)`` for a zero-dimensional float Func (seed 1), or
     ``propagate_adjoints(func, adjoint)`` with ``adjoint`` a numpy array / Buffer of the
     output's shape (numpy order), holding dL/d func over the region it covers.
-    Regions are inferred from the current Buffer sizes and Param values."""
+    Regions are inferred from the current Buffer sizes and Param values.
+    ``scatter_to_gather=False`` keeps every adjoint a general scatter over its consumer's
+    domain (the paper's comparison of §4.2.1: same values, far slower code)."""
     require_float_func(output, "propagate_adjoints")
     t = output.type()
     n = output.dimensions()
@@ -649,4 +652,4 @@ def propagate_adjoints(output, adjoint=None):
         vs = [E.Var(f"_d{k}") for k in range(n)]
         seed_named[tuple(vs)] = E.cast(t, seed[tuple(vs)])
         seed = seed_named
-    return _Adjoints(output, seed, region).run()
+    return _Adjoints(output, seed, region, scatter_to_gather).run()

@@ -12,7 +12,8 @@ same code defines the pipeline on ``halide_ad`` and on Halide 21 (``import halid
 
 Modules: ``gamma``, ``blur``, ``conv2d``, ``histogram``, ``upsample``, ``bilateral_grid``,
 ``local_laplacian``; and the differentiable operators of the paper's Table 1,
-``spatial_transformer``, ``flow_warp`` and ``bilateral_slice`` (batched ``(n, c, h, w)``
+``spatial_transformer``, ``flow_warp`` and ``bilateral_slice``, and ``conv_layer`` (the
+paper's gather-versus-atomics benchmark) (batched ``(n, c, h, w)``
 tensors; ``build`` plus PyTorch references; gradients via ``_common.adjoint_pipeline``). Layout: grey images are numpy ``(h, w)``, colour images planar numpy
 ``(c, h, w)``; the pipelines index them as ``img[x, y]`` / ``img[x, y, c]`` because
 ``hl.Buffer(ndarray)`` reverses the axes. See ``_common`` for the ``App`` record.
@@ -24,6 +25,7 @@ from . import (
     bilateral_slice,
     blur,
     conv2d,
+    conv_layer,
     flow_warp,
     gamma,
     histogram,
@@ -39,5 +41,5 @@ APPS = ("gamma", "blur", "conv2d", "histogram", "upsample", "bilateral_grid",
 OPERATORS = ("spatial_transformer", "flow_warp", "bilateral_slice")
 
 __all__ = ["APPS", "OPERATORS", "SCHEDULES", "App", "bilateral_grid", "bilateral_slice", "blur",
-           "conv2d", "flow_warp", "gamma", "histogram", "local_laplacian",
+           "conv2d", "conv_layer", "flow_warp", "gamma", "histogram", "local_laplacian",
            "spatial_transformer", "upsample"]

@@ -1,0 +1,32 @@
+"""Fixtures shared by halide_ad's tests."""
+
+import shutil
+import sys
+
+import pytest
+from core_ad import codegen
+
+
+@pytest.fixture(scope="module")
+def host_kernels(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("host emulation of CUDA needs g++")
+    from core_ad._codegen.cuda.host_emulation import HostKernels
+
+    return HostKernels([], tmp_path_factory.mktemp("halide_host"), compile_missing=True)
+
+
+@pytest.fixture
+def host_gpu(host_kernels, monkeypatch):
+    """GPU pipelines run by core_ad's host emulation of CUDA (g++ on the CPU: every thread of
+    every launch in turn, atomics as plain additions), so the GPU path's code and host side
+    are checked on machines without a device."""
+    from core_ad._codegen.cuda import launcher
+    from core_ad._codegen.cuda.host_emulation import stand_in_cupy
+
+    cp, cpx = stand_in_cupy(host_kernels, block=None)
+    monkeypatch.setitem(sys.modules, "cupy", cp)
+    monkeypatch.setitem(sys.modules, "cupyx", cpx)
+    monkeypatch.setattr(launcher, "_KERNELS", {})
+    monkeypatch.setattr(codegen, "cuda_available", lambda: True)
+    return cp
