@@ -30,3 +30,16 @@ def host_gpu(host_kernels, monkeypatch):
     monkeypatch.setattr(launcher, "_KERNELS", {})
     monkeypatch.setattr(codegen, "cuda_available", lambda: True)
     return cp
+
+
+@pytest.fixture(params=["host", pytest.param("device", marks=pytest.mark.gpu)])
+def gpu_backend(request):
+    """Each GPU test twice: through the host emulation (every machine with g++) and on a CUDA
+    device (the gpu tier; skipped without CuPy and a device)."""
+    if request.param == "host":
+        return request.getfixturevalue("host_gpu")
+    if not codegen.cuda_available():
+        pytest.skip("no CUDA device (CuPy)")
+    import cupy
+
+    return cupy

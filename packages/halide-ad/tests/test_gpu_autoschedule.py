@@ -1,8 +1,10 @@
 """``auto_schedule(target="gpu")`` (spec §4.3's GPU branches, AE-10 and AE-11's GPU rows) and
-the GPU atomics it relies on, run by core_ad's host emulation of CUDA (``host_gpu``: the
-generated CUDA compiled with g++, every thread of every launch run in turn) against the same
-algorithm on the CPU, unscheduled, and against PyTorch. The same pipelines on a real device are
-in ``test_cuda.py``'s gpu tier and ``benchmarks/bench_gpu.py``."""
+the GPU atomics it relies on, against the same algorithm on the CPU, unscheduled, and against
+PyTorch. Each test runs twice (``gpu_backend``): through core_ad's host emulation of CUDA (the
+generated CUDA compiled with g++, every thread of every launch run in turn; float64, so the
+results match to rounding) and on a CUDA device (the gpu tier; atomics then add in any order,
+which changes float sums by a few ulps). Timings at the paper's sizes:
+``benchmarks/bench_gpu.py``."""
 from __future__ import annotations
 
 import numpy as np
@@ -39,14 +41,14 @@ def _conv_gradients(gather, target, shape=(1, 2, 20, 18), co=2):
 
 
 @pytest.mark.parametrize("gather", [True, False], ids=["scatter_to_gather", "general_scatter"])
-def test_gpu_conv_layer_gradients(host_gpu, gather):
+def test_gpu_conv_layer_gradients(gpu_backend, gather):
     """AE-10 at a small size: the input and weight gradients of a 3 x 3 conv layer on the GPU,
     as gathers and as general scatters with atomics, equal PyTorch's and the CPU's."""
     got, want, src = _conv_gradients(gather, "gpu")
     cpu, _, _ = _conv_gradients(gather, None)
     for g, c, t in zip(got, cpu, want):
         np.testing.assert_allclose(g, t, rtol=1e-10, atol=1e-10)
-        np.testing.assert_allclose(g, c, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(g, c, rtol=1e-11, atol=1e-11)
     atomics = src.count("atomicAdd((double*)&")
     assert atomics == (0 if gather else 2)  # the scatters of d_input and d_weights
 
@@ -74,7 +76,7 @@ def test_gpu_schedule_of_the_conv_layer_backward():
     assert s["input_d.update(0)"][-1].endswith("16 x 16) with atomics")
 
 
-def test_gpu_scalar_loss_is_rfactored(host_gpu):
+def test_gpu_scalar_loss_is_rfactored(gpu_backend):
     """AE-11 (iii) on the GPU: a scalar sum over a large 2-D domain becomes partial sums in
     GPU tiles, the final sum a few atomic additions; the value is the numpy sum."""
     img = np.random.default_rng(4).random((40, 36))
@@ -90,7 +92,7 @@ def test_gpu_scalar_loss_is_rfactored(host_gpu):
     np.testing.assert_allclose(np.asarray(loss.realize([])), (img ** 2).sum(), rtol=1e-12)
 
 
-def test_gpu_histogram_uses_atomics(host_gpu):
+def test_gpu_histogram_uses_atomics(gpu_backend):
     """A scatter with few pure points (7 bins) and a large RDom runs its RVars on the GPU with
     atomic stores, and counts every pixel once."""
     img = np.random.default_rng(5).random((40, 36)).astype(np.float32)
@@ -107,7 +109,7 @@ def test_gpu_histogram_uses_atomics(host_gpu):
                                                    minlength=7))
 
 
-def test_gpu_bilateral_slice_forward_and_gradients(host_gpu):
+def test_gpu_bilateral_slice_forward_and_gradients(gpu_backend):
     """The Table 1 bilateral slice's output and the adjoints of its grid (a scatter in z),
     guide and image, auto-scheduled for the GPU, equal the CPU's."""
     rng = np.random.default_rng(6)
