@@ -18,7 +18,8 @@ a definition (a zero-dimensional Func, say) as one thread of one block.
 
 Kernel signature::
 
-    extern "C" __global__ void k(char* const* ptrs, const long long* ints)
+    extern "C" __global__ void k(char* const* __restrict__ ptrs,
+                                 const long long* __restrict__ ints)
 
 with ``ptrs`` / ``ints`` laid out as for the CPU kernels (device copies). A pipeline runs
 either wholly on the GPU (every root Func GPU-scheduled) or on the CPU.
@@ -193,6 +194,10 @@ class _CWriter:
             if s.kind in ("gpu_block", "gpu_thread", "parallel"):
                 raise ScheduleError(f"loop {s.name}: {s.kind} loops must be outermost in a GPU"
                                     " kernel")
+            reduction = self._reduction(s)
+            if reduction is not None:
+                self._accumulate(*reduction)
+                return
             (ext,) = self.exprs([s.extent])
             name = self.fresh("i")
             self.names[s.leaf] = name
@@ -224,6 +229,55 @@ class _CWriter:
             else:
                 with self.w.if_(vals[-1]):
                     self._store(stores, vals, types)
+
+    def _reduction(self, s):
+        """``(loops, provide, addends)`` when ``s`` is a nest of loops around one Provide that
+        adds to its Func at a point none of those loops moves (a gathered reduction,
+        ``d_in(x, y) += w(r) * d_out(x - r, y)``); else None. Its sum is then kept in a
+        register: through the pointer table, the compiler cannot prove that the store does
+        not alias the loads, so it would load and store the point on every iteration."""
+        if self.racy:
+            return None
+        loops, t = [], s
+        while isinstance(t, For) and t.kind in ("serial", "unrolled", "vectorized"):
+            loops.append(t)
+            t = t.body
+        if not isinstance(t, Provide) or isinstance(t, For):
+            return None
+        moved = {loop.leaf for loop in loops}
+        if any(moved & set(sym.free_leaves(a, "hl.loop")) for a in t.args):
+            return None
+        addends = [_addend(v, t.func.fid, k, t.args) for k, v in enumerate(t.values)]
+        return None if any(a is None for a in addends) else (loops, t, addends)
+
+    def _accumulate(self, loops, p, addends):
+        with self.w.block():
+            coords = self.exprs(list(p.args))
+            stores = [self.index(p.func.fid, k, coords) for k in range(len(addends))]
+            accs = []
+            for (base, idx), v in zip(stores, addends):
+                accs.append(self.fresh("acc"))
+                self.w.line(f"{codegen.c_type(v.dtype)} {accs[-1]} = {base}[{idx}];")
+            self._accumulate_loops(loops, p, addends, accs)
+            for (base, idx), acc in zip(stores, accs):
+                self.w.line(f"{base}[{idx}] = {acc};")
+
+    def _accumulate_loops(self, loops, p, addends, accs):
+        if loops:
+            (ext,) = self.exprs([loops[0].extent])
+            name = self.fresh("i")
+            self.names[loops[0].leaf] = name
+            with self.w.for_range(name, ext):
+                self._accumulate_loops(loops[1:], p, addends, accs)
+            return
+        vals = self.exprs(list(addends) + ([p.predicate] if p.predicate is not None else []))
+        if p.predicate is not None:
+            with self.w.if_(vals[-1]):
+                for acc, v in zip(accs, vals):
+                    self.w.line(f"{acc} = {acc} + {v};")
+        else:
+            for acc, v in zip(accs, vals):
+                self.w.line(f"{acc} = {acc} + {v};")
 
     def _atomic_addend(self, s, k, value):
         loops = ", ".join(repr(loop.name) for loop in self.racy)
@@ -260,8 +314,9 @@ def kernel_source(name, stmt, slots, root_storage, where) -> GpuKernel:
         raise ScheduleError(f"{where}: a GPU block of {' x '.join(map(str, factors))} threads;"
                             f" CUDA allows at most {MAX_BLOCK}")
     w = codegen.CudaWriter()
-    with w.kernel(name, [("char* const* ptrs", "buffer and parameter pointers"),
-                         ("const long long* ints", "sizes, strides and bounds")],
+    # restrict: stores through the buffer pointers never change the tables (no reloads)
+    with w.kernel(name, [("char* const* __restrict__ ptrs", "buffer and parameter pointers"),
+                         ("const long long* __restrict__ ints", "sizes, strides and bounds")],
                   max_threads=int(np.prod(factors))):
         c = _CWriter(w, slots, root_storage, where,
                      [loop for loop in blocks + threads if not loop.pure])

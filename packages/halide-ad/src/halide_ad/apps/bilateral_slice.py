@@ -83,13 +83,13 @@ def torch_reference(torch, grid, guide, image):
     n, ci, h, w = image.shape
     _, gc, gd, gh, gw = grid.shape
     dt = image.dtype
-    gx = (torch.arange(w, dtype=dt) + 0.5) * (gw / w)
-    gy = (torch.arange(h, dtype=dt) + 0.5) * (gh / h)
+    gx = (torch.arange(w, dtype=dt, device=image.device) + 0.5) * (gw / w)
+    gy = (torch.arange(h, dtype=dt, device=image.device) + 0.5) * (gh / h)
     gz = guide.clamp(0, 1) * gd
     fx, fy, fz = torch.floor(gx - 0.5), torch.floor(gy - 0.5), torch.floor(gz - 0.5)
     wx, wy, wz = gx - 0.5 - fx, gy - 0.5 - fy, gz - 0.5 - fz          # (w,), (h,), (n, h, w)
     fx, fy, fz = fx.long(), fy.long(), fz.long()
-    bi = torch.arange(n)[:, None, None]
+    bi = torch.arange(n, device=image.device)[:, None, None]
     coeff = 0
     for i, kx in ((0, 1 - wx), (1, wx)):
         cx = (fx + i).clamp(0, gw - 1)[None, None, :]
@@ -112,8 +112,8 @@ def torch_grid_sample(torch, grid, guide, image):
     n, ci, h, w = image.shape
     _, gc, gd, gh, gw = grid.shape
     dt = image.dtype
-    xs = (2 * torch.arange(w, dtype=dt) + 1) / w - 1
-    ys = (2 * torch.arange(h, dtype=dt) + 1) / h - 1
+    xs = (2 * torch.arange(w, dtype=dt, device=image.device) + 1) / w - 1
+    ys = (2 * torch.arange(h, dtype=dt, device=image.device) + 1) / h - 1
     zs = guide.clamp(0, 1) * 2 - 1
     pos = torch.stack([xs.expand(n, h, w), ys[:, None].expand(n, h, w), zs], -1)
     coeff = torch.nn.functional.grid_sample(grid, pos[:, None], mode="bilinear",

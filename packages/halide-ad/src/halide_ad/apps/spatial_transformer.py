@@ -62,8 +62,8 @@ def torch_gather(torch, image, theta):
     its backward is a scatter-add): the "scatter/gather" PyTorch baseline."""
     n, c, h, w = image.shape
     dt = image.dtype
-    xs = (2 * torch.arange(w, dtype=dt) + 1) / w - 1
-    ys = (2 * torch.arange(h, dtype=dt) + 1) / h - 1
+    xs = (2 * torch.arange(w, dtype=dt, device=image.device) + 1) / w - 1
+    ys = (2 * torch.arange(h, dtype=dt, device=image.device) + 1) / h - 1
     nx, ny = xs[None, None, :], ys[None, :, None]
     sx = theta[:, 0, 0, None, None] * nx + theta[:, 0, 1, None, None] * ny + theta[:, 0, 2, None, None]
     sy = theta[:, 1, 0, None, None] * nx + theta[:, 1, 1, None, None] * ny + theta[:, 1, 2, None, None]
