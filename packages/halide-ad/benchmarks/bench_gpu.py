@@ -115,12 +115,13 @@ def conv_cases(torch, cp, clock, scale, first, kernel_times, notes):
     torch.backends.cudnn.allow_tf32 = False
     t_inp, t_w, t_dout = (torch.from_numpy(a).cuda() for a in (inp, w, dout))
 
-    def torch_backward():
+    def torch_backward():  # the gradients stay on the device, as ours do in "kernels"
         i, k = t_inp.clone().requires_grad_(True), t_w.clone().requires_grad_(True)
         torch.nn.functional.conv2d(i, k).backward(t_dout)
         torch.cuda.synchronize()
-        return [i.grad.cpu().numpy(), k.grad.cpu().numpy()]
+        return [i.grad, k.grad]
     first["torch cuda backward"], want = bench.time_first_call(torch_backward)
+    want = [g.cpu().numpy() for g in want]
     cases["torch cuda backward"] = torch_backward
     got = {label: run() for label, run in results.items()}
     for k in kernel_times:
@@ -156,13 +157,14 @@ def slice_cases(torch, cp, clock, scale, first, kernel_times, notes):
             out = fn(torch, *leaves)
             out.sum().backward()
             torch.cuda.synchronize()
-            return [out.detach().cpu().numpy()] + [leaf.grad.cpu().numpy() for leaf in leaves]
+            return [out.detach()] + [leaf.grad for leaf in leaves]
         return run
     for name, fn in (("torch cuda gather", bilateral_slice.torch_reference),
                      ("torch cuda grid_sample", bilateral_slice.torch_grid_sample)):
         torch.cuda.reset_peak_memory_stats()
         try:
             first[name], want = bench.time_first_call(make(fn))
+            want = [t.cpu().numpy() for t in want]
         except torch.cuda.OutOfMemoryError as err:
             notes.append(f"{name}: out of memory ({bench.error_reason(err, 120)})")
             continue

@@ -165,25 +165,67 @@ class _CWriter:
         """C statements computing ``nodes``; returns their C names."""
         prog = sym.cse(list(nodes))
         local = {}
-        for name, n in prog.assignments:
-            var = self.fresh()
-            if not hasattr(n, "prim"):
-                if getattr(n, "op", None) == "const":
-                    local[id(n)] = codegen.c_literal(n.value, n.dtype)
-                else:
-                    local[id(n)] = self.leaf(n)
-                continue
-            ct = codegen.c_type(n.dtype)
-            args = [local[id(a)] for a in n.args]
-            if n.prim is E.CALL:
-                base, idx = self.index(n.params["fid"], n.params["index"], args)
-                self.w.line(f"const {ct} {var} = {base}[{idx}];")
-            else:
-                text = codegen.c_spell_node(n, args)
-                self.w.line(f"const {ct} {var} = {text};")
-            local[id(n)] = var
+        for _, n in prog.assignments:
+            self._assign(n, local)
         outs = dict(prog.assignments)
         return [local[id(outs[o])] for o in prog.outputs]
+
+    def _assign(self, n, local):
+        """One CSE'd node as a C constant (``local``: node id -> C name of computed ones)."""
+        if not hasattr(n, "prim"):
+            if getattr(n, "op", None) == "const":
+                local[id(n)] = codegen.c_literal(n.value, n.dtype)
+            else:
+                local[id(n)] = self.leaf(n)
+            return
+        var = self.fresh()
+        ct = codegen.c_type(n.dtype)
+        args = [local[id(a)] for a in n.args]
+        if n.prim is E.CALL:
+            base, idx = self.index(n.params["fid"], n.params["index"], args)
+            self.w.line(f"const {ct} {var} = {base}[{idx}];")
+        else:
+            self.w.line(f"const {ct} {var} = {codegen.c_spell_node(n, args)};")
+        local[id(n)] = var
+
+    def _nest(self, loops, nodes, written, inner):
+        """``loops`` (outermost first) around ``inner(names of nodes)``, each subexpression of
+        ``nodes`` computed in the outermost loop where its operands are known (loop-invariant
+        code motion: nvcc does not hoist what it cannot prove free of side effects, such as
+        the floor-division helpers, nor loads it cannot prove unaliased). Loads of Func
+        ``written`` (stored in the nest) stay innermost; other loads are not hoisted above a
+        loop that may run no iteration (they would read where the loop never reads)."""
+        prog = sym.cse(list(nodes))
+        depth = {loop.leaf: j + 1 for j, loop in enumerate(loops)}
+        runs = [j + 1 for j, loop in enumerate(loops)
+                if not (const_int(loop.extent) or 0) >= 1]
+        load_floor = max(runs, default=0)
+        level = {}
+        for _, n in prog.assignments:
+            if not hasattr(n, "prim"):
+                level[id(n)] = depth.get(n, 0)
+            elif n.prim is E.CALL and n.params["fid"] == written:
+                level[id(n)] = len(loops)
+            else:
+                level[id(n)] = max([level[id(a)] for a in n.args]
+                                   + ([load_floor] if n.prim is E.CALL else []))
+        local = {}
+        outs = dict(prog.assignments)
+
+        def emit(j):
+            for _, n in prog.assignments:
+                if level[id(n)] == j:
+                    self._assign(n, local)
+            if j == len(loops):
+                inner([local[id(outs[o])] for o in prog.outputs])
+                return
+            (ext,) = self.exprs([loops[j].extent])
+            name = self.fresh("i")
+            self.names[loops[j].leaf] = name
+            with self.w.for_range(name, ext):
+                emit(j + 1)
+        with self.w.block():
+            emit(0)
 
     def stmt(self, s):
         if isinstance(s, Block):
@@ -194,9 +236,16 @@ class _CWriter:
             if s.kind in ("gpu_block", "gpu_thread", "parallel"):
                 raise ScheduleError(f"loop {s.name}: {s.kind} loops must be outermost in a GPU"
                                     " kernel")
-            reduction = self._reduction(s)
-            if reduction is not None:
-                self._accumulate(*reduction)
+            loops, t = [], s
+            while isinstance(t, For) and t.kind in ("serial", "unrolled", "vectorized"):
+                loops.append(t)
+                t = t.body
+            if isinstance(t, Provide):
+                addends = self._reduction(loops, t)
+                if addends is not None:
+                    self._accumulate(loops, t, addends)
+                else:
+                    self._provide(t, loops)
                 return
             (ext,) = self.exprs([s.extent])
             name = self.fresh("i")
@@ -212,43 +261,41 @@ class _CWriter:
             raise ScheduleError(f"{s.func.name()} is computed inside a GPU kernel: compute_root"
                                 " it (GPU kernels do not allocate)")
         elif isinstance(s, Provide):
-            values = list(s.values)
-            atomic = bool(self.racy)
-            if atomic:
-                values = [self._atomic_addend(s, k, v) for k, v in enumerate(values)]
-            nodes = values + list(s.args)
-            if s.predicate is not None:
-                nodes.append(s.predicate)
-            vals = self.exprs(nodes)
-            n = len(values)
+            self._provide(s, [])
+
+    def _provide(self, s, loops):
+        """``s`` inside ``loops``: plain stores, or atomic additions under racy GPU loops."""
+        values = list(s.values)
+        atomic = bool(self.racy)
+        if atomic:
+            values = [self._atomic_addend(s, k, v) for k, v in enumerate(values)]
+        nodes = values + list(s.args) + ([s.predicate] if s.predicate is not None else [])
+        n = len(values)
+        types = [_ATOMIC_TYPES[np.dtype(v.dtype)] for v in values] if atomic else None
+
+        def store(vals):
             coords = vals[n:n + len(s.args)]
             stores = [self.index(s.func.fid, k, coords) for k in range(n)]
-            types = [_ATOMIC_TYPES[np.dtype(v.dtype)] for v in values] if atomic else None
             if s.predicate is None:
                 self._store(stores, vals, types)
             else:
                 with self.w.if_(vals[-1]):
                     self._store(stores, vals, types)
+        self._nest(loops, nodes, s.func.fid, store)
 
-    def _reduction(self, s):
-        """``(loops, provide, addends)`` when ``s`` is a nest of loops around one Provide that
-        adds to its Func at a point none of those loops moves (a gathered reduction,
-        ``d_in(x, y) += w(r) * d_out(x - r, y)``); else None. Its sum is then kept in a
-        register: through the pointer table, the compiler cannot prove that the store does
-        not alias the loads, so it would load and store the point on every iteration."""
-        if self.racy:
-            return None
-        loops, t = [], s
-        while isinstance(t, For) and t.kind in ("serial", "unrolled", "vectorized"):
-            loops.append(t)
-            t = t.body
-        if not isinstance(t, Provide) or isinstance(t, For):
+    def _reduction(self, loops, p):
+        """The addends when ``p``, inside ``loops``, adds to its Func at a point none of those
+        loops moves (a gathered reduction, ``d_in(x, y) += w(r) * d_out(x - r, y)``); else
+        None. Its sum is then kept in a register: through the pointer table, the compiler
+        cannot prove that the store does not alias the loads, so it would load and store the
+        point on every iteration."""
+        if self.racy or not loops:
             return None
         moved = {loop.leaf for loop in loops}
-        if any(moved & set(sym.free_leaves(a, "hl.loop")) for a in t.args):
+        if any(moved & set(sym.free_leaves(a, "hl.loop")) for a in p.args):
             return None
-        addends = [_addend(v, t.func.fid, k, t.args) for k, v in enumerate(t.values)]
-        return None if any(a is None for a in addends) else (loops, t, addends)
+        addends = [_addend(v, p.func.fid, k, p.args) for k, v in enumerate(p.values)]
+        return None if any(a is None for a in addends) else addends
 
     def _accumulate(self, loops, p, addends):
         with self.w.block():
@@ -258,26 +305,19 @@ class _CWriter:
             for (base, idx), v in zip(stores, addends):
                 accs.append(self.fresh("acc"))
                 self.w.line(f"{codegen.c_type(v.dtype)} {accs[-1]} = {base}[{idx}];")
-            self._accumulate_loops(loops, p, addends, accs)
+
+            def add(vals):
+                if p.predicate is not None:
+                    with self.w.if_(vals[-1]):
+                        for acc, v in zip(accs, vals):
+                            self.w.line(f"{acc} = {acc} + {v};")
+                else:
+                    for acc, v in zip(accs, vals):
+                        self.w.line(f"{acc} = {acc} + {v};")
+            nodes = list(addends) + ([p.predicate] if p.predicate is not None else [])
+            self._nest(loops, nodes, p.func.fid, add)
             for (base, idx), acc in zip(stores, accs):
                 self.w.line(f"{base}[{idx}] = {acc};")
-
-    def _accumulate_loops(self, loops, p, addends, accs):
-        if loops:
-            (ext,) = self.exprs([loops[0].extent])
-            name = self.fresh("i")
-            self.names[loops[0].leaf] = name
-            with self.w.for_range(name, ext):
-                self._accumulate_loops(loops[1:], p, addends, accs)
-            return
-        vals = self.exprs(list(addends) + ([p.predicate] if p.predicate is not None else []))
-        if p.predicate is not None:
-            with self.w.if_(vals[-1]):
-                for acc, v in zip(accs, vals):
-                    self.w.line(f"{acc} = {acc} + {v};")
-        else:
-            for acc, v in zip(accs, vals):
-                self.w.line(f"{acc} = {acc} + {v};")
 
     def _atomic_addend(self, s, k, value):
         loops = ", ".join(repr(loop.name) for loop in self.racy)
