@@ -248,8 +248,8 @@ def test_bad_overrides_and_options_raise():
         hl.auto_schedule(p["loss"], est, inline=[p["loss"]])
     with pytest.raises(hl.ScheduleError, match="in both inline and no_inline"):
         hl.auto_schedule(p["loss"], est, inline=[p["clamped"]], no_inline=[p["clamped"]])
-    with pytest.raises(hl.ScheduleError, match="target 'gpu' is not supported"):
-        hl.auto_schedule(p["loss"], est, target="gpu")
+    with pytest.raises(hl.ScheduleError, match="target must be 'cpu' or 'gpu', got 'metal'"):
+        hl.auto_schedule(p["loss"], est, target="metal")
     with pytest.raises(hl.ScheduleError, match="no size estimate for output blur"):
         hl.auto_schedule(p["blur"])
     with pytest.raises(hl.ScheduleError, match="must be positive integers"):

@@ -135,3 +135,37 @@ def test_gpu_auto_schedule_bad_requests():
         hl.auto_schedule(f, {f: [64]}, target="tpu")
     with pytest.raises(hl.ScheduleError, match="a CUDA block holds at most 1024"):
         hl.auto_schedule(f, {f: [64]}, target="gpu", tile=(32, 16))
+
+
+def _gpu_blur(inp_buf):
+    blur = hl.Func("blur")
+    c = hl.BoundaryConditions.repeat_edge(inp_buf)
+    y = hl.Var("y")
+    blur[x, y] = (c[x - 1, y] + 2 * c[x, y] + c[x + 1, y]) * 0.25
+    hl.auto_schedule(blur, {blur: [inp_buf.width(), inp_buf.height()]}, target="gpu")
+    return blur
+
+
+def test_gpu_device_buffers_are_used_in_place(gpu_backend):
+    """Device arrays (CuPy) as the input and output Buffers: the pipeline reads and writes
+    them where they are; the result equals the CPU's on numpy arrays."""
+    cp = gpu_backend
+    img = np.random.default_rng(8).random((20, 37))
+    want = np.asarray(_gpu_blur(hl.Buffer(img)).realize([37, 20]))
+    inp = hl.Buffer(cp.asarray(img))
+    out = hl.Buffer(cp.zeros((20, 37)))
+    assert inp.on_device and out.on_device
+    got = _gpu_blur(inp).realize([out])
+    assert got.on_device and got.array() is out.array()
+    np.testing.assert_allclose(cp.asnumpy(out.array()), want, rtol=1e-12, atol=1e-12)
+
+
+def test_device_buffers_are_refused_by_cpu_pipelines_and_numpy(host_gpu):
+    cp = host_gpu
+    inp = hl.Buffer(cp.asarray(np.ones((4, 5))), name="frame")
+    f = hl.Func("f")
+    f[x] = inp[x, 0] * 2
+    with pytest.raises(hl.FuncError, match="frame live.* on the GPU.*scheduled for the CPU"):
+        f.realize([5])
+    with pytest.raises(hl.FuncError, match="Buffer frame lives on the GPU"):
+        inp.numpy()

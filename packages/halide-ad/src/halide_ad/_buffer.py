@@ -1,5 +1,11 @@
 """Buffers: numpy arrays as pipeline inputs and outputs, without copies.
 
+A Buffer may also wrap a CUDA device array (a CuPy array, or anything exposing
+``__cuda_array_interface__``, such as a CUDA torch tensor, viewed without a copy): a GPU
+pipeline then reads it, or writes its output into it, where it is, with no transfer. A CPU
+pipeline refuses it by name, and ``numpy()`` / ``np.asarray`` refuse it (no implicit transfer,
+as CuPy).
+
 Dimension order follows Halide's Python bindings: Halide dimension 0 (``x``, the innermost)
 is the LAST numpy axis. A numpy array of shape ``(h, w)`` is a Buffer with ``width() == w``,
 ``height() == h``; ``buf[x, y]`` reads ``array[y, x]``; ``np.asarray(f.realize([w, h]))`` has
@@ -11,6 +17,7 @@ used in place.
 from __future__ import annotations
 
 import numbers
+import sys
 
 import numpy as np
 from core_ad import sym
@@ -20,6 +27,24 @@ from ._func import FuncError, _coord, register_callee
 from ._types import Type, type_of_dtype
 
 __all__ = ["Buffer", "BufferDim"]
+
+
+def _device_array(data):
+    """``data`` as a CuPy array when it lives on a CUDA device; else None."""
+    cp = sys.modules.get("cupy")
+    if cp is not None and isinstance(data, cp.ndarray):
+        return data
+    try:
+        on_device = hasattr(data, "__cuda_array_interface__")
+    except RuntimeError as err:  # e.g. a torch tensor that requires grad
+        raise FuncError(f"Buffer: cannot view this device array ({err}); detach it") from None
+    if not on_device:
+        return None
+    try:
+        import cupy
+    except ImportError:
+        raise FuncError("Buffer: a CUDA device array needs CuPy to be wrapped") from None
+    return cupy.asarray(data)
 
 
 class BufferDim:
@@ -53,15 +78,19 @@ class Buffer:
         elif data is None:
             raise FuncError("Buffer needs an array, or a type and sizes")
         else:
-            arr = np.asarray(data)
+            arr = data if isinstance(data, np.ndarray) else _device_array(data)
+            if arr is None:
+                arr = np.asarray(data)
             if isinstance(sizes, str) and name is None:
                 name = sizes
+        self.on_device = not isinstance(arr, np.ndarray)
+        xp = sys.modules["cupy"] if self.on_device else np
         if arr.dtype.kind not in "biuf" or arr.dtype.itemsize > 8:
             raise TypeError(f"Buffer: unsupported dtype {arr.dtype}")
         if arr.ndim and arr.shape[-1] > 1 and arr.strides[-1] != arr.itemsize:
-            arr = np.ascontiguousarray(arr)
+            arr = xp.ascontiguousarray(arr)
         if any(s % arr.itemsize for s in arr.strides):
-            arr = np.ascontiguousarray(arr)
+            arr = xp.ascontiguousarray(arr)
         self._array = arr
         self._mins = [0] * arr.ndim
         self._name = name or E.unique_name("b").replace("$", "_")
@@ -103,10 +132,17 @@ class Buffer:
         return self
 
     def __array__(self, dtype=None, copy=None):
-        a = self._array
+        a = self.numpy()
         return a if dtype is None else a.astype(dtype, copy=False)
 
     def numpy(self) -> np.ndarray:
+        if self.on_device:
+            raise FuncError(f"Buffer {self._name} lives on the GPU: array() gives the device"
+                            " array (copy it with cupy.asnumpy)")
+        return self._array
+
+    def array(self):
+        """The wrapped array: numpy, or the CuPy array of a device Buffer."""
         return self._array
 
     @property
@@ -114,7 +150,8 @@ class Buffer:
         return self._array.shape
 
     def __repr__(self):
-        return f"Buffer({self._name}, {self.type()}, numpy shape {self._array.shape})"
+        where = "device" if self.on_device else "numpy"
+        return f"Buffer({self._name}, {self.type()}, {where} shape {self._array.shape})"
 
     def dim_expr(self, d: int, what: str) -> E.Expr:
         """The symbolic ``"min"`` / ``"extent"`` of dimension ``d``: compiled code reads it at

@@ -155,10 +155,19 @@ class Pipeline:
             cached = c.regions_cache[key] = (regions, extents)
         regions, extents = cached
         arrays = {f.fid: arrs for f, arrs in outs}
+        on_device = [buf.name() for buf in g.buffers.values() if buf.on_device] + [
+            f.name() for f, arrs in outs if not isinstance(arrs[0], np.ndarray)]
+        if on_device and not c.gpu:
+            raise FuncError(
+                f"realize: {', '.join(on_device)} live(s) on the GPU, but this pipeline is"
+                " scheduled for the CPU: give it a GPU schedule (gpu_tile, or"
+                " auto_schedule(target='gpu')), or pass numpy arrays"
+            )
         for f, arrs in outs:  # compiled code assumes storages never alias (as Halide)
             for a in arrs:
                 for buf in g.buffers.values():
-                    if np.shares_memory(a, buf.numpy()):
+                    if isinstance(a, np.ndarray) and not buf.on_device and \
+                            np.shares_memory(a, buf.numpy()):
                         raise FuncError(
                             f"realize: the output buffer of {f.name()} shares memory with the"
                             f" input {buf.name()}; realize into a separate array"
@@ -177,10 +186,13 @@ class Pipeline:
         for fid, arrs in arrays.items():
             _check_index_range(g.funcs[fid].name(), arrs[0])
         for buf in g.buffers.values():
-            _check_index_range(buf.name(), buf.numpy())
+            _check_index_range(buf.name(), buf.array())
         ints = np.zeros(max(len(c.slots.int), 1), np.int64)
         for key, slot in c.slots.int.items():
             ints[slot] = self._int_value(key, g, regions, values)
+        if c.gpu:
+            _run_gpu(c, g, arrays, {f.fid for f, _ in outs}, ints, values, regions)
+            return self._results(outs, arrays)
         keep = []
         ptrs = np.zeros(max(len(c.slots.ptr), 1), np.uintp)
         for key, slot in c.slots.ptr.items():
@@ -192,10 +204,6 @@ class Pipeline:
                 a = np.array(values[p], dtype=p.dtype).reshape(1)
             keep.append(a)
             ptrs[slot] = a.__array_interface__["data"][0]
-        if c.gpu:
-            _run_gpu(c, g, arrays, ints, values, regions)
-            del keep
-            return self._results(outs, arrays)
         for (fid, k, stmt, index, ranged), n in zip(c.kernels, extents):
             self._run(c, index, n, ranged and stmt.kind == "parallel", ptrs, ints)
         del keep
@@ -240,7 +248,7 @@ class Pipeline:
                         raise FuncError(
                             f"realize: output buffer {bf.name()} is {bf.type()}, {f.name()} is {t}"
                         )
-                outs.append((f, [bf.numpy() for bf in group]))
+                outs.append((f, [bf.array() for bf in group]))
             return outs
         sizes = [] if sizes is None else list(sizes)
         if sizes and all(isinstance(s, (list, tuple)) for s in sizes):  # one list per output
@@ -311,8 +319,9 @@ class Pipeline:
 register_pipeline_class(Pipeline)
 
 
-def _run_gpu(c, g, arrays, ints, values, regions):
-    """Run a GPU pipeline: inputs and Funcs on the device, outputs copied back."""
+def _run_gpu(c, g, arrays, outputs, ints, values, regions):
+    """Run a GPU pipeline: inputs and Funcs on the device, the numpy arrays of the Funcs in
+    ``outputs`` copied back (device Buffers are read and written where they are)."""
     if not codegen.cuda_available():
         raise RuntimeError(
             "this pipeline has a GPU schedule (gpu_tile / gpu_blocks), which needs CuPy and a"
@@ -326,7 +335,11 @@ def _run_gpu(c, g, arrays, ints, values, regions):
         if key[0] == "store":
             _, fid, k = key
             if fid in g.buffers:
-                a = cp.asarray(np.ascontiguousarray(g.buffers[fid].numpy()))
+                buf = g.buffers[fid]
+                a = buf.array() if buf.on_device else cp.asarray(np.ascontiguousarray(
+                    buf.numpy()))
+            elif not isinstance(arrays[fid][k], np.ndarray):
+                a = arrays[fid][k]
             else:
                 a = cp.empty(arrays[fid][k].shape, arrays[fid][k].dtype)
         else:
@@ -347,9 +360,10 @@ def _run_gpu(c, g, arrays, ints, values, regions):
         block = tuple(kern.threads) or (1,)
         fn = codegen.cuda_kernel(kern.source, kern.name)
         fn(grid, block, (d_ptrs, d_ints))
-    for fid, arrs in arrays.items():
-        for k, a in enumerate(arrs):
-            a[...] = cp.asnumpy(dev[("store", fid, k)])
+    for fid in outputs:
+        for k, a in enumerate(arrays[fid]):
+            if isinstance(a, np.ndarray):
+                a[...] = cp.asnumpy(dev[("store", fid, k)])
 
 
 def _versions(g):

@@ -103,7 +103,7 @@ NUMPY_PAD_MODE = {
 # ---- the differentiable operators (spatial_transformer, flow_warp, bilateral_slice) ----------
 def float_type(hl, *arrays):
     """``(numpy dtype, hl Type)`` shared by ``arrays``: all float32 or all float64."""
-    kinds = {np.asarray(a).dtype for a in arrays}
+    kinds = {np.dtype(a.dtype) if hasattr(a, "dtype") else np.asarray(a).dtype for a in arrays}
     if len(kinds) != 1 or next(iter(kinds)) not in (np.float32, np.float64):
         raise ValueError("the inputs must all be float32 or all float64, got "
                          + ", ".join(sorted(str(k) for k in kinds)))
@@ -111,9 +111,21 @@ def float_type(hl, *arrays):
     return dt, hl.Float(8 * dt.itemsize)
 
 
+def contiguous(a):
+    """A numpy array made C-contiguous; a device array (CuPy) as it is (its Buffer handles
+    the layout on the device)."""
+    return np.ascontiguousarray(a) if isinstance(a, np.ndarray) or not hasattr(a, "shape") \
+        else a
+
+
+def shape(a) -> tuple:
+    """``a``'s shape, numpy or device array (without a transfer)."""
+    return tuple(a.shape) if hasattr(a, "shape") else np.shape(a)
+
+
 def check_shape(name, a, ndim, what):
-    if np.ndim(a) != ndim:
-        raise ValueError(f"{name} must be {what}, got shape {np.shape(a)}")
+    if len(shape(a)) != ndim:
+        raise ValueError(f"{name} must be {what}, got shape {shape(a)}")
 
 
 def bilinear(hl, t, src, ix, iy, rest, hi=None):

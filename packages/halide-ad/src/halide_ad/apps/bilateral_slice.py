@@ -20,20 +20,19 @@ Gradients: ``adjoint_pipeline(hl, app, d_out, ("grid", "guide", "image"))`` (``_
 """
 from __future__ import annotations
 
-import numpy as np
 
-from ._common import App, check_shape, float_type
+from ._common import App, check_shape, contiguous, float_type, shape
 
 
 def build(hl, grid, guide, image):
     check_shape("grid", grid, 5, "(n, co (ci + 1), gd, gh, gw)")
     check_shape("guide", guide, 3, "(n, h, w)")
     check_shape("image", image, 4, "(n, ci, h, w)")
-    n, ci, h, w = np.shape(image)
-    gn, gc, gd, gh, gw = np.shape(grid)
-    if np.shape(guide) != (n, h, w) or gn != n:
+    n, ci, h, w = shape(image)
+    gn, gc, gd, gh, gw = shape(grid)
+    if shape(guide) != (n, h, w) or gn != n:
         raise ValueError(f"guide must be ({n}, {h}, {w}) and grid ({n}, ...) for image "
-                         f"{np.shape(image)}, got {np.shape(guide)} and {np.shape(grid)}")
+                         f"{shape(image)}, got {shape(guide)} and {shape(grid)}")
     if gc % (ci + 1):
         raise ValueError(f"grid channels ({gc}) must be a multiple of ci + 1 = {ci + 1}")
     if w % gw or h % gh or w // gw != h // gh:
@@ -41,7 +40,7 @@ def build(hl, grid, guide, image):
                          "integer cell size")
     co, s = gc // (ci + 1), w // gw
     dt, t = float_type(hl, grid, guide, image)
-    grid, guide, image = (np.ascontiguousarray(a) for a in (grid, guide, image))
+    grid, guide, image = (contiguous(a) for a in (grid, guide, image))
     x, y, z, k, b = hl.Var("x"), hl.Var("y"), hl.Var("z"), hl.Var("k"), hl.Var("n")
     gb, gu, im = (hl.Buffer(grid, name="grid"), hl.Buffer(guide, name="guide"),
                   hl.Buffer(image, name="image"))

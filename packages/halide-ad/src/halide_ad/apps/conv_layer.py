@@ -12,23 +12,22 @@ a "valid" convolution (the output is the input less ``k - 1`` in x and y). Input
 """
 from __future__ import annotations
 
-import numpy as np
 
-from ._common import App, check_shape, float_type
+from ._common import App, check_shape, contiguous, float_type, shape
 
 
 def build(hl, input, weights):
     check_shape("input", input, 4, "(n, ci, h, w)")
     check_shape("weights", weights, 4, "(co, ci, kh, kw)")
-    n, ci, h, w = np.shape(input)
-    co, wci, kh, kw = np.shape(weights)
+    n, ci, h, w = shape(input)
+    co, wci, kh, kw = shape(weights)
     if wci != ci:
         raise ValueError(f"weights have {wci} input channels, the input has {ci}")
     if kh > h or kw > w:
         raise ValueError(f"a {kh} x {kw} kernel does not fit a {h} x {w} input")
     dt, t = float_type(hl, input, weights)
-    inp, wb = (hl.Buffer(np.ascontiguousarray(input), name="input"),
-               hl.Buffer(np.ascontiguousarray(weights), name="weights"))
+    inp, wb = (hl.Buffer(contiguous(input), name="input"),
+               hl.Buffer(contiguous(weights), name="weights"))
     x, y, c, b = hl.Var("x"), hl.Var("y"), hl.Var("c"), hl.Var("n")
     r = hl.RDom([hl.Range(0, kw), hl.Range(0, kh), hl.Range(0, ci)])
     out = hl.Func("conv_layer")
