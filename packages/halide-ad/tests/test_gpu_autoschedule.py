@@ -141,7 +141,8 @@ def _gpu_blur(inp_buf):
     blur = hl.Func("blur")
     c = hl.BoundaryConditions.repeat_edge(inp_buf)
     y = hl.Var("y")
-    blur[x, y] = (c[x - 1, y] + 2 * c[x, y] + c[x + 1, y]) * 0.25
+    scale = hl.Param(hl.Float(64), "scale", 0.25)  # a Param on the device too
+    blur[x, y] = (c[x - 1, y] + 2 * c[x, y] + c[x + 1, y]) * scale
     hl.auto_schedule(blur, {blur: [inp_buf.width(), inp_buf.height()]}, target="gpu")
     return blur
 
@@ -152,6 +153,7 @@ def test_gpu_device_buffers_are_used_in_place(gpu_backend):
     cp = gpu_backend
     img = np.random.default_rng(8).random((20, 37))
     want = np.asarray(_gpu_blur(hl.Buffer(img)).realize([37, 20]))
+    np.testing.assert_allclose(want[:, 1:-1], (img[:, :-2] + 2 * img[:, 1:-1] + img[:, 2:]) / 4)
     inp = hl.Buffer(cp.asarray(img))
     out = hl.Buffer(cp.zeros((20, 37)))
     assert inp.on_device and out.on_device

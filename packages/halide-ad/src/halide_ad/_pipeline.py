@@ -148,8 +148,12 @@ class Pipeline:
         cached = c.regions_cache.get(key)
         if cached is None:  # bounds depend only on sizes and Param values: remember them
             regions = root_regions(g, out_regions, values)
-            extents = [_outer_extent(stmt, g, regions, values) if ranged else 1
-                       for _, _, stmt, _, ranged in c.kernels]
+            if c.gpu:  # each kernel's grid (its block loops' extents)
+                extents = [tuple(max(_outer_extent(b, g, regions, values), 0)
+                                 for b in kern.blocks) for _, kern in c.gpu_kernels]
+            else:
+                extents = [_outer_extent(stmt, g, regions, values) if ranged else 1
+                           for _, _, stmt, _, ranged in c.kernels]
             if len(c.regions_cache) > 16:
                 c.regions_cache.clear()
             cached = c.regions_cache[key] = (regions, extents)
@@ -191,7 +195,7 @@ class Pipeline:
         for key, slot in c.slots.int.items():
             ints[slot] = self._int_value(key, g, regions, values)
         if c.gpu:
-            _run_gpu(c, g, arrays, {f.fid for f, _ in outs}, ints, values, regions)
+            _run_gpu(c, g, arrays, {f.fid for f, _ in outs}, ints, values, extents)
             return self._results(outs, arrays)
         keep = []
         ptrs = np.zeros(max(len(c.slots.ptr), 1), np.uintp)
@@ -319,9 +323,10 @@ class Pipeline:
 register_pipeline_class(Pipeline)
 
 
-def _run_gpu(c, g, arrays, outputs, ints, values, regions):
-    """Run a GPU pipeline: inputs and Funcs on the device, the numpy arrays of the Funcs in
-    ``outputs`` copied back (device Buffers are read and written where they are)."""
+def _run_gpu(c, g, arrays, outputs, ints, values, grids):
+    """Run a GPU pipeline (``grids``: each kernel's launch grid): inputs and Funcs on the
+    device, the numpy arrays of the Funcs in ``outputs`` copied back (device Buffers are read
+    and written where they are)."""
     if not codegen.cuda_available():
         raise RuntimeError(
             "this pipeline has a GPU schedule (gpu_tile / gpu_blocks), which needs CuPy and a"
@@ -353,8 +358,7 @@ def _run_gpu(c, g, arrays, outputs, ints, values, regions):
             a = dev[("store", fid, 0)]
             ints[slot] = a.strides[a.ndim - 1 - d] // a.itemsize
     d_ptrs, d_ints = cp.asarray(ptrs), cp.asarray(ints)
-    for stmt, kern in c.gpu_kernels:
-        grid = tuple(max(_outer_extent(b, g, regions, values), 0) for b in kern.blocks)
+    for (_, kern), grid in zip(c.gpu_kernels, grids):
         if min(grid) == 0:
             continue
         block = tuple(kern.threads) or (1,)
