@@ -43,29 +43,36 @@ PAPER_AE14 = "paper: 165 ms on a Titan-class GPU (13.7x the authors' CUDA, 2270 
 
 
 class KernelClock:
-    """Sums the device time of every halide_ad kernel launch (a CUDA event pair each)."""
+    """Sums the device time of every halide_ad kernel launch (a CUDA event pair each); the
+    last call's time per kernel (named by the definition it computes) in ``last``."""
 
     def __init__(self, cp):
-        self.cp, self.events = cp, []
+        self.cp, self.events, self.last = cp, [], {}
         get = codegen.cuda_kernel
 
         def timed_kernel(source, name):
             kernel = get(source, name)
+            head = source[source.rindex("// ", 0, source.index("void __launch_bounds__")):]
+            label = head.split("\n", 1)[0][3:]
 
             def launch(grid, block, args):
                 start, end = cp.cuda.Event(), cp.cuda.Event()
                 start.record()
                 kernel(grid, block, args)
                 end.record()
-                self.events.append((start, end))
+                self.events.append((label, start, end))
             return launch
         _pipeline.codegen = _ClockedCodegen(timed_kernel)
 
     def take(self) -> float:
         self.cp.cuda.Device().synchronize()
-        total = sum(self.cp.cuda.get_elapsed_time(s, e) for s, e in self.events) / 1e3
+        times = [(label, self.cp.cuda.get_elapsed_time(s, e) / 1e3)
+                 for label, s, e in self.events]
+        self.last = {}
+        for label, t in times:
+            self.last[label] = self.last.get(label, 0.0) + t
         self.events = []
-        return total
+        return sum(t for _, t in times)
 
 
 class _ClockedCodegen:
@@ -93,6 +100,7 @@ def ours(cases, kernel_times, clock, name, realize, arrays, first):
     def run():
         realize()
         kernel_times.setdefault(name, []).append(clock.take())
+        run.breakdown = clock.last
         return arrays
     cases[name] = run
 
@@ -233,6 +241,10 @@ def main(argv=None):
         bench.side_by_side(rows, ours_name, title=f"{title} (scale 1/{args.scale})",
                            first_calls=first, columns={"device memory": memory})
         print(paper)
+        for name in kernel_times:
+            parts = sorted(cases[name].breakdown.items(), key=lambda kv: -kv[1])
+            print(f"{name}, last run per kernel: " + ", ".join(
+                f"{label} {bench.fmt_time(t)}" for label, t in parts))
         if "(b) d_input, atomics (kernels)" in rows:
             a = rows["(a) d_input, gather (kernels)"]["median"]
             b = rows["(b) d_input, atomics (kernels)"]["median"]

@@ -144,6 +144,7 @@ def _gpu_blur(inp_buf):
     scale = hl.Param(hl.Float(64), "scale", 0.25)  # a Param on the device too
     blur[x, y] = (c[x - 1, y] + 2 * c[x, y] + c[x + 1, y]) * scale
     hl.auto_schedule(blur, {blur: [inp_buf.width(), inp_buf.height()]}, target="gpu")
+    blur.scale = scale  # a Param lives as long as its owner keeps it
     return blur
 
 

@@ -354,6 +354,7 @@ def kernel_source(name, stmt, slots, root_storage, where) -> GpuKernel:
         raise ScheduleError(f"{where}: a GPU block of {' x '.join(map(str, factors))} threads;"
                             f" CUDA allows at most {MAX_BLOCK}")
     w = codegen.CudaWriter()
+    w.line(f"// {where}")  # the definition this kernel computes (for readers and profiles)
     # restrict: stores through the buffer pointers never change the tables (no reloads)
     with w.kernel(name, [("char* const* __restrict__ ptrs", "buffer and parameter pointers"),
                          ("const long long* __restrict__ ints", "sizes, strides and bounds")],
