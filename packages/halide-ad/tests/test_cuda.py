@@ -90,7 +90,7 @@ def _histogram(img, bins, gpu):
     if gpu:
         for f in (count, weight):
             f.gpu_tile(x, hl.Var("xo"), xi, 8)
-            f.update(0).gpu_tile(r.x, r.y, "rxi", "ryi", 8, 4)
+            f.update(0).atomic().gpu_tile(r.x, r.y, "rxi", "ryi", 8, 4)
     return count, weight
 
 
@@ -115,9 +115,20 @@ def test_gpu_loop_over_an_rvar_of_an_overwriting_update_is_refused():
     b = hl.clamp(hl.i32(inp[r.x, r.y] * 7), 0, 6)
     top[b] = hl.max(top[b], inp[r.x, r.y])  # a max, not a sum: no atomicAdd computes it
     top.gpu_tile(x, hl.Var("xo"), xi, 8)
-    top.update(0).gpu_tile(r.x, r.y, "rxi", "ryi", 8, 4)
+    top.update(0).atomic().gpu_tile(r.x, r.y, "rxi", "ryi", 8, 4)
     with pytest.raises(hl.ScheduleError, match=r"top.*may write one point of top.*top\(e\) ="):
         hl.Pipeline(top).ir()
+
+
+def test_gpu_loops_over_rvars_need_atomic():
+    img = np.random.default_rng(1).random((13, 19)).astype(np.float32)
+    count, _ = _histogram(img, 7, gpu=False)
+    count.gpu_tile(x, hl.Var("xo"), xi, 8)
+    count.update(0).gpu_tile(count.update(0)._definition().schedule.dims[0].name,
+                             count.update(0)._definition().schedule.dims[1].name,
+                             "rxi", "ryi", 8, 4)
+    with pytest.raises(hl.ScheduleError, match=r"call atomic\(\) on the stage first"):
+        hl.Pipeline(count).ir()
 
 
 def test_host_gpu_single_thread_zero_dimensional_sum(host_gpu):
@@ -128,7 +139,7 @@ def test_host_gpu_single_thread_zero_dimensional_sum(host_gpu):
     total[()] = hl.f64(0)
     total[()] += inp[r.x, r.y] ** 2
     total.gpu_single_thread()
-    total.update(0).gpu_tile(r.x, r.y, "rxi", "ryi", 4, 4)
+    total.update(0).atomic().gpu_tile(r.x, r.y, "rxi", "ryi", 4, 4)
     src = hl.Pipeline(total).ir()
     assert "atomicAdd((double*)&" in src and kernel_count(src) == 2
     np.testing.assert_allclose(np.asarray(total.realize([])), (img ** 2).sum(), rtol=1e-12)

@@ -46,11 +46,18 @@ from core_ad import sym
 
 from . import _expr as E
 from ._bounds import const_value, interval
-from ._cuda import MAX_BLOCK, additive_update
+from ._cuda import MAX_BLOCK
 from ._derivative import _AllRootGraph, _values
 from ._func import Func, FuncError
 from ._graph import Graph
-from ._lower import _loop_chain, _lower_def, fuse_stages, region_leaf, root_regions
+from ._lower import (
+    _loop_chain,
+    _lower_def,
+    additive_update,
+    fuse_stages,
+    region_leaf,
+    root_regions,
+)
 from ._rfactor import check_rfactor
 from ._schedule import ScheduleError, StageSchedule
 
@@ -664,7 +671,7 @@ def _gpu_atomic_tile(stage, pure, large, opts):
     for n, i, w in zip(tiled, inner, widths):
         stage.split(n, n, i, w)
     stage.reorder(others + inner + tiled)
-    stage.gpu_threads(*inner).gpu_blocks(*tiled)
+    stage.atomic().gpu_threads(*inner).gpu_blocks(*tiled)
     return [f"gpu_tile({', '.join(tiled)}; {' x '.join(map(str, widths))}) with atomics"]
 
 

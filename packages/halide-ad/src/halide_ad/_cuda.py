@@ -32,10 +32,10 @@ from core_ad import codegen, sym
 
 from . import _expr as E
 from ._bounds import const_int
-from ._lower import Allocate, Block, For, LetStmt, Provide
+from ._lower import Allocate, Block, For, LetStmt, Provide, addend
 from ._schedule import ScheduleError
 
-__all__ = ["MAX_BLOCK", "GpuKernel", "additive_update", "is_gpu_stmt", "kernel_source"]
+__all__ = ["MAX_BLOCK", "GpuKernel", "is_gpu_stmt", "kernel_source"]
 
 _AXES = "xyz"
 MAX_BLOCK = 1024  # threads per block (every CUDA device since compute capability 2.0)
@@ -77,37 +77,6 @@ _ATOMIC_TYPES = {np.dtype(np.float32): "float", np.dtype(np.float64): "double",
                  np.dtype(np.int32): "int", np.dtype(np.uint32): "unsigned int",
                  np.dtype(np.int64): "unsigned long long",
                  np.dtype(np.uint64): "unsigned long long"}
-
-
-def _addend(value, fid, k, args):
-    """``v`` when ``value`` is ``f(args) + v`` (core_ad's sums are n-ary, differences add a
-    negation) for the ``k``-th value of Func ``fid`` at exactly ``args``, ``v`` not reading
-    ``f``; else None."""
-    if getattr(value, "prim", None) is None or value.prim.name != "add":
-        return None
-    for j, own in enumerate(value.args):
-        if (getattr(own, "prim", None) is E.CALL and own.params["fid"] == fid
-                and own.params["index"] == k and len(own.args) == len(args)
-                and all(_const_value(b - a) == 0 for a, b in zip(args, own.args))):
-            rest = [a for i, a in enumerate(value.args) if i != j]
-            v = rest[0]
-            for a in rest[1:]:
-                v = v + a
-            if any(c.params["fid"] == fid for c in sym.calls(v, E.CALL)):
-                return None
-            return v
-    return None
-
-
-def additive_update(f, k) -> bool:
-    """Whether update ``k`` of ``f`` adds to ``f`` where it writes (``f(e) = f(e) + v``, every
-    value), so its iterations may run concurrently with atomic stores."""
-    d = f._updates[k]
-    return all(_addend(v, f.fid, j, d.args) is not None for j, v in enumerate(d.values))
-
-
-def _const_value(n):
-    return n.value if getattr(n, "op", None) == "const" else None
 
 
 class _CWriter:
@@ -294,7 +263,7 @@ class _CWriter:
         moved = {loop.leaf for loop in loops}
         if any(moved & set(sym.free_leaves(a, "hl.loop")) for a in p.args):
             return None
-        addends = [_addend(v, p.func.fid, k, p.args) for k, v in enumerate(p.values)]
+        addends = [addend(v, p.func.fid, k, p.args) for k, v in enumerate(p.values)]
         return None if any(a is None for a in addends) else addends
 
     def _accumulate(self, loops, p, addends):
@@ -322,7 +291,14 @@ class _CWriter:
     def _atomic_addend(self, s, k, value):
         loops = ", ".join(repr(loop.name) for loop in self.racy)
         name = s.func.name()
-        v = _addend(value, s.func.fid, k, s.args)
+        if not all(loop.atomic for loop in self.racy):
+            raise ScheduleError(
+                f"{self.where}: the GPU loops over the reduction dimensions {loops} run"
+                f" iterations that may write one point of {name} at the same time: call"
+                " atomic() on the stage first (its stores become atomic additions), or keep"
+                " them serial inside each thread (GPU-tile the pure Vars instead)"
+            )
+        v = addend(value, s.func.fid, k, s.args)
         if v is None:
             raise ScheduleError(
                 f"{self.where}: the GPU loops over the reduction dimensions {loops} run"

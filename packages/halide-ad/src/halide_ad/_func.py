@@ -279,10 +279,11 @@ class _Scheduling:
             n = inner
         k = s.find(n, fn, st)
         d = s.dims[k]
-        if kind == "parallel" and not d.pure:
+        if kind == "parallel" and not d.pure and not s.atomic:
             raise ScheduleError(
                 f"{fn}{st}: cannot parallelize the reduction dimension {n!r} (its iterations"
-                " may write one location: use rfactor)"
+                " may write one location: use rfactor, or atomic() first if the update adds"
+                " to its Func)"
             )
         if kind == "vectorized" and not d.pure:
             raise ScheduleError(
@@ -308,7 +309,19 @@ class _Scheduling:
         """``parallel`` over a reduction dimension whose iterations the caller (the
         auto-scheduler) proved to write disjoint points."""
         s, fn, st = self._sched()
-        s.dims[s.find(dim_name(v), fn, st)].kind = "parallel"
+        d = s.dims[s.find(dim_name(v), fn, st)]
+        d.kind, d.race_free = "parallel", True
+        return self
+
+    def atomic(self):
+        """Halide's ``atomic()``: this update's reduction dimensions may then run in parallel
+        (``parallel``, GPU loops), its stores made atomic additions. The update must add to
+        its Func where it writes (``f(e) = f(e) + v``; checked at compilation). Float sums
+        then depend on the order the additions land in."""
+        s, fn, st = self._sched()
+        if self._definition().stage_index == 0:
+            raise ScheduleError(f"{fn}: atomic() applies to an update (f.update(i).atomic())")
+        s.atomic = True
         return self
 
     def serial(self, v):

@@ -12,6 +12,10 @@ every Buffer, root Func (one per Tuple component) and Param; ``ints`` every run-
 ``core_ad.codegen.Emitter``; Func and Buffer reads are the lowering of the ``hl_call``
 primitive registered here. Returns 0, or 2 when an allocation fails.
 
+A parallel outermost loop over a reduction dimension (``f.update(i).atomic().parallel(r)``)
+makes the update's stores atomic additions (``atomicrmw fadd`` / ``add``, per lane in vector
+code): the update must add to its Func where it writes, else a ``ScheduleError`` names it.
+
 Vectorised loops: a loop of kind "vectorized" whose extent equals its width ``W`` runs its
 body once on ``<W x T>`` values (dense loads/stores where the innermost coordinate is the loop
 variable plus a value independent of it; per-lane loads and stores otherwise); a partial
@@ -26,7 +30,7 @@ from llvmlite import ir
 
 from . import _expr as E
 from ._bounds import const_int, const_value
-from ._lower import (Allocate, Block, For, IfThen, LetStmt, Provide, provide_nodes,
+from ._lower import (Allocate, Block, For, IfThen, LetStmt, Provide, addend, provide_nodes,
                      stmt_accesses, walk)
 from ._schedule import ScheduleError
 
@@ -280,6 +284,9 @@ class ModuleBuilder:
         self.err_block = f.fail_block(2)  # an allocation failed
         env, storage = self._prologue(b, f.arg("ptrs"), f.arg("ints"), _uses(stmt))
         ranged = isinstance(stmt, For) and stmt.kind in ("serial", "parallel")
+        # threads run iterations of a reduction loop that may write one point: atomic stores
+        self.atomic_loop = stmt if ranged and stmt.kind == "parallel" and not stmt.pure \
+            else None
         if ranged:
             self._loop(b, stmt, env, storage, None, lo=b.trunc(start, I32),
                        hi=b.trunc(end, I32))
@@ -465,6 +472,8 @@ class ModuleBuilder:
         st = storage[s.func.fid]
         n = len(s.values)
         exprs = list(s.values)
+        if self.atomic_loop is not None:
+            exprs = [self._atomic_addend(s, k, v) for k, v in enumerate(exprs)]
         if s.predicate is not None:
             exprs.append(s.predicate)
         ctx = ctx or self._context(b, env, storage, vec)
@@ -474,11 +483,50 @@ class ModuleBuilder:
         width = vec[1] if vec else None
         dense = width is not None and _dense(s.args, vec[0])
         idx = _flat_index(b, ctx.emit_once, st, s.args, width, lane0=dense)
+        store = self._store if self.atomic_loop is None else self._atomic_add
         if pred is not None and width is None:
             with b.if_then(pred):
-                self._store(b, st, values, idx, None, dense)
+                store(b, st, values, idx, None, dense)
             return
-        self._store(b, st, values, idx, width, dense, pred)
+        store(b, st, values, idx, width, dense, pred)
+
+    def _atomic_addend(self, s, k, value):
+        loop, name = self.atomic_loop, s.func.name()
+        if not loop.atomic:
+            raise ScheduleError(f"{name}: the parallel loop {loop.name!r} runs a reduction"
+                                " dimension; call atomic() on the stage first")
+        v = addend(value, s.func.fid, k, s.args)
+        if v is None:
+            raise ScheduleError(
+                f"{name}: the parallel loop {loop.name!r} over a reduction dimension runs"
+                f" iterations that may write one point at the same time; only an update adding"
+                f" to {name} where it writes ({name}(e) = {name}(e) + v) can run so, with"
+                " atomic additions (else use rfactor or keep it serial)"
+            )
+        if np.dtype(v.dtype).kind not in "fiu" or np.dtype(v.dtype).itemsize < 4:
+            raise ScheduleError(f"{name}: atomic additions need a float or a 32/64-bit integer"
+                                f" value, not {np.dtype(v.dtype)}")
+        return v
+
+    def _atomic_add(self, b, st, values, idx, width, dense, pred=None):
+        """``f[idx] += v`` as atomic read-modify-writes (one per lane; masked-off lanes add
+        nothing)."""
+        for k, v in enumerate(values):
+            ptr = st.ptrs[k]
+            op = "fadd" if np.dtype(st.dtypes[k]).kind == "f" else "add"
+            if width is None:
+                b.atomic_rmw(op, b.gep(ptr, [idx]), v, "monotonic")
+                continue
+            for lane in range(width):
+                i = b.add(idx, ir.Constant(idx.type, lane)) if dense else b.extract_element(
+                    idx, ir.Constant(I32, lane))
+                x = v if not isinstance(v.type, ir.VectorType) else b.extract_element(
+                    v, ir.Constant(I32, lane))
+                if pred is not None:
+                    c = b.extract_element(pred, ir.Constant(I32, lane)) if isinstance(
+                        pred.type, ir.VectorType) else pred
+                    x = b.select(c, x, ir.Constant(x.type, 0))
+                b.atomic_rmw(op, b.gep(ptr, [i]), x, "monotonic")
 
     def _store(self, b, st, values, idx, width, dense, pred=None):
         for k, v in enumerate(values):

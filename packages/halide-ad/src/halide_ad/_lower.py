@@ -44,6 +44,8 @@ __all__ = [
     "IfThen",
     "LetStmt",
     "Provide",
+    "additive_update",
+    "addend",
     "bufdim_leaf",
     "fuse_stages",
     "lower_pipeline",
@@ -59,6 +61,37 @@ I32 = np.int32
 
 class BoundsError(FuncError):
     """A region cannot be inferred, or an access falls outside an input Buffer."""
+
+
+def addend(value, fid, k, args):
+    """``v`` when ``value`` is ``f(args) + v`` (core_ad's sums are n-ary, differences add a
+    negation) for the ``k``-th value of Func ``fid`` at exactly ``args``, ``v`` not reading
+    ``f``; else None."""
+    if getattr(value, "prim", None) is None or value.prim.name != "add":
+        return None
+    for j, own in enumerate(value.args):
+        if (getattr(own, "prim", None) is E.CALL and own.params["fid"] == fid
+                and own.params["index"] == k and len(own.args) == len(args)
+                and all(_const_value(b - a) == 0 for a, b in zip(args, own.args))):
+            rest = [a for i, a in enumerate(value.args) if i != j]
+            v = rest[0]
+            for a in rest[1:]:
+                v = v + a
+            if any(c.params["fid"] == fid for c in sym.calls(v, E.CALL)):
+                return None
+            return v
+    return None
+
+
+def additive_update(f, k) -> bool:
+    """Whether update ``k`` of ``f`` adds to ``f`` where it writes (``f(e) = f(e) + v``, every
+    value), so its iterations may run concurrently with atomic stores."""
+    d = f._updates[k]
+    return all(addend(v, f.fid, j, d.args) is not None for j, v in enumerate(d.values))
+
+
+def _const_value(n):
+    return n.value if getattr(n, "op", None) == "const" else None
 
 
 def region_leaf(fid, d, what):
@@ -88,9 +121,10 @@ class For:
     # for the outer loop of a split: the extent of the dimension that was split; code
     # generation runs full inner tiles without per-tile extent checks up to extent // factor
     split_extent: object = None
-    # False for a loop over a reduction dimension (an RVar or a part of one): its iterations
-    # may write one point, so running them concurrently (GPU loops) needs atomics
+    # False for a loop over a reduction dimension (an RVar or a part of one) not proven to
+    # write distinct points: running its iterations concurrently needs atomics
     pure: bool = True
+    atomic: bool = False  # its stage allows that (``atomic()``)
 
 
 @dataclass
@@ -427,7 +461,7 @@ def _lower_def(graph, fid, d):
         factor = dm.factor if dm.factor is not None else (
             loops.factors.get(dm.name) if dm.kind == "gpu_thread" else None)
         body = For(dm.name, loops.leaf(dm.name), loops.extents[dm.name], dm.kind, factor, body,
-                   loops.split_of.get(dm.name), dm.pure)
+                   loops.split_of.get(dm.name), dm.pure or dm.race_free, d.schedule.atomic)
     if d.schedule.gpu_single_thread:
         if any(dm.kind.startswith("gpu") for dm in loops.dims):
             raise ScheduleError(f"{loops.where}: gpu_single_thread with GPU loops")
@@ -581,7 +615,7 @@ def _subst_stmt(s, m):
         return Block([_subst_stmt(t, m) for t in s.stmts])
     if isinstance(s, For):
         return For(s.name, s.leaf, sym.substitute(s.extent, m), s.kind, s.factor,
-                   _subst_stmt(s.body, m), _subst(s.split_extent, m), s.pure)
+                   _subst_stmt(s.body, m), _subst(s.split_extent, m), s.pure, s.atomic)
     if isinstance(s, LetStmt):
         return LetStmt(s.leaf, sym.substitute(s.value, m))
     if isinstance(s, Allocate):
@@ -651,7 +685,8 @@ def _fuse_group(graph, members, stmts, depth):
             f = root[n]
             ext = functools.reduce(sym.maximum, exts[n])
             items.insert(0, For(f.name, f.leaf, ext, f.kind, f.factor, level(n + 1),
-                                f.split_extent if len(exts[n]) == 1 else None, f.pure))
+                                f.split_extent if len(exts[n]) == 1 else None, f.pure,
+                                f.atomic))
         return items[0] if len(items) == 1 else Block(items)
     return level(0), maps
 

@@ -39,6 +39,7 @@ class Dim:
     kind: str = "serial"
     pure: bool = True  # False for RVars and dimensions split from them
     factor: int | None = None  # vector width / unroll count / gpu block size, where fixed
+    race_free: bool = False  # a reduction dimension whose iterations write distinct points
 
 
 @dataclass
@@ -57,6 +58,7 @@ class StageSchedule:
     # compute_with: (parent Func, parent definition index (0: pure), parent loop name)
     compute_with: tuple | None = None
     gpu_single_thread: bool = False  # the whole definition as one GPU thread
+    atomic: bool = False  # reduction loops may run concurrently, adding with atomics
 
     def names(self):
         return [d.name for d in self.dims]
