@@ -9,7 +9,8 @@ Rules (spec §4.3 steps 1-9; numbers refer to that list):
 4. PCG on ``(J^T J + D) delta = -J^T F`` from 0, ``M^-1 = inv(diag_i + D_i)`` (:func:`.pcg.inverse_diagonal`),
    Q-based early exit (q_tolerance) and residual reset every ``residual_reset_period`` iterations.
 5. Predicted decrease ``dm = cost(x) - 1/2||F + J delta||^2 = -(g.delta + 1/2 delta.J^T J delta)``
-   (evaluated in this cancellation-free form with one extra ``jtjp``).
+   (evaluated in this cancellation-free form; ``J^T J delta = -g - r - D delta`` from PCG's
+   final residual ``r``, :func:`model_product`, instead of one more product).
 6. ``dc = cost(x) - cost(x + delta)``, ``rho = dc / dm``.
 7. Accept iff ``dc >= 0 and rho > min_relative_decrease`` (:func:`lm_step_accepted`); on accept stop
    if ``dc <= function_tolerance * cost(x)``, else ``mu = min(mu / max(1/3, 1 - (2 rho - 1)**3),
@@ -51,7 +52,8 @@ from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, re
 from .report import IterationLog, SolveResult
 from .vectors import VectorOps, vector_ops
 
-__all__ = ["levenberg_marquardt", "lm_damping", "lm_reject_radius", "lm_step_accepted", "lm_update_radius"]
+__all__ = ["levenberg_marquardt", "lm_damping", "lm_reject_radius", "lm_step_accepted", "lm_update_radius",
+           "model_product"]
 
 
 def lm_damping(diag, scale, mu, min_lm_diagonal, max_lm_diagonal):
@@ -78,6 +80,20 @@ def lm_update_radius(mu, nu, rho, accepted, max_trust_region_radius):
         mu = min(mu / max(1.0 / 3.0, 1.0 - (2.0 * rho - 1.0) ** 3), max_trust_region_radius)
         return mu, 2.0
     return mu / nu, 2.0 * nu
+
+
+def model_product(res, g, delta, jtjp, xp, dt, D=None):
+    """``J^T J delta`` for the model's decrease and gradient, from the PCG result ``res`` of
+    ``(J^T J + D) delta = -g``: ``-g - r - D delta`` with its final residual ``r`` (exact up to
+    the residual's rounding drift, which the periodic explicit resets bound), saving a product
+    per non-linear iteration (a fifth of the products on a Charbonnier TV denoising); the product
+    itself where PCG gave no residual. ``D=None``: Gauss-Newton (no damping)."""
+    if res.residual is None:
+        return xp.asarray(jtjp(delta), dtype=dt)
+    jd = -(g + res.residual)
+    if D is not None:
+        jd -= D * delta
+    return jd.astype(dt, copy=False)
 
 
 def lm_reject_radius(mu, mu_used, step_damping, step_curvature):
@@ -268,7 +284,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             if step_norm <= opts.parameter_tolerance * (ops.norm(x) + opts.parameter_tolerance):
                 stop_param = True
             else:
-                jd = xp.asarray(jtjp(delta), dtype=dt)
+                jd = model_product(res, g, delta, jtjp, xp, dt, D)
                 model_grad_norm = ops.norm(g + jd)  # forcing: the undamped model
                 g_delta, delta_jd, delta_dd = ops.scalars(xp.dot(g, delta), xp.dot(delta, jd),
                                                           xp.dot(delta, D * delta))
