@@ -19,11 +19,14 @@ def test_dot_matches_numpy(dtype, rtol, n):
 
 
 def test_dot_leaves_small_vectors_to_numpy_and_compiles_large_ones(monkeypatch):
-    """Up to BLAS_CALLER_THREAD_MAX elements OpenBLAS stays on the calling thread and beats the
-    kernel's call overhead; above, the compiled kernel runs."""
+    """Up to BLAS_CALLER_THREAD_MAX float64 elements OpenBLAS stays on the calling thread and
+    beats the kernel's call overhead; above, and for float32, the compiled kernel runs."""
     calls = []
     monkeypatch.setattr(_dot, "compiled_dot", lambda a, b: calls.append(a.size) or np.dot(a, b))
     for n in (100, BLAS_CALLER_THREAD_MAX, BLAS_CALLER_THREAD_MAX + 1):
         a = np.arange(n, dtype=np.float64)
         assert dot(a, a) == np.dot(a, a)
     assert calls == [BLAS_CALLER_THREAD_MAX + 1]
+    small32 = np.arange(100, dtype=np.float32)  # float32 keeps the kernel's summation order
+    dot(small32, small32)
+    assert calls == [BLAS_CALLER_THREAD_MAX + 1, 100]
