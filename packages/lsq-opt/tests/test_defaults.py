@@ -220,3 +220,19 @@ def test_rejection_lowers_mu_to_the_rejected_steps_curvature():
     rejected = [sum(not e.accepted for e in r.log) for r in (res, spec_rule)]
     assert rejected[0] < rejected[1], rejected
     assert SolverOptions().reject_to_step_curvature and not SolverOptions.paper().reject_to_step_curvature
+
+
+def test_rejected_step_stops_on_function_tolerance_only_when_the_model_expected_nothing():
+    """Ceres stops on any step whose cost change is within function_tolerance; a rejected step
+    the model expected a real decrease from is a bad step, not convergence. Here the Jacobian
+    promises a decrease of ~0.5 per unit step and the cost barely moves: the first rejected
+    step (|dc| ~ 1e-9) does not stop the solve; it ends once the model's own prediction is
+    within the tolerance too."""
+    fun = lambda x: np.array([1.0 + 1e-9 * x[0] ** 2])  # noqa: E731
+    problem = DenseProblem(fun, lambda x: np.array([[-1.0]]), 1)
+    res = solve(problem, np.zeros(1), max_iterations=200)
+    first, last = res.log[0], res.log[-1]
+    tiny = 1e-6 * 0.5
+    assert not first.accepted and abs(first.cost_change) <= tiny < first.model_cost_change
+    assert len(res.log) > 1 and res.termination_reason == "function tolerance"
+    assert not last.accepted and abs(last.cost_change) <= tiny and last.model_cost_change <= tiny

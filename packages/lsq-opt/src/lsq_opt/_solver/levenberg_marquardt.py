@@ -16,7 +16,10 @@ Rules (spec §4.3 steps 1-9; numbers refer to that list):
    if ``dc <= function_tolerance * cost(x)``, else ``mu = min(mu / max(1/3, 1 - (2 rho - 1)**3),
    max_trust_region_radius)``, ``nu = 2`` (:func:`lm_update_radius`).
 8. Reject: keep x, ``mu = mu / nu``, ``nu = 2 nu``; stop if ``mu <= min_trust_region_radius``,
-   or (Ceres) if ``|dc| <= function_tolerance * cost(x)`` (the trial differs by round-off only).
+   or (Ceres) if ``|dc| <= function_tolerance * cost(x)`` (the trial differs by round-off only)
+   and the model did not predict more (``dm <= function_tolerance * cost(x)``, or ``dm`` not
+   finite): a rejected step the model expected to gain from is a bad step, not convergence
+   (a crawling spring network stopped there 1.8e-3 above its minimum).
    Default addition (``reject_to_step_curvature``, off in :meth:`.SolverOptions.paper`):
    ``mu`` also falls at least to ``mu * (delta.D delta) / (delta.J^T J delta)``, where the
    damping along the rejected step equals the model's curvature along it, so the next trial
@@ -310,7 +313,8 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             mu, nu = lm_update_radius(mu, nu, rho, False, opts.max_trust_region_radius)
             if opts.reject_to_step_curvature and math.isfinite(dm):
                 mu = lm_reject_radius(mu, mu_used, float(delta_dd), float(delta_jd))
-            if math.isfinite(dc) and abs(dc) <= opts.function_tolerance * cost_before:
+            tiny = opts.function_tolerance * cost_before
+            if math.isfinite(dc) and abs(dc) <= tiny and not (math.isfinite(dm) and dm > tiny):
                 # Ceres' test on every evaluated step: a rejected step whose cost differs from
                 # the current one by round-off only means there is nothing left to gain
                 numbers["rel_change"] = abs(dc) / cost_before if cost_before > 0 else 0.0
