@@ -410,3 +410,53 @@ def test_sym_leaves_are_the_stencil_reads():
     leaves = sym.free_leaves(r, "X")
     assert {lf.key[1] for lf in leaves} == {(0, 0), (1, 0)}
     assert sym.diff(r, X(1, 0)) is sym.const(-1.0) or float(sym.evaluate(sym.diff(r, X(1, 0)), {})) == -1.0
+
+
+@pytest.mark.parametrize("exponent", [0.25, -0.25, 0.5, -0.5, 0.75, -0.75, 1.5, -1.5])
+def test_fractional_powers_become_roots_with_equal_values(exponent):
+    """pow(x, c) for c in +-{1/4, 1/2, 3/4, 3/2} compiles as sqrt (twice for quarters) and an
+    integer power, the same function to rounding; other exponents stay pow."""
+    from lsq_opt._compiler import _roots_for_fractional_powers
+
+    x = sym.var("x")
+    e = (x * x + 0.5) ** exponent
+    r = _roots_for_fractional_powers(e)
+    assert not [n for n in sym.calls([r], "pow") if float(n.args[1].value) != round(float(n.args[1].value))]
+    xs = np.random.default_rng(0).uniform(-3.0, 3.0, 200)
+    (want,), (got,) = (sym.compile([f], [x], backend="numpy")(xs) for f in (e, r))
+    np.testing.assert_allclose(got, want, rtol=4e-16 * 8)
+    for keep in (x ** 0.3, x ** 1.25, x ** 2.0, x ** x):
+        assert _roots_for_fractional_powers(keep) is keep
+
+
+@pytest.mark.parametrize("backend", ["llvm", "numpy"])
+def test_charbonnier_roots_against_finite_differences(backend):
+    """A Charbonnier-type term (d (d^2 + eps^2)^-1/4) and a root of a root: residuals equal the
+    numpy formula, J equals 4-point central differences (float64, rel 1e-6), the products
+    J^T J p and J^T F equal the materialised J's (1e-10), and no fractional pow is left in the
+    compiled term or its partials."""
+    W, H = Dim("W"), Dim("H")
+    X, F = Unknown("X", (W, H)), Array("F", (W, H))
+    eps = Param("eps")
+    d = X(0, 0) - X(1, 0)
+    energy = Energy(X(0, 0) - F(0, 0),
+                    Select(InBounds(1, 0), d * (d * d + eps * eps) ** -0.25, 0),
+                    ((X(0, 0) * X(0, 0) + 1.0) ** 0.5 + 1.0) ** 0.75)
+    rng = np.random.default_rng(1)
+    f = rng.normal(size=(6, 5))
+    plan = compile_problem(energy, arrays={"F": f, "X": f + 0.1 * rng.normal(size=(6, 5))},
+                           params={"eps": 0.3}, backend=backend)
+    for t in plan.terms:
+        exps = [float(n.args[1].value) for n in sym.calls(list(t.chans) + [p for row in t.partials for p in row], "pow")]
+        assert all(v == round(v) for v in exps), exps
+    x = plan.x0
+    xv = x.reshape(6, 5)
+    dd = xv[:-1] - xv[1:]
+    want = np.concatenate([(xv - f).ravel(), np.vstack([dd * (dd * dd + 0.09) ** -0.25, np.zeros((1, 5))]).ravel(),
+                           ((np.sqrt(xv * xv + 1.0) + 1.0) ** 0.75).ravel()])
+    np.testing.assert_allclose(np.sort(plan.residuals(x)), np.sort(want), rtol=1e-13)
+    J = plan.jacobian(x).toarray()
+    rel_check(J, fd_jacobian(plan, x))
+    p = rng.normal(size=plan.n)
+    np.testing.assert_allclose(plan.jtjp(x, p), J.T @ (J @ p), rtol=1e-10, atol=1e-10)
+    np.testing.assert_allclose(plan.jtf(x), J.T @ plan.residuals(x), rtol=1e-10, atol=1e-10)

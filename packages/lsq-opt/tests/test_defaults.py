@@ -177,3 +177,62 @@ def test_lm_forcing_measures_the_undamped_model(monkeypatch):
     res = solve(problem, np.zeros(10), initial_trust_region_radius=1e-2, max_iterations=3)
     assert res.log[0].accepted and tolerances[0] == FORCING_INITIAL
     assert tolerances[1] == 1e-8
+
+
+def test_lm_reject_radius_caps_mu_at_the_step_curvature():
+    from lsq_opt._solver import lm_reject_radius
+
+    # damping along the step 1e-6 of its curvature at mu_used = 1e8: cap 1e8 * 1e-6 = 100
+    assert lm_reject_radius(5e7, 1e8, 1e-6, 1.0) == pytest.approx(100.0)
+    assert lm_reject_radius(5.0, 10.0, 2.0, 1.0) == 5.0  # damping already dominant: mu / nu stays
+    for bad in ((0.0, 1.0), (1.0, 0.0), (float("nan"), 1.0), (1.0, float("inf"))):
+        assert lm_reject_radius(5e7, 1e8, *bad) == 5e7
+
+
+def _rosenbrock():
+    fun = lambda x: np.array([10.0 * (x[1] - x[0] ** 2), 1.0 - x[0]])  # noqa: E731
+    jac = lambda x: np.array([[-20.0 * x[0], 10.0], [-1.0, 0.0]])  # noqa: E731
+    return DenseProblem(fun, jac, 2), fun, jac
+
+
+def test_rejection_lowers_mu_to_the_rejected_steps_curvature():
+    """Rosenbrock from (-1.2, 1) at mu0 = 1e8: the nearly undamped Gauss-Newton step goes to
+    (1, -3.84) and is rejected. The default next mu is where the damping along that step equals
+    its curvature (dense reference below), not mu0 / 2, which would repeat almost the same step;
+    spec §4.3's rule alone (the paper preset's) is kept by the option."""
+    problem, fun, jac = _rosenbrock()
+    x0 = np.array([-1.2, 1.0])
+    kw = dict(initial_trust_region_radius=1e8, pcg_tolerance=1e-15, pcg_max_iterations=10)
+    res = solve(problem, x0, **kw)
+    J = jac(x0)
+    diag = (J * J).sum(0)
+    s = (1 + np.sqrt(diag)) ** 2
+    D = np.clip(diag, 1e-6 * s, 1e32 * s) / 1e8
+    delta = np.linalg.solve(J.T @ J + np.diag(D), -J.T @ fun(x0))
+    expected = 1e8 * (delta @ (D * delta)) / (delta @ (J.T @ J @ delta))
+    assert not res.log[0].accepted and expected < 1e8 / 2
+    assert res.log[1].mu == pytest.approx(expected, rel=1e-9)
+    spec_rule = solve(problem, x0, reject_to_step_curvature=False, **kw)
+    assert spec_rule.log[1].mu == 1e8 / 2
+    # both reach the minimum (1, 1); the default with fewer rejected steps
+    for r in (res, spec_rule):
+        np.testing.assert_allclose(r.x, [1.0, 1.0], atol=1e-6)
+    rejected = [sum(not e.accepted for e in r.log) for r in (res, spec_rule)]
+    assert rejected[0] < rejected[1], rejected
+    assert SolverOptions().reject_to_step_curvature and not SolverOptions.paper().reject_to_step_curvature
+
+
+def test_rejected_step_stops_on_function_tolerance_only_when_the_model_expected_nothing():
+    """Ceres stops on any step whose cost change is within function_tolerance; a rejected step
+    the model expected a real decrease from is a bad step, not convergence. Here the Jacobian
+    promises a decrease of ~0.5 per unit step and the cost barely moves: the first rejected
+    step (|dc| ~ 1e-9) does not stop the solve; it ends once the model's own prediction is
+    within the tolerance too."""
+    fun = lambda x: np.array([1.0 + 1e-9 * x[0] ** 2])  # noqa: E731
+    problem = DenseProblem(fun, lambda x: np.array([[-1.0]]), 1)
+    res = solve(problem, np.zeros(1), max_iterations=200)
+    first, last = res.log[0], res.log[-1]
+    tiny = 1e-6 * 0.5
+    assert not first.accepted and abs(first.cost_change) <= tiny < first.model_cost_change
+    assert len(res.log) > 1 and res.termination_reason == "function tolerance"
+    assert not last.accepted and abs(last.cost_change) <= tiny and last.model_cost_change <= tiny

@@ -318,9 +318,40 @@ def test_lm_inner_loop_uses_q_exit_and_reset_gn_does_not():
     assert ref.reason == "q tolerance" and ref.iterations < 200
     assert res.log[0].pcg_reason == "q tolerance"
     assert res.log[0].pcg_iterations == ref.iterations
-    # jtjp calls: one per PCG iteration + one per explicit reset (every 10) + one for the model change
+    # jtjp calls: one per PCG iteration + one per explicit reset (every 10); none for the model
+    # change, whose J^T J delta comes from PCG's final residual
     assert ref.iterations >= 10
-    assert len(n_jtjp) == ref.iterations + ref.iterations // 10 + 1 == ref.n_apply + 1
+    assert len(n_jtjp) == ref.iterations + ref.iterations // 10 == ref.n_apply
     assert res.log[0].step_norm == pytest.approx(np.linalg.norm(ref.x), rel=1e-10)
     gn = solve(p, x0, "gn", options=opts)
     assert gn.log[0].pcg_reason != "q tolerance" and gn.log[0].pcg_iterations > ref.iterations
+
+
+@pytest.mark.parametrize("damped", [True, False])
+@pytest.mark.parametrize("tolerance", [1e-1, 1e-12])
+def test_model_product_from_the_pcg_residual_equals_the_product(damped, tolerance):
+    """J^T J delta for the model decrease comes from PCG's final residual (-g - r - D delta)
+    instead of one more product: equal to the product to 1e-10 relative, after a loose solve
+    and after a long one with explicit residual resets."""
+    import scipy.sparse as sp
+    from lsq_opt._solver import inverse_diagonal, pcg
+    from lsq_opt._solver.levenberg_marquardt import model_product
+
+    rng = np.random.default_rng(3)
+    J = sp.csr_matrix(sp.random(400, 120, density=0.04, random_state=3) + sp.eye(400, 120))
+    J = sp.csr_matrix(J @ sp.diags(np.logspace(0, 2, 120)))
+    g = J.T @ rng.standard_normal(400)
+    diag = np.asarray(J.multiply(J).sum(0)).ravel()
+    D = 1e-3 * diag if damped else None
+    jtjp = lambda v: J.T @ (J @ v)  # noqa: E731
+    A = (lambda v: jtjp(v) + D * v) if damped else jtjp
+    res = pcg(A, -g, inverse_diagonal(diag if D is None else diag + D), max_iterations=300,
+              tolerance=tolerance, residual_reset_period=10)
+    assert res.iterations > (10 if tolerance < 1e-6 else 0)
+    exact = jtjp(res.x)
+    got = model_product(res, g, res.x, jtjp, np, np.float64, D)
+    np.testing.assert_allclose(got, exact, rtol=0, atol=1e-10 * np.linalg.norm(exact))
+    # without a residual (a PCG that returned none) the product itself is used
+    import dataclasses
+    bare = dataclasses.replace(res, residual=None)
+    np.testing.assert_array_equal(model_product(bare, g, res.x, jtjp, np, np.float64, D), exact)

@@ -244,11 +244,11 @@ def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, res
     x = xp.zeros_like(b)
     b_norm = ops.norm(b)  # the one synchronisation before the loop
     if b_norm == 0.0:
-        return PCGResult(x, 0, "zero rhs", 0.0, 0.0, 0)
+        return PCGResult(x, 0, "zero rhs", 0.0, 0.0, 0, residual=b.copy())
     if not math.isfinite(b_norm):
         return PCGResult(x, 0, "non-finite", float("nan"), b_norm, 0)
     if max_iterations <= 0:
-        return PCGResult(x, 0, "max iterations", b_norm, b_norm, 0)
+        return PCGResult(x, 0, "max iterations", b_norm, b_norm, 0, residual=b.copy())
     minv = xp.ones_like(b) if m_inv is None else xp.asarray(m_inv, dtype=dt)
     with_q = q_tolerance is not None
     r = b.copy()
@@ -286,4 +286,4 @@ def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, res
     q_hist = []
     if with_q and s[_S["q_count"]]:
         q_hist = ops.to_host(state[len(STATE):len(STATE) + int(s[_S["q_count"]])]).tolist()
-    return PCGResult(x, iterations, reason, r_norm, b_norm, n_apply, q_hist)
+    return PCGResult(x, iterations, reason, r_norm, b_norm, n_apply, q_hist, residual=r)

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 
 from .adaptive import JacobiThenMultigrid
-from .levenberg_marquardt import ForcingSequence, _emit, callback_stops, gradient_stop, start, stop_detail
+from .levenberg_marquardt import (ForcingSequence, _emit, callback_stops, gradient_stop, model_product, start,
+                                  stop_detail)
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
 from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, resolve_preconditioner
@@ -86,7 +87,7 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
         elif step_norm <= opts.parameter_tolerance * (ops.norm(x) + opts.parameter_tolerance):
             reason = "parameter tolerance"
         else:
-            jd = xp.asarray(jtjp(delta), dtype=dt)
+            jd = model_product(res, g, delta, jtjp, xp, dt)
             g_delta, delta_jd = ops.scalars(xp.dot(g, delta), xp.dot(delta, jd))
             dm = -(float(g_delta) + 0.5 * float(delta_jd))
             x_trial = x + delta

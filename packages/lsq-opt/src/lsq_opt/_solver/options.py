@@ -38,6 +38,13 @@ preconditioner             "auto"           "jacobi+multigrid" for energies on o
                                             the cuda backend's device loop (multigrid is
                                             host-only: asking for it there is an error)
 multigrid_min_unknowns     4096
+reject_to_step_curvature   True             LM, after a rejected step: mu falls at least to
+                                            where the damping along that step equals the
+                                            model's curvature along it (the next trial about
+                                            half as long there); plain mu / nu repeats nearly
+                                            the same undamped step at a large mu (an ARAP mesh:
+                                            8 rejections x 65 PCG in a row). False in
+                                            ``paper()`` (spec §4.3's rule only)
 initial_trust_region_radius 1e8             LM mu_0 (lambda = 1/mu): start close to a
                                             Gauss-Newton step (Ceres and the paper: 1e4);
                                             rejected steps shrink it
@@ -108,6 +115,7 @@ class SolverOptions:
     min_lm_diagonal: float = 1e-6
     max_lm_diagonal: float = 1e32
     min_relative_decrease: float = 1e-3
+    reject_to_step_curvature: bool = True  # LM: a rejection lowers mu at least to the step's curvature (see above)
     jacobi_scaling: bool = True  # Ceres ONCE_PER_SOLVE scaling s_i = (1+sqrt(diag_i))^2 in the D clamp
     preconditioner: str = "auto"  # "auto" | "jacobi" | "none" | "ceres" | "modified_ceres" | "epsilon" | "multigrid"
     multigrid_min_unknowns: int = 4096  # "auto" picks multigrid on grid energies from this size
@@ -122,10 +130,10 @@ class SolverOptions:
     def paper(cls, **kw: Any) -> "SolverOptions":
         """The Opt paper's fixed settings (spec §4.3): 10 x 10 iterations, Jacobi PCG,
         relative PCG tolerance 1e-10, LM Q tolerance 1e-4, mu_0 = 1e4, no gradient/parameter
-        tests."""
+        tests, spec §4.3's rejection rule alone."""
         base = dict(max_iterations=10, pcg_max_iterations=10, pcg_tolerance=1e-10, q_tolerance=1e-4,
                     gradient_tolerance=0.0, parameter_tolerance=0.0, preconditioner="jacobi",
-                    initial_trust_region_radius=1e4)
+                    initial_trust_region_radius=1e4, reject_to_step_curvature=False)
         base.update(kw)
         return cls.from_kwargs(**base)
 

@@ -82,6 +82,9 @@ class PCGResult:
     rhs_norm: float  # ||b||
     n_apply: int  # number of apply_A calls (iterations + residual resets)
     q_history: list = field(default_factory=list)  # Q_1..Q_i (only when q_tolerance is used)
+    # the final residual vector r = b - A x (recursively updated, explicitly at resets): the
+    # solvers' model quantities come from it instead of one more product A x
+    residual: object = None
 
 
 def pcg(
@@ -122,7 +125,7 @@ def pcg(
     x = xp.zeros_like(b)
     b_norm = ops.norm(b)
     if b_norm == 0.0:
-        return PCGResult(x, 0, "zero rhs", 0.0, 0.0, 0)
+        return PCGResult(x, 0, "zero rhs", 0.0, 0.0, 0, residual=b.copy())
     if not math.isfinite(b_norm):
         return PCGResult(x, 0, "non-finite", float("nan"), b_norm, 0)
     if callable(m_inv):  # a preconditioner operator (e.g. a multigrid V-cycle)
@@ -189,4 +192,4 @@ def pcg(
                 reason = "q tolerance"
                 break
             Q_prev = Q
-    return PCGResult(x, i, reason, r_norm, b_norm, n_apply, q_hist)
+    return PCGResult(x, i, reason, r_norm, b_norm, n_apply, q_hist, residual=r)
