@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import math
+
 import numpy as np
 import torch
 from embreex import rtcore_scene
@@ -223,6 +225,71 @@ class Geometry:
         if env is None:
             return torch.zeros((d.shape[0], 3), dtype=self.dtype)
         return _lookup(env.radiance, direction_to_latlong(d), None, self.dtype)
+
+    # -- environment sampling (next-event estimation towards the envmap) ------------------
+    @property
+    def samples_environment(self) -> bool:
+        """Whether next-event estimation samples the envmap: a textured one with some light
+        (a constant envmap is sampled as well by the BSDF's cosine lobe)."""
+        return self._environment_distribution() is not None
+
+    def _environment_distribution(self):
+        """(cdf over the texels in row-major order, pmf per texel, H, W), or None: texels
+        picked by luminance (its mean over their cell, or the envmap's ``importance``) times
+        the sine of their row's polar angle (their solid angle), from the detached radiance
+        (the pdfs are held constant, spec 5.3)."""
+        if not hasattr(self, "_env_dist"):
+            self._env_dist = None
+            env = self.scene.envmap
+            if env is not None and not env.radiance.is_constant:
+                rad = env.radiance.values.detach().to(torch.float64)
+                h, w = rad.shape[0], rad.shape[1]
+                if env.importance is None:
+                    lum = torch.clamp(rad @ torch.tensor([0.2126, 0.7152, 0.0722],
+                                                         dtype=torch.float64), min=0.0)
+                    # the mean of the bilinear lookup (which wraps both ways) over each
+                    # texel's cell: (1, 6, 1) / 8 along each axis; positive wherever the
+                    # radiance is, and close to it
+                    for axis in (0, 1):
+                        lum = (6.0 * lum + torch.roll(lum, 1, axis)
+                               + torch.roll(lum, -1, axis)) / 8.0
+                else:
+                    lum = torch.as_tensor(env.importance)
+                sin_t = torch.sin((torch.arange(h, dtype=torch.float64) + 0.5) * math.pi / h)
+                weight = (lum * sin_t[:, None]).flatten()
+                total = float(weight.sum())
+                if total > 0.0 and math.isfinite(total):
+                    pmf = weight / total
+                    self._env_dist = (torch.cumsum(pmf, 0), pmf, h, w)
+        return self._env_dist
+
+    def sample_environment(self, u):
+        """Directions towards the envmap from (N, 3) uniforms, and their pdf in solid angle
+        (both detached): a texel by its pmf, then a uniform point of it in (u, v)."""
+        cdf, pmf, h, w = self._environment_distribution()
+        k = torch.clamp(torch.searchsorted(cdf, u[:, 0].double().contiguous(), right=True),
+                        max=h * w - 1)
+        row, col = k // w, k % w
+        theta = (row.double() + u[:, 1].double()) * (math.pi / h)
+        alpha = ((col.double() + u[:, 2].double()) / w - 0.5) * (2.0 * math.pi)
+        sin_t = torch.sin(theta)
+        d = torch.stack([sin_t * torch.sin(alpha), torch.cos(theta), -sin_t * torch.cos(alpha)],
+                        1)
+        pdf = pmf.index_select(0, k) * (h * w) / (2.0 * math.pi ** 2 * torch.clamp(sin_t,
+                                                                                   1e-12))
+        return d.to(self.dtype), pdf.to(self.dtype)
+
+    def environment_pdf(self, d):
+        """The solid-angle pdf of ``sample_environment`` for directions ``d`` (N, 3)."""
+        cdf, pmf, h, w = self._environment_distribution()
+        d = d.detach().double()
+        theta = torch.acos(torch.clamp(d[:, 1], -1.0, 1.0))
+        u = torch.atan2(d[:, 0], -d[:, 2]) / (2.0 * math.pi) + 0.5
+        row = torch.clamp((theta * (h / math.pi)).long(), 0, h - 1)
+        col = torch.clamp((u * w).long(), 0, w - 1)
+        pdf = pmf.index_select(0, row * w + col) * (h * w) / (
+            2.0 * math.pi ** 2 * torch.clamp(torch.sin(theta), 1e-12))
+        return pdf.to(self.dtype)
 
     # -- light sampling -------------------------------------------------------------------
     def pick_light(self, u0):

@@ -22,7 +22,8 @@ from core_ad import sym
 from . import bsdf
 from ._compiled import CompiledOp
 from .geometry import Geometry, Interaction
-from .next_event import next_event, next_event_dielectric, power_heuristic
+from .next_event import (next_event, next_event_dielectric, next_event_environment,
+                         power_heuristic)
 
 OUTPUTS = ("radiance", "depth", "position", "normal", "albedo")
 CHANNELS = {"radiance": 3, "depth": 1, "position": 3, "normal": 3, "albedo": 3}
@@ -78,7 +79,7 @@ class Sampler:
         return u.repeat(self.repeat, 1) if self.repeat > 1 else u
 
 
-_PIXEL, _LIGHT, _BSDF = 0, 1, 2
+_PIXEL, _LIGHT, _BSDF, _ENVIRONMENT = 0, 1, 2, 3
 
 
 def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="radiance"):
@@ -100,21 +101,31 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
     pixel_angle = 2.0 * float(torch.tan(scene.camera.fov.detach() * np.pi / 360.0)) / (
         scene.camera.width)
     has_lights = len(g.light_tris) > 0
+    env_nee = g.samples_environment
+    prev_env = None  # rows whose previous vertex sampled the envmap (MIS of escaped rays)
     tri, traced = g.intersect(o, d), None  # traced: rows whose path went on (None: all)
     for depth in range(max_depth + 1):
         hit = tri >= 0
         if scene.envmap is not None:
             miss = torch.nonzero(~hit if traced is None else ~hit & traced).flatten()
             if len(miss):
+                d_miss = d.index_select(0, miss)
+                le = g.environment(d_miss)
+                if prev_env is not None:
+                    p_bsdf = prev_pdf.index_select(0, miss)
+                    mis = torch.where(prev_env.index_select(0, miss),
+                                      power_heuristic(p_bsdf, g.environment_pdf(d_miss)), 1.0)
+                    le = le * mis[:, None]
                 radiance = radiance.index_add(0, lanes.index_select(0, miss),
-                                              beta.index_select(0, miss)
-                                              * g.environment(d.index_select(0, miss)))
+                                              beta.index_select(0, miss) * le)
         keep = torch.nonzero(hit).flatten()
         if len(keep) < len(lanes):
             lanes, o, d, tri, beta, travelled = (x.index_select(0, keep) for x in
                                                  (lanes, o, d, tri, beta, travelled))
             if prev_pdf is not None:
                 prev_pdf = prev_pdf.index_select(0, keep)
+            if prev_env is not None:
+                prev_env = prev_env.index_select(0, keep)
         if len(lanes) == 0:
             break
         si = g.interact(tri, o, d)
@@ -136,6 +147,20 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
         u = sampler.uniform(_BSDF, depth, 3, dt).index_select(0, lanes)
         glass = (torch.nonzero(g.eta(si) > 0).flatten() if g.has_dielectric
                  else torch.zeros(0, dtype=torch.long))
+        if env_nee:  # opaque rows only (a dielectric's escaped rays keep their full weight)
+            prev_env = torch.ones(len(lanes), dtype=torch.bool).index_fill(0, glass, False)
+            u_env = sampler.uniform(_ENVIRONMENT, depth, 3, dt).index_select(0, lanes)
+            if len(glass) == 0:
+                env = next_event_environment(g, si, wi, kd, ks, rough, u_env)
+                radiance = radiance.index_add(0, lanes, beta * env)
+            else:
+                rows = torch.nonzero(prev_env).flatten()
+                env = next_event_environment(
+                    g, _rows(si, rows), wi.index_select(0, rows), kd.index_select(0, rows),
+                    ks.index_select(0, rows), rough.index_select(0, rows),
+                    u_env.index_select(0, rows))
+                radiance = radiance.index_add(0, lanes.index_select(0, rows),
+                                              beta.index_select(0, rows) * env)
         if len(glass) == 0:
             if has_lights:
                 radiance = radiance.index_add(

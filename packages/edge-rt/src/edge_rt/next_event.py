@@ -4,7 +4,9 @@ constant, spec 5.3), and the contribution with its VJP and JVP. The autograd gra
 one node for the whole light sample instead of ~30 torch operations per bounce.
 
 Light points use the barycentric parameterisation of ``Geometry.sample_light``: they move
-with the light's vertices, and the light's area Jacobian is differentiated."""
+with the light's vertices, and the light's area Jacobian is differentiated. A textured
+envmap is sampled too (``next_event_environment``): directions by the texels' luminance, the
+radiance differentiated with respect to the texels, the direction and pdf held constant."""
 
 from __future__ import annotations
 
@@ -172,3 +174,25 @@ def next_event_dielectric(g, si, wi, eta, rough, u):
     return DIELECTRIC_CONTRIBUTION(si.p, si.ns, si.ng, wi, eta[:, None], rough[:, None],
                                    verts[:, 0], verts[:, 1], verts[:, 2], u[:, 1:],
                                    g.light_emission(tri), weight[:, None])[0]
+
+
+def next_event_environment(g, si, wi, kd, ks, rough, u):
+    """Radiance (N, 3) reaching the (opaque) interactions ``si`` from one envmap direction
+    each (``Geometry.sample_environment`` from uniforms ``u`` (N, 3)), weighted by the power
+    heuristic against BSDF sampling (whose escaped rays ``trace`` weights to match)."""
+    wo, p_env = g.sample_environment(u)
+    cos_g = (si.ng.detach() * wo).sum(1)
+    usable = (cos_g > 0.0) & (p_env > 0.0)
+    rows = torch.nonzero(usable).flatten()
+    visible = torch.zeros_like(usable)
+    if len(rows):  # shadow rays to infinity, leaving on the front side (Geometry.spawn)
+        origin = si.p.detach() + g.eps * si.ng.detach()
+        hit = g.intersect(origin.index_select(0, rows), wo.index_select(0, rows))
+        visible = visible.index_fill(0, rows.index_select(0, torch.nonzero(hit < 0).flatten()),
+                                     True)
+    p_bsdf = bsdf.pdf(si.ns, wi, wo, kd, ks, rough)
+    weight = torch.where(visible, power_heuristic(p_env, p_bsdf)
+                         / torch.clamp(p_env, min=1e-300), 0.0)
+    f = bsdf.evaluate(si.ns, si.ng, wi, wo, kd, ks, rough)
+    return f * g.environment(wo) * weight[:, None]
+

@@ -260,14 +260,31 @@ class Mesh:
 
 @dataclasses.dataclass
 class EnvironmentMap:
-    """Equirectangular radiance (H, W, 3) (or constant (3,)) seen by rays leaving the scene."""
+    """Equirectangular radiance (H, W, 3) (or constant (3,)) seen by rays leaving the scene.
+
+    A textured envmap is also sampled by next-event estimation, texels picked in proportion
+    to ``importance`` (H, W) times their solid angle; by default the radiance's luminance.
+    Give a fixed ``importance`` to keep the sampled directions unchanged while the radiance is
+    optimised (common random numbers across iterations or finite differences)."""
 
     radiance: Texture | torch.Tensor
+    importance: np.ndarray | None = None
 
     def __post_init__(self):
         self.radiance = _texture(self.radiance, "EnvironmentMap.radiance")
         if self.radiance.channels != 3:
             raise SceneError("EnvironmentMap.radiance: expected 3 channels")
+        if self.importance is not None:
+            imp = np.asarray(self.importance.detach().cpu() if torch.is_tensor(self.importance)
+                             else self.importance, dtype=np.float64)
+            shape = tuple(self.radiance.values.shape[:2]) if not self.radiance.is_constant \
+                else None
+            if shape is None or imp.shape != shape:
+                raise SceneError(f"EnvironmentMap.importance: expected shape {shape} (the"
+                                 f" radiance's texels), got {imp.shape}")
+            if not np.isfinite(imp).all() or (imp < 0).any():
+                raise SceneError("EnvironmentMap.importance: must be finite and non-negative")
+            self.importance = imp
 
 
 @dataclasses.dataclass
