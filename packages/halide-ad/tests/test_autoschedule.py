@@ -302,7 +302,10 @@ def test_unscheduled_adjoint_work_grows_linearly_like_all_root(build):
     for w in (unscheduled, root):  # 4x the pixels: 4x the work, up to the borders (N^3: 8x)
         assert all(3.8 < b / a < 4.2 for a, b in zip(w, w[1:])), w
     ratios = [u / r for u, r in zip(unscheduled, root)]
-    assert max(ratios) / min(ratios) < 1.02, ratios  # a constant factor at every size
+    # a constant factor at every size, up to the O(N) border lines and corners of a clamped
+    # read's adjoint (inlined unscheduled, their share shrinks as 1/N): an N^3 or N^4
+    # unscheduled adjoint would change the ratio 2-4x per step
+    assert max(ratios) / min(ratios) < 1.05, ratios
 
 
 def test_funcs_with_one_name_keep_separate_records():
@@ -377,8 +380,8 @@ def test_non_associative_reduction_is_left_serial():
 
 def _shifted_exterior(img, flow):
     """float64 gather through zero padding at a data-dependent row offset, per channel:
-    out(x, y, c) = ext(x + 1, y + floor(3 flow(x, y)), c) flow(x, y); the adjoint of the padding is a
-    scatter d_img(clamp(r.x, ..), clamp(r.y, ..), clamp(r.z, ..)) += ... with no pure Var."""
+    out(x, y, c) = ext(x + 1, y + floor(3 flow(x, y)), c) flow(x, y); the padding's adjoint
+    reads d_ext at clamped coordinates."""
     x, y, c = hl.Var("x"), hl.Var("y"), hl.Var("c")
     im, fl = hl.Buffer(img, name="img"), hl.Buffer(flow, name="flow")
     ext = hl.BoundaryConditions.constant_exterior(im, hl.f64(0))
@@ -388,7 +391,7 @@ def _shifted_exterior(img, flow):
     return {"out": out, "d_img": d[im], "d_flow": d[fl]}
 
 
-def test_padding_adjoint_scatter_runs_parallel_over_its_disjoint_channels():
+def test_padding_adjoint_is_a_gather_with_parallel_edge_updates():
     img, flow = RNG.random((16, 20, 24)), RNG.random((20, 24))
     sizes = {"out": [24, 20, 16], "d_img": [24, 20, 16], "d_flow": [24, 20]}
     ref = {k: _realize(f, sizes[k]) for k, f in _shifted_exterior(img, flow).items()}
@@ -396,12 +399,15 @@ def test_padding_adjoint_scatter_runs_parallel_over_its_disjoint_channels():
     decided = hl.auto_schedule(list(p.values()), {p[k]: sizes[k] for k in sizes})
     for k in sizes:
         _assert_close(_realize(p[k], sizes[k]), ref[k])
-    # the channel clamp is the identity over the RDom's range: one channel per thread
-    (why,) = [s for k, v in decided.stages.items() if k.startswith("img_d.update")
-              for s in v]
-    assert why.startswith("parallel(") and "disjoint" in why
-    assert any(dm.kind == "parallel" and not dm.pure
-               for dm in p["d_img"].update(0)._definition().schedule.dims)
+    # the clamps of the padding's read split into a pure gather plus its edges (lines at a
+    # constant coordinate), each update parallel over its pure Vars
+    updates = p["d_img"].definitions()[1:]
+    assert updates
+    for df in updates:
+        assert not any(getattr(n, "kind", None) == "hl.rvar"
+                       for a in df.args for n in hl._expr.sym.free_leaves(a)), df.args
+    whys = [s for k, v in decided.stages.items() if k.startswith("img_d.update") for s in v]
+    assert len(whys) == len(updates) and all(w.startswith("parallel(") for w in whys), whys
 
 
 def test_rvar_parallel_by_hand_is_still_refused_by_name():
