@@ -415,3 +415,22 @@ def test_rvar_parallel_by_hand_is_still_refused_by_name():
     rx = p["hist"].update(0)._definition().schedule.dims[0].name
     with pytest.raises(hl.ScheduleError, match="cannot parallelize the reduction dimension"):
         p["hist"].update(0).parallel(rx)
+
+
+def test_tile_origin_is_computed_once_per_row_not_per_lane():
+    """In a 16x16-tiled, vectorised loop the tile's origin (floor division and modulo of the
+    fused tile index) does not depend on the vector lane: it is emitted as scalars, never as
+    a vector division (8 scalar divisions on x86, per row). The values are unchanged."""
+    n = 64
+    img = RNG.random((n + 2, n + 2))
+    im = hl.Buffer(img, name="img")
+    x, y = hl.Var("x"), hl.Var("y")
+    f = hl.Func("masked_copy")
+    f[x, y] = hl.select((x > 3) & (y < n - 5), im[hl.clamp(x + 1, 0, n), y + 1], hl.f64(-1))
+    decided = hl.auto_schedule([f], {f: [n, n]})
+    assert any("vectorize" in s for s in decided.stages[decided.key(f)]), decided.stages
+    p = hl.Pipeline([f])
+    assert "sdiv <" not in p.ir() and "srem <" not in p.ir()
+    xs, ys = np.meshgrid(np.arange(n), np.arange(n))
+    want = np.where((xs > 3) & (ys < n - 5), img[ys + 1, np.minimum(xs + 1, n)], -1.0)
+    np.testing.assert_array_equal(np.asarray(p.realize([n, n])), want)

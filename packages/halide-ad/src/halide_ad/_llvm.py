@@ -95,9 +95,45 @@ class _Ctx:
         the values dominate every later use in the statement)."""
         missing = [n for n in nodes if id(n) not in self.memo]
         if missing:
-            for n, v in zip(missing, self.em.emit(missing, self.env)):
+            emitted, env = self._scalarize(missing) if self.vleaf is not None \
+                else (missing, self.env)
+            for n, v in zip(missing, self.em.emit(emitted, env)):
                 self.memo[id(n)] = (n, v)
         return [self.memo[id(n)][1] for n in nodes]
+
+    def _scalarize(self, nodes):
+        """``nodes`` with their lane-invariant arithmetic emitted once as scalars and read
+        through fresh leaves, and the env binding those. The vector emitter broadcasts every
+        leaf before computing, so a tile's origin (a floor division and a modulo of the fused
+        tile index) would otherwise be a vector division, which x86 does as 8 scalar ones."""
+        scalar_env = {k: v for k, v in self.env.items()
+                      if not isinstance(v.type, ir.VectorType)}
+        order = sym.toposort(list(nodes))
+        uniform: dict = {}
+        for n in order:
+            if hasattr(n, "kind"):  # a leaf
+                uniform[id(n)] = n in scalar_env
+            elif not hasattr(n, "prim"):  # a constant
+                uniform[id(n)] = True
+            else:  # reads stay with _lower_call (it shares their coordinates between taps)
+                uniform[id(n)] = n.prim is not E.CALL and all(uniform[id(a)] for a in n.args)
+        hoist = {id(n): n for n in nodes if hasattr(n, "prim") and uniform[id(n)]}
+        for n in order:
+            if hasattr(n, "prim") and not uniform[id(n)]:
+                for a in n.args:
+                    if uniform[id(a)] and hasattr(a, "prim"):
+                        hoist[id(a)] = a
+        if not hoist:
+            return nodes, self.env
+        roots = list(hoist.values())
+        values = codegen.Emitter(self.b, c_semantics=True).emit(roots, scalar_env)
+        env = dict(self.env)
+        mapping = {}
+        for a, v in zip(roots, values):
+            leaf = sym.leaf("hl.uniform", E.unique_name("u"), a.dtype)
+            env[leaf] = v
+            mapping[a] = leaf
+        return [sym.substitute(n, mapping) for n in nodes], env
 
 
 def _split_const(node):
