@@ -190,8 +190,12 @@ def test_rules_tiles_vectorises_parallelises_root_stages():
     assert len(decided.rfactored) == 1
     intm = decided.rfactored[0]
     assert intm.compute_level.kind == "root"
-    kinds = [d.kind for d in intm.update(0)._definition().schedule.dims]
+    dims = intm.update(0)._definition().schedule.dims
+    kinds = [d.kind for d in dims]
     assert kinds[:2] == ["serial", "vectorized"] and kinds[-1] == "parallel"  # rows, lanes
+    # the vectorised new dimension is the intermediate's first (innermost in storage): the
+    # lanes' partial sums are consecutive, loaded and stored as one vector
+    assert dims[1].name.startswith(intm._pure_arg_names[0] + "."), (dims[1].name, intm)
     assert decided.stages["w_d.update(0)"][0].startswith("rfactor(")
     # the repeat_edge wrapper costs a load: inlined
     assert decided.levels[p["clamped"].name()] == "inline (trivial)"

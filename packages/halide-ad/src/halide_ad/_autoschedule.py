@@ -50,7 +50,7 @@ from ._derivative import _AllRootGraph, _values
 from ._func import Func, FuncError
 from ._graph import Graph
 from ._lower import _loop_chain, _lower_def, fuse_stages, region_leaf, root_regions
-from ._rfactor import check_rfactor
+from ._rfactor import check_rfactor, rfactor
 from ._schedule import ScheduleError, StageSchedule
 
 __all__ = ["AutoSchedule", "auto_schedule"]
@@ -442,8 +442,9 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
         try:
             if len(large) >= 2:  # 2-D: the first large RVar becomes the intermediate's Var
                 rv, e = large[0]
-                intm = stage.rfactor([(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))])
-                new_dims = [(intm._pure_arg_names[-1], e)]
+                intm = rfactor(f, k, [(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))],
+                               new_dims_first=True)  # the vector lanes: dense accumulators
+                new_dims = [(intm._pure_arg_names[0], e)]
                 done = [f"rfactor({rv.name()}) -> {result.key(intm)}"]
             elif longest[1] >= strip:  # 1-D
                 intm = _rfactor_1d(f, k, *longest, opts)
