@@ -246,8 +246,11 @@ def _lower_call(em, node, args):
     if not _maybe_dense(node.args, ctx.vleaf):
         return _to_reg(b, codegen.gather(b, ptr, acc, off, st.alias), dt)
     # Coordinates like clamp(x + 1, lo, hi) are consecutive except near the edges: test the
-    # lanes at run time and take one vector load where they are (the interior).
-    ramp = b.sub(acc, codegen.splat(b, b.extract_element(acc, ir.Constant(I32, 0)), width))
+    # lanes at run time and take one vector load where they are (the interior). Only
+    # coordinate 0 depends on the lane, so the test reads it alone: invariant in the loops
+    # over the other coordinates (a column reduction's rows), it is hoisted out of them.
+    x0 = emit([node.args[0]])[0]
+    ramp = b.sub(x0, codegen.splat(b, b.extract_element(x0, ir.Constant(I32, 0)), width))
     steps = ir.Constant(ir.VectorType(I32, width), list(range(width)))
     eq = b.icmp_signed("==", ramp, steps)
     all_ok = b.icmp_signed("==", b.bitcast(eq, ir.IntType(width)),
