@@ -512,16 +512,25 @@ class ModuleBuilder:
         pred = vals[-1] if s.predicate is not None else None
         width = vec[1] if vec else None
         dense = width is not None and _dense(s.args, vec[0])
-        idx = _flat_index(b, ctx.emit_once, st, s.args, width, lane0=dense)
+        base = None
+        if dense:
+            # addressed as a dense read of the same point is (base from the variable part, then
+            # the constant offset): an accumulator's load and store are then one address, which
+            # LLVM keeps in a register across the reduction loops inside the vector loop
+            base, idx = _flat_index(b, ctx.emit_once, st, s.args, width, lane0=True, parts=True)
+        else:
+            idx = _flat_index(b, ctx.emit_once, st, s.args, width)
         if pred is not None and width is None:
             with b.if_then(pred):
                 self._store(b, st, values, idx, None, dense)
             return
-        self._store(b, st, values, idx, width, dense, pred)
+        self._store(b, st, values, idx, width, dense, pred, base)
 
-    def _store(self, b, st, values, idx, width, dense, pred=None):
+    def _store(self, b, st, values, idx, width, dense, pred=None, base=None):
         for k, v in enumerate(values):
             ptr, dt = st.ptrs[k], st.dtypes[k]
+            if base is not None:
+                ptr = b.gep(ptr, [base])
             v = _to_mem(b, v, dt)
             if width is None:
                 _tag(b.store(v, b.gep(ptr, [idx])), st)
