@@ -192,10 +192,13 @@ def test_rules_tiles_vectorises_parallelises_root_stages():
     assert intm.compute_level.kind == "root"
     dims = intm.update(0)._definition().schedule.dims
     kinds = [d.kind for d in dims]
-    assert kinds[:2] == ["serial", "vectorized"] and kinds[-1] == "parallel"  # rows, lanes
+    # innermost first: the 3 x 3 weights unrolled inside the rows (each row's reads of the
+    # adjoint serve all nine), the rows, the vector lanes; the strips parallel
+    assert kinds[:4] == ["unrolled", "unrolled", "serial", "vectorized"], kinds
+    assert kinds[-1] == "parallel"
     # the vectorised new dimension is the intermediate's first (innermost in storage): the
     # lanes' partial sums are consecutive, loaded and stored as one vector
-    assert dims[1].name.startswith(intm._pure_arg_names[0] + "."), (dims[1].name, intm)
+    assert dims[3].name.startswith(intm._pure_arg_names[0] + "."), (dims[3].name, intm)
     assert decided.stages["w_d.update(0)"][0].startswith("rfactor(")
     # the repeat_edge wrapper costs a load: inlined
     assert decided.levels[p["clamped"].name()] == "inline (trivial)"

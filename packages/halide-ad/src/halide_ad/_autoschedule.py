@@ -582,6 +582,16 @@ def _schedule_intermediate(f, intm, new_dims, pure, opts, result):
         lanes = f"{lanes}.ti"
     stage.vectorize(lanes, opts.vector)
     _order(stage, f"{lanes}.v", outer)
+    done = [f"vectorize({lanes}, {opts.vector})"]
+    small = [(n, e) for n, e in pure if e > 1]
+    if small and all(e <= 4 for _, e in small) and np.prod([e for _, e in small]) <= 16:
+        # a few outputs (a 3x3 weight gradient): all of them inside the row loop, so each
+        # row's shared reads (the adjoint's tap, its zero-padding test) serve every output
+        for n, e in small:
+            stage.unroll(n, e)
+        dims = [d.name for d in stage._definition().schedule.dims]
+        unrolled = [f"{n}.u" for n, _ in small]
+        stage.reorder(unrolled + [d for d in dims if d not in unrolled])
+        done += [f"unroll({n}, {e})" for n, e in small]
     stage.parallel(outer)
-    result.stages[f"{result.key(intm)}.update(0)"] = [
-        f"vectorize({lanes}, {opts.vector})", f"parallel({outer})"]
+    result.stages[f"{result.key(intm)}.update(0)"] = done + [f"parallel({outer})"]
