@@ -417,6 +417,28 @@ def test_padding_adjoint_is_a_gather_with_parallel_edge_updates():
     assert len(whys) == len(updates) and all(w.startswith("parallel(") for w in whys), whys
 
 
+def _column_histograms(data, w):
+    """A scatter with no pure Var whose first coordinate is the RVar itself: per column
+    ``r.x``, a histogram of the data-dependent bins of its rows."""
+    x, y = hl.Var("x"), hl.Var("y")
+    dat, wt = hl.Buffer(data, name="data"), hl.Buffer(w, name="w")
+    r = hl.RDom([(0, data.shape[1]), (0, data.shape[0])])
+    hist = hl.Func("hist")
+    hist[x, y] = hl.f64(0)
+    hist[r.x, hl.clamp(hl.i32(dat[r.x, r.y] * 4.0), 0, 3)] += wt[r.x, r.y]
+    return hist
+
+
+def test_scatter_writing_each_column_once_runs_parallel_over_it():
+    data, w = RNG.random((30, 40)), RNG.random((30, 40))
+    ref = _realize(_column_histograms(data, w), [40, 4])
+    hist = _column_histograms(data, w)
+    decided = hl.auto_schedule([hist], {hist: [40, 4]})
+    (why,) = decided.stages["hist.update(0)"]
+    assert why.startswith("parallel(") and "disjoint" in why, why
+    _assert_close(_realize(hist, [40, 4]), ref)
+
+
 def test_rvar_parallel_by_hand_is_still_refused_by_name():
     p = _soft_histogram(RNG.random((8, 8)))
     rx = p["hist"].update(0)._definition().schedule.dims[0].name
