@@ -470,8 +470,8 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
 
 
 def _disjoint_rvar(f, ldef, values, opts):
-    """The outermost RVar of a scatter with no pure Vars (a boundary condition's adjoint
-    ``d_image(clamp(r.x, ..), .., clamp(r.z, ..)) += ..``) that some left-hand-side argument
+    """The outermost RVar of a scatter with no pure Vars (per-column histograms
+    ``hist(r.x, bin(r.x, r.y)) += ..``) that some left-hand-side argument
     maps one-to-one onto the points it writes: the argument reads no other RVar and is the
     RVar itself or the RVar clamped to bounds that contain its whole range (under the
     estimates), so different iterations write different points and the loop may run in
