@@ -197,6 +197,102 @@ def test_downsample():
     _fd_check(build, {"a": rng.standard_normal((H, W))})
 
 
+def _blur3x3(c, k):
+    """The benchmark's blur: a 3x3 RDom of taps of ``c`` weighted by ``k``."""
+    r = hl.RDom([(0, 3), (0, 3)])
+    blur = hl.Func("blur")
+    blur[x, y] = hl.f64(0)
+    blur[x, y] += c[x + r.x - 1, y + r.y - 1] * k[r.x, r.y]
+    return blur
+
+
+@pytest.mark.parametrize("bc", sorted(BOUNDARIES))
+def test_rdom_blur_every_boundary_condition(bc):
+    def build(arrs, prms):
+        a, k = hl.Buffer(arrs["a"], "a"), hl.Buffer(arrs["k"], "k")
+        return _sum_sq_weighted(_blur3x3(BOUNDARIES[bc](a), k), W, H), {"a": a, "k": k}, {}
+
+    rng = _rng(11)
+    _fd_check(build, {"a": rng.standard_normal((H, W)), "k": rng.standard_normal((3, 3))},
+              samples=12)
+
+
+@pytest.mark.parametrize("case", ["offset", "narrow", "scaled", "halved", "one_clamped"])
+def test_explicit_clamps_gather_their_edges(case):
+    """Clamped indices that are not a plain repeat_edge: an offset and a stencil RVar inside
+    the clamp, bounds narrower than the buffer (entries outside them get no adjoint), a
+    scaled (2x, masked) and a halved (new RDom) coordinate, and a clamp on one coordinate
+    only."""
+    def build(arrs, prms):
+        a = hl.Buffer(arrs["a"], "a")
+        r = hl.RDom([(0, 3)])
+        f = hl.Func("f")
+        f[x, y] = hl.f64(0)
+        if case == "offset":
+            f[x, y] += a[hl.clamp(x + r.x - 2, 0, W - 1), hl.clamp(y + 1, 0, H - 1)] * (
+                1.0 + hl.f64(r.x))
+        elif case == "narrow":
+            f[x, y] += a[hl.clamp(x + r.x - 1, 2, W - 3), hl.clamp(y - r.x, 1, H - 2)]
+        elif case == "scaled":
+            f[x, y] += a[hl.clamp(2 * x - r.x, 0, W - 1), hl.clamp(y, 0, H - 1)] * (
+                0.5 + hl.f64(r.x))
+        elif case == "halved":
+            f[x, y] += a[hl.clamp(x / 2 + r.x, 1, W - 1), hl.clamp(y, 0, H - 1)]
+        else:
+            f[x, y] += a[hl.clamp(x - r.x, 0, W - 1), (y + 2 * r.x) % H]
+        return _sum_sq_weighted(f, W + 3, H + 2), {"a": a}, {}
+
+    rng = _rng(12)
+    d, _, bufs = _fd_check(build, {"a": rng.standard_normal((H, W))}, samples=16)
+    if case != "one_clamped":
+        _assert_gather_only(d[bufs["a"]])
+
+
+def _assert_gather_only(adjoint):
+    """No update of ``adjoint`` writes at an RVar-dependent point: the direct solutions are
+    pure, the clamped edges are lines / corners at constant coordinates."""
+    for df in adjoint.definitions()[1:]:
+        for a in df.args:
+            assert not any(getattr(n, "kind", None) == "hl.rvar"
+                           for n in hl._expr.sym.free_leaves(a)), df.args
+
+
+def test_repeat_edge_adjoint_is_a_parallel_gather():
+    """The auto-scheduled adjoint of the benchmark's repeat_edge blur: the image adjoint is a
+    parallel gather of the wrapper's adjoint plus the folded-in border lines and corners
+    (each reducing over the 1-pixel overhang), not a serial scatter over the wrapper's
+    (w + 2) x (h + 2) domain; and it equals the float64 numpy reference."""
+    n, m = 37, 21
+    rng = _rng(13)
+    img, k, g = rng.standard_normal((m, n)), rng.standard_normal((3, 3)), \
+        rng.standard_normal((m, n))
+    a, kb = hl.Buffer(img, "a"), hl.Buffer(k, "k")
+    blur = _blur3x3(hl.BoundaryConditions.repeat_edge(a), kb)
+    d = hl.propagate_adjoints(blur, g)
+    d_a = d[a]
+    _assert_gather_only(d_a)
+    hl.auto_schedule([d_a], {d_a: [n, m]})
+    nest = hl.Pipeline([d_a]).loop_nest()
+    own = nest[nest.index(f"produce {d_a.name()}"):]
+    assert own.lstrip().startswith("produce") and "\n  parallel " in own, own
+    for line in own.splitlines()[1:]:
+        if line.startswith("produce"):
+            break
+        if " r" in line and line.lstrip().startswith("for r"):
+            assert line.rstrip().endswith("[0, 1):"), line  # the overhang, not the domain
+    p = np.pad(img, 1, mode="edge")
+    dp = np.zeros_like(p)
+    for i in range(3):
+        for j in range(3):
+            dp[j:j + m, i:i + n] += k[j, i] * g
+    dp[1] += dp[0]
+    dp[-2] += dp[-1]
+    dp[:, 1] += dp[:, 0]
+    dp[:, -2] += dp[:, -1]
+    got = np.asarray(d_a.realize([n, m]))
+    np.testing.assert_allclose(got, dp[1:-1, 1:-1], rtol=1e-12, atol=1e-12)
+
+
 def test_param_and_update_stages():
     """A Param, a pointwise in-place update (f = f * g, using f's value before the update),
     and an overwriting update over an RDom (masked)."""

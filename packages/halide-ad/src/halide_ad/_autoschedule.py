@@ -58,7 +58,7 @@ from ._lower import (
     region_leaf,
     root_regions,
 )
-from ._rfactor import check_rfactor
+from ._rfactor import check_rfactor, rfactor
 from ._schedule import ScheduleError, StageSchedule
 
 __all__ = ["AutoSchedule", "auto_schedule"]
@@ -462,8 +462,9 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
         try:
             if len(large) >= 2:  # 2-D: the first large RVar becomes the intermediate's Var
                 rv, e = large[0]
-                intm = stage.rfactor([(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))])
-                new_dims = [(intm._pure_arg_names[-1], e)]
+                intm = rfactor(f, k, [(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))],
+                               new_dims_first=True)  # the vector lanes: dense accumulators
+                new_dims = [(intm._pure_arg_names[0], e)]
                 done = [f"rfactor({rv.name()}) -> {result.key(intm)}"]
             elif longest[1] >= strip:  # 1-D
                 intm = _rfactor_1d(f, k, *longest, opts)
@@ -489,8 +490,8 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
 
 
 def _disjoint_rvar(f, ldef, values, opts):
-    """The outermost RVar of a scatter with no pure Vars (a boundary condition's adjoint
-    ``d_image(clamp(r.x, ..), .., clamp(r.z, ..)) += ..``) that some left-hand-side argument
+    """The outermost RVar of a scatter with no pure Vars (per-column histograms
+    ``hist(r.x, bin(r.x, r.y)) += ..``) that some left-hand-side argument
     maps one-to-one onto the points it writes: the argument reads no other RVar and is the
     RVar itself or the RVar clamped to bounds that contain its whole range (under the
     estimates), so different iterations write different points and the loop may run in
@@ -601,9 +602,20 @@ def _schedule_intermediate(f, intm, new_dims, pure, opts, result):
         lanes = f"{lanes}.ti"
     stage.vectorize(lanes, opts.vector)
     _order(stage, f"{lanes}.v", outer)
+    done = [f"vectorize({lanes}, {opts.vector})"]
+    small = [(n, e) for n, e in pure if e > 1]
+    if small and all(e <= 4 for _, e in small) and np.prod([e for _, e in small]) <= 16:
+        # a few outputs (a 3x3 weight gradient): all of them inside the row loop, so each
+        # row's shared reads (the adjoint's tap, its zero-padding test) serve every output
+        for n, e in small:
+            stage.unroll(n, e)
+        dims = [d.name for d in stage._definition().schedule.dims]
+        unrolled = [f"{n}.u" for n, _ in small]
+        stage.reorder(unrolled + [d for d in dims if d not in unrolled])
+        done += [f"unroll({n}, {e})" for n, e in small]
     stage.parallel(outer)
-    result.stages[f"{result.key(intm)}.update(0)"] = [
-        f"vectorize({lanes}, {opts.vector})", f"parallel({outer})"]
+    result.stages[f"{result.key(intm)}.update(0)"] = done + [f"parallel({outer})"]
+
 
 
 # --------------------------------------------------------------------------------------------

@@ -26,6 +26,8 @@ through ``constant_exterior(0)`` over their Func's inferred region (the paper's 
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 from core_ad import sym
 
@@ -34,7 +36,8 @@ from . import _expr as E
 from ._buffer import Buffer
 from ._func import Func, FuncError, require_float_func, zero_func
 from ._graph import Graph
-from ._lower import root_regions
+from ._bounds import const_int, interval
+from ._lower import _point_env, root_regions
 from ._schedule import LoopLevel
 from ._types import type_of_dtype
 
@@ -135,6 +138,15 @@ def _const_int(n):
     if getattr(n, "op", None) == "const" and np.dtype(n.dtype).kind in "iu":
         return int(n.value)
     return None
+
+
+def _inside(node, lo, hi, env) -> bool:
+    """Whether ``lo <= node <= hi`` provably holds over ``env``."""
+    ivs = [interval(n, env) for n in (node, lo, hi)]
+    if any(iv is None for iv in ivs):
+        return False
+    (a, b), (lo_v, _), (_, hi_v) = [(const_int(x), const_int(y)) for x, y in ivs]
+    return None not in (a, b, lo_v, hi_v) and lo_v <= a and b <= hi_v
 
 
 def _uses(node, leaves) -> set:
@@ -282,7 +294,7 @@ class _Adjoints:
         self.scatter_to_gather = scatter_to_gather
         graph = _AllRootGraph([output])
         self.graph = graph
-        values = _values(graph)
+        values = self.values = _values(graph)
         missing = [p for p in graph.params if p not in values]
         self.regions = root_regions(graph, {output.fid: out_region}, values) if not missing \
             else self._regions_need_params(missing)
@@ -517,16 +529,108 @@ class _Adjoints:
                 key, args = node, ()
             else:
                 key, args = node.params["fid"], node.args
-            self.contribs.setdefault(key, []).append(
-                self._contribution(args, adj, domain, d.predicate))
+            self.contribs.setdefault(key, []).extend(
+                self._contributions(args, adj, domain, d.predicate))
 
-    def _contribution(self, args, adj, domain, predicate):
+    def _contributions(self, args, adj, domain, predicate):
+        """The contributions of one call: a clamped argument ``clamp(e, lo, hi)`` whose ``e``
+        is solvable splits the gather over its preimage (:meth:`_clamp_edges`): the direct
+        solution of ``e = u`` for ``lo <= u <= hi``, plus the points clamped onto ``lo``
+        (``e = lo - 1 - r``) written at ``u = lo`` and those clamped onto ``hi`` at ``u = hi``,
+        each a new RDom as long as the overhang of ``e``'s range past the edge. Every
+        combination over the clamped arguments is a gather (edges: a line or corner of the
+        adjoint), so nothing is left for a serial scatter over the consumer's domain."""
+        edges = [self._clamp_edges(a, domain) for a in args]
+        if not any(edges):
+            return [self._contribution(args, adj, domain, predicate)]
+        choices = [[None] if e is None else
+                   [("in", e)] + [(side, e) for side, k in (("lo", e[3]), ("hi", e[4])) if k > 0]
+                   for e in edges]
+        out = []
+        for combo in itertools.product(*choices):
+            c = self._contribution(args, adj, domain, predicate, dict(enumerate(combo)))
+            if c is None:  # a clamped argument's variable was solved by another argument
+                return [self._contribution(args, adj, domain, predicate)]
+            out.append(c)
+        return out
+
+    def _domain_env(self, domain):
+        """Interval env: the Buffer extents and Params at their values, the definition's
+        variables over their numeric ranges; None when a range is not computable."""
+        env = _point_env(self.values)
+        for leaf, (dlo, dext) in domain.items():
+            ilo, ihi = interval(dlo, env), interval(dlo + dext - sym.const(1, I32), env)
+            if ilo is None or ihi is None:
+                return None
+            env[leaf] = (ilo[0], ihi[1])
+        return env
+
+    def _edge_env(self, edges, us, new_dims):
+        """Interval env of the written point where every argument is a clamp split: ``u`` in
+        the clamp's ``[lo, hi]`` or an edge's overhang RVar in its range; else None."""
+        if not edges or len(edges) != len(us) or any(e is None for e in edges.values()):
+            return None
+        env = _point_env(self.values)
+        for i, (side, (_, lo, hi, _, _)) in edges.items():
+            if side == "in":
+                env[us[i]] = (interval(lo, env)[0], interval(hi, env)[1])
+        for leaf, lo, ext in new_dims:
+            env[leaf] = (lo, lo + ext - sym.const(1, I32))
+        return env
+
+    def _clamp_edges(self, arg, domain):
+        """``(e, lo, hi, n_lo, n_hi)`` for an argument ``clamp(e, lo, hi)`` with constant
+        bounds and ``e`` solvable for one of the definition's variables: ``n_lo`` / ``n_hi``
+        values of ``e`` over the domain fall below ``lo`` / above ``hi``. None otherwise."""
+        if not self.scatter_to_gather or getattr(getattr(arg, "op", None), "name",
+                                                  None) != "clamp":
+            return None
+        e, lo, hi = arg.args
+        if _uses(lo, set(domain)) or _uses(hi, set(domain)):
+            return None
+        free = _uses(e, set(domain))
+        pure = [v for v in free if E.is_var(v)]
+        cands = pure if len(pure) == 1 else (list(free) if len(free) == 1 else [])
+        probe = sym.leaf("hl.var", E.unique_name("_probe"), I32)
+        if not cands or _solve(e, cands[0], probe) is None:
+            return None
+        env = self._domain_env(domain)
+        if env is None:
+            return None
+        ranges = [interval(n, env) for n in (e, lo, hi)]
+        if any(r is None for r in ranges):
+            return None
+        (emin, emax), (lo_v, _), (hi_v, _) = [(const_int(a), const_int(b)) for a, b in ranges]
+        if None in (emin, emax, lo_v, hi_v):
+            return None
+        return e, lo, hi, max(lo_v - emin, 0), max(emax - hi_v, 0)
+
+    def _contribution(self, args, adj, domain, predicate, edges=None):
+        """One contribution; ``edges`` maps an argument index to ``(side, clamp edges)``
+        (:meth:`_contributions`) or None. None when an edge argument stays unsolved."""
+        edges = edges or {}
         m = len(args)
         # fresh names: the consumer's own variables may be another adjoint's _d0, _d1, ...
         us = [sym.leaf("hl.var", E.unique_name(f"_u{k}"), I32) for k in range(m)]
         dvars = set(domain)
         solved: dict = {}
         masks, new_dims = [], []
+        targets, written = list(us), list(us)
+        args = list(args)
+        for i, edge in edges.items():
+            if edge is None:
+                continue
+            side, (e, lo, hi, n_lo, n_hi) = edge
+            args[i] = e
+            one = sym.const(1, I32)
+            if side == "in":
+                masks += [sym.ge(us[i], lo), sym.le(us[i], hi)]
+            else:
+                r = sym.leaf("hl.rvar", (E.unique_name("edge"), 0), I32)
+                new_dims.append((r, sym.const(0, I32), sym.const(n_lo if side == "lo" else n_hi,
+                                                                 I32)))
+                written[i] = lo if side == "lo" else hi
+                targets[i] = lo - one - r if side == "lo" else hi + one + r
         done = [False] * m
         progress = self.scatter_to_gather  # off: every call a general scatter (AE-10's (b))
         while progress:
@@ -544,7 +648,7 @@ class _Adjoints:
                 if not cands:
                     continue
                 v = cands[0]
-                sol = _solve(a_sub, v, us[i])
+                sol = _solve(a_sub, v, targets[i])
                 if sol is None:
                     continue
                 s, ms, dims = sol
@@ -554,11 +658,17 @@ class _Adjoints:
                 new_dims += dims
                 done[i] = True
                 progress = True
-        # clamp the solutions into their variables' ranges, mask outside
+        # clamp the solutions into their variables' ranges, mask outside; a solution that
+        # stays inside over the known range of the written point (the clamp's [lo, hi], an
+        # edge's overhang) needs neither
+        known = self._edge_env(edges, us, new_dims)
         subst = {}
         for v, s in solved.items():
             lo, ext = domain[v]
             hi = lo + ext - sym.const(1, I32)
+            if known is not None and _inside(s, lo, hi, known):
+                subst[v] = s
+                continue
             subst[v] = sym.clamp(s, lo, hi)
             masks.append(sym.logical_and(sym.ge(s, lo), sym.le(s, hi)))
         rdims = [(leaf, lo, ext) for leaf, (lo, ext) in domain.items() if leaf not in solved]
@@ -568,7 +678,9 @@ class _Adjoints:
         # may read them (Listing 1's d_grid(x, y, fz(guide(x.., y..)), c) += ...: the z of a
         # pixel of the cell's preimage); it reads the clamped solutions, so a masked-off term
         # still writes (zero) inside the region
-        lhs = [us[i] if done[i] else sym.substitute(a, subst) if subst else a
+        if any(e is not None and not done[i] for i, e in edges.items()):
+            return None
+        lhs = [written[i] if done[i] else sym.substitute(a, subst) if subst else a
                for i, a in enumerate(args)]
         mask = None
         for mk in masks + ([predicate] if predicate is not None else []):

@@ -99,9 +99,45 @@ class _Ctx:
         the values dominate every later use in the statement)."""
         missing = [n for n in nodes if id(n) not in self.memo]
         if missing:
-            for n, v in zip(missing, self.em.emit(missing, self.env)):
+            emitted, env = self._scalarize(missing) if self.vleaf is not None \
+                else (missing, self.env)
+            for n, v in zip(missing, self.em.emit(emitted, env)):
                 self.memo[id(n)] = (n, v)
         return [self.memo[id(n)][1] for n in nodes]
+
+    def _scalarize(self, nodes):
+        """``nodes`` with their lane-invariant arithmetic emitted once as scalars and read
+        through fresh leaves, and the env binding those. The vector emitter broadcasts every
+        leaf before computing, so a tile's origin (a floor division and a modulo of the fused
+        tile index) would otherwise be a vector division, which x86 does as 8 scalar ones."""
+        scalar_env = {k: v for k, v in self.env.items()
+                      if not isinstance(v.type, ir.VectorType)}
+        order = sym.toposort(list(nodes))
+        uniform: dict = {}
+        for n in order:
+            if hasattr(n, "kind"):  # a leaf
+                uniform[id(n)] = n in scalar_env
+            elif not hasattr(n, "prim"):  # a constant
+                uniform[id(n)] = True
+            else:  # reads stay with _lower_call (it shares their coordinates between taps)
+                uniform[id(n)] = n.prim is not E.CALL and all(uniform[id(a)] for a in n.args)
+        hoist = {id(n): n for n in nodes if hasattr(n, "prim") and uniform[id(n)]}
+        for n in order:
+            if hasattr(n, "prim") and not uniform[id(n)]:
+                for a in n.args:
+                    if uniform[id(a)] and hasattr(a, "prim"):
+                        hoist[id(a)] = a
+        if not hoist:
+            return nodes, self.env
+        roots = list(hoist.values())
+        values = codegen.Emitter(self.b, c_semantics=True).emit(roots, scalar_env)
+        env = dict(self.env)
+        mapping = {}
+        for a, v in zip(roots, values):
+            leaf = sym.leaf("hl.uniform", E.unique_name("u"), a.dtype)
+            env[leaf] = v
+            mapping[a] = leaf
+        return [sym.substitute(n, mapping) for n in nodes], env
 
 
 def _split_const(node):
@@ -214,8 +250,11 @@ def _lower_call(em, node, args):
     if not _maybe_dense(node.args, ctx.vleaf):
         return _to_reg(b, codegen.gather(b, ptr, acc, off, st.alias), dt)
     # Coordinates like clamp(x + 1, lo, hi) are consecutive except near the edges: test the
-    # lanes at run time and take one vector load where they are (the interior).
-    ramp = b.sub(acc, codegen.splat(b, b.extract_element(acc, ir.Constant(I32, 0)), width))
+    # lanes at run time and take one vector load where they are (the interior). Only
+    # coordinate 0 depends on the lane, so the test reads it alone: invariant in the loops
+    # over the other coordinates (a column reduction's rows), it is hoisted out of them.
+    x0 = emit([node.args[0]])[0]
+    ramp = b.sub(x0, codegen.splat(b, b.extract_element(x0, ir.Constant(I32, 0)), width))
     steps = ir.Constant(ir.VectorType(I32, width), list(range(width)))
     eq = b.icmp_signed("==", ramp, steps)
     all_ok = b.icmp_signed("==", b.bitcast(eq, ir.IntType(width)),
@@ -482,13 +521,20 @@ class ModuleBuilder:
         pred = vals[-1] if s.predicate is not None else None
         width = vec[1] if vec else None
         dense = width is not None and _dense(s.args, vec[0])
-        idx = _flat_index(b, ctx.emit_once, st, s.args, width, lane0=dense)
+        base = None
+        if dense:
+            # addressed as a dense read of the same point is (base from the variable part, then
+            # the constant offset): an accumulator's load and store are then one address, which
+            # LLVM keeps in a register across the reduction loops inside the vector loop
+            base, idx = _flat_index(b, ctx.emit_once, st, s.args, width, lane0=True, parts=True)
+        else:
+            idx = _flat_index(b, ctx.emit_once, st, s.args, width)
         store = self._store if self.atomic_loop is None else self._atomic_add
         if pred is not None and width is None:
             with b.if_then(pred):
                 store(b, st, values, idx, None, dense)
             return
-        store(b, st, values, idx, width, dense, pred)
+        store(b, st, values, idx, width, dense, pred, base)
 
     def _atomic_addend(self, s, k, value):
         loop, name = self.atomic_loop, s.func.name()
@@ -508,11 +554,11 @@ class ModuleBuilder:
                                 f" value, not {np.dtype(v.dtype)}")
         return v
 
-    def _atomic_add(self, b, st, values, idx, width, dense, pred=None):
+    def _atomic_add(self, b, st, values, idx, width, dense, pred=None, base=None):
         """``f[idx] += v`` as atomic read-modify-writes (one per lane; masked-off lanes add
-        nothing)."""
+        nothing; ``base``: a dense store's variable offset, as ``_store``)."""
         for k, v in enumerate(values):
-            ptr = st.ptrs[k]
+            ptr = st.ptrs[k] if base is None else b.gep(st.ptrs[k], [base])
             op = "fadd" if np.dtype(st.dtypes[k]).kind == "f" else "add"
             if width is None:
                 b.atomic_rmw(op, b.gep(ptr, [idx]), v, "monotonic")
@@ -528,9 +574,11 @@ class ModuleBuilder:
                     x = b.select(c, x, ir.Constant(x.type, 0))
                 b.atomic_rmw(op, b.gep(ptr, [i]), x, "monotonic")
 
-    def _store(self, b, st, values, idx, width, dense, pred=None):
+    def _store(self, b, st, values, idx, width, dense, pred=None, base=None):
         for k, v in enumerate(values):
             ptr, dt = st.ptrs[k], st.dtypes[k]
+            if base is not None:
+                ptr = b.gep(ptr, [base])
             v = _to_mem(b, v, dt)
             if width is None:
                 _tag(b.store(v, b.gep(ptr, [idx])), st)

@@ -79,8 +79,11 @@ def check_rfactor(f, index: int):
     return d.rdoms[0], pure, op, other
 
 
-def rfactor(f, index: int, preserved, *more):
-    """Rewrite ``f.update(index)`` in place and return the intermediate Func."""
+def rfactor(f, index: int, preserved, *more, new_dims_first=False):
+    """Rewrite ``f.update(index)`` in place and return the intermediate Func: ``intm[pure...,
+    new...]`` as Halide's, or ``intm[new..., pure...]`` with ``new_dims_first`` (the
+    auto-scheduler vectorises a new dimension: innermost in storage, its lanes are
+    consecutive)."""
     d = f._updates[index]
     where = f"{f.name()}.update({index})"
     if not isinstance(preserved, list):
@@ -100,7 +103,11 @@ def rfactor(f, index: int, preserved, *more):
     new_vars = [kept[k] for k in sorted(kept)]
     # type(f) and type(d): this transform sits below _func, which calls it
     intm = type(f)(f"{f.name()}_intm")
-    intm[tuple(pure_vars + new_vars)] = E.Expr(_node=_identity(op, other.dtype))
+
+    def at(news):
+        return tuple(list(news) + pure_vars if new_dims_first else pure_vars + list(news))
+
+    intm[at(new_vars)] = E.Expr(_node=_identity(op, other.dtype))
     # intm's update: the preserved RVars become its pure Vars; the rest stay a reduction
     mapping = {rdom.vars[k].node: kept[k].node for k in kept}
     if rest_dims:
@@ -111,12 +118,12 @@ def rfactor(f, index: int, preserved, *more):
         inner.where(E.Expr(_node=sym.substitute(pred, mapping)))
     elif pred is not None:
         raise ScheduleError(f"rfactor of {where}: a predicate over only preserved RVars")
-    cur = intm[tuple(pure_vars + new_vars)]
-    intm[tuple(pure_vars + new_vars)] = E.Expr(
+    cur = intm[at(new_vars)]
+    intm[at(new_vars)] = E.Expr(
         _node=_combine(op, cur.node, sym.substitute(other, mapping)))
     # f's update now reduces intm over the preserved dimensions
     outer = E.RDom([rdom.bounds[k] for k in sorted(kept)], name=f"{rdom.name}_outer")
-    call = intm[tuple(pure_vars + list(outer.vars))]
+    call = intm[at(outer.vars)]
     self_call = f[tuple(pure_vars)]
     new_value = _combine(op, self_call.node, call.node)
     f._updates[index] = type(d)(f, d.args, (new_value,), d.stage_index)
