@@ -3,6 +3,7 @@
 import shutil
 import sys
 
+import halide_ad as hl
 import pytest
 from core_ad import codegen
 
@@ -43,3 +44,28 @@ def gpu_backend(request):
     import cupy
 
     return cupy
+
+
+def _build_histograms(img, bins, schedule=None):
+    """A histogram of ``img`` (values in [0, 1)) and a weighted one (float64), the image's
+    pixels as the RDom (``r``); ``schedule(f, r)`` schedules each of the two Funcs."""
+    x = hl.Var("x")
+    inp = hl.Buffer(img)
+    r = hl.RDom([(0, img.shape[1]), (0, img.shape[0])])
+    b = hl.clamp(hl.i32(inp[r.x, r.y] * bins), 0, bins - 1)
+    count, weight = hl.Func("count"), hl.Func("weight")
+    count[x] = 0
+    count[b] += 1
+    weight[x] = hl.f64(0)
+    weight[b] = weight[b] + hl.f64(inp[r.x, r.y]) * 2 - 1
+    if schedule is not None:
+        for f in (count, weight):
+            schedule(f, r)
+    return count, weight
+
+
+@pytest.fixture
+def histograms():
+    """``histograms(img, bins, schedule=None) -> (count, weight)``: two scatters whose
+    iterations hit shared bins (the atomics tests' pipeline)."""
+    return _build_histograms

@@ -75,31 +75,19 @@ def test_host_gpu_blur_matches_cpu(host_gpu):
     assert host_gpu.launches == 3
 
 
-def _histogram(img, bins, gpu):
-    """A histogram of ``img`` (values in [0, 1)) and a weighted one (float), the image's
-    pixels as the RDom; on the GPU the RVars in 8 x 4 tiles: iterations that hit one bin run
-    at once, so the stores are atomic."""
-    inp = hl.Buffer(img)
-    r = hl.RDom([(0, img.shape[1]), (0, img.shape[0])])
-    b = hl.clamp(hl.i32(inp[r.x, r.y] * bins), 0, bins - 1)
-    count, weight = hl.Func("count"), hl.Func("weight")
-    count[x] = 0
-    count[b] += 1
-    weight[x] = hl.f64(0)
-    weight[b] = weight[b] + hl.f64(inp[r.x, r.y]) * 2 - 1
-    if gpu:
-        for f in (count, weight):
-            f.gpu_tile(x, hl.Var("xo"), xi, 8)
-            f.update(0).atomic().gpu_tile(r.x, r.y, "rxi", "ryi", 8, 4)
-    return count, weight
+def _gpu_histogram_schedule(f, r):
+    """On the GPU the RVars in 8 x 4 tiles: iterations that hit one bin run at once, so the
+    stores are atomic."""
+    f.gpu_tile(x, hl.Var("xo"), xi, 8)
+    f.update(0).atomic().gpu_tile(r.x, r.y, "rxi", "ryi", 8, 4)
 
 
-def test_host_gpu_scatter_over_rvars_is_atomic(host_gpu):
+def test_host_gpu_scatter_over_rvars_is_atomic(host_gpu, histograms):
     img = np.random.default_rng(1).random((13, 19)).astype(np.float32)
-    p = hl.Pipeline(list(_histogram(img, 7, gpu=True)))
+    p = hl.Pipeline(list(histograms(img, 7, _gpu_histogram_schedule)))
     assert p.ir().count("atomicAdd((int*)&") == 1 and p.ir().count("atomicAdd((double*)&") == 1
     count, weight = map(np.asarray, p.realize([[7], [7]]))
-    want_c, want_w = map(np.asarray, hl.Pipeline(list(_histogram(img, 7, gpu=False))).realize(
+    want_c, want_w = map(np.asarray, hl.Pipeline(list(histograms(img, 7))).realize(
         [[7], [7]]))
     np.testing.assert_array_equal(count, want_c)
     assert count.sum() == img.size
@@ -120,9 +108,9 @@ def test_gpu_loop_over_an_rvar_of_an_overwriting_update_is_refused():
         hl.Pipeline(top).ir()
 
 
-def test_gpu_loops_over_rvars_need_atomic():
+def test_gpu_loops_over_rvars_need_atomic(histograms):
     img = np.random.default_rng(1).random((13, 19)).astype(np.float32)
-    count, _ = _histogram(img, 7, gpu=False)
+    count, _ = histograms(img, 7)
     count.gpu_tile(x, hl.Var("xo"), xi, 8)
     count.update(0).gpu_tile(count.update(0)._definition().schedule.dims[0].name,
                              count.update(0)._definition().schedule.dims[1].name,

@@ -32,7 +32,7 @@ from core_ad import codegen, sym
 
 from . import _expr as E
 from ._bounds import const_int
-from ._lower import Allocate, Block, For, LetStmt, Provide, addend
+from ._lower import Allocate, Block, For, LetStmt, Provide, addend, atomic_addend
 from ._schedule import ScheduleError
 
 __all__ = ["MAX_BLOCK", "GpuKernel", "is_gpu_stmt", "kernel_source"]
@@ -237,7 +237,7 @@ class _CWriter:
         values = list(s.values)
         atomic = bool(self.racy)
         if atomic:
-            values = [self._atomic_addend(s, k, v) for k, v in enumerate(values)]
+            values = [self._atomic_addend(s, k) for k in range(len(values))]
         nodes = values + list(s.args) + ([s.predicate] if s.predicate is not None else [])
         n = len(values)
         types = [_ATOMIC_TYPES[np.dtype(v.dtype)] for v in values] if atomic else None
@@ -288,7 +288,7 @@ class _CWriter:
             for (base, idx), acc in zip(stores, accs):
                 self.w.line(f"{base}[{idx}] = {acc};")
 
-    def _atomic_addend(self, s, k, value):
+    def _atomic_addend(self, s, k):
         loops = ", ".join(repr(loop.name) for loop in self.racy)
         name = s.func.name()
         if not all(loop.atomic for loop in self.racy):
@@ -298,15 +298,8 @@ class _CWriter:
                 " atomic() on the stage first (its stores become atomic additions), or keep"
                 " them serial inside each thread (GPU-tile the pure Vars instead)"
             )
-        v = addend(value, s.func.fid, k, s.args)
-        if v is None:
-            raise ScheduleError(
-                f"{self.where}: the GPU loops over the reduction dimensions {loops} run"
-                f" iterations that may write one point of {name} at the same time; only an"
-                f" update adding to {name} where it writes ({name}(e) = {name}(e) + v) can run"
-                " so (with atomics). Keep those dimensions serial inside each thread (GPU-tile"
-                " the pure Vars instead)"
-            )
+        v = atomic_addend(s, k, self.where, f"the GPU loops over {loops}",
+                          "else keep them serial inside each thread: GPU-tile the pure Vars")
         if np.dtype(v.dtype) not in _ATOMIC_TYPES:
             raise ScheduleError(
                 f"{self.where}: GPU atomics add float32, float64 and 32/64-bit integers;"

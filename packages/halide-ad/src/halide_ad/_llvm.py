@@ -30,8 +30,8 @@ from llvmlite import ir
 
 from . import _expr as E
 from ._bounds import const_int, const_value
-from ._lower import (Allocate, Block, For, IfThen, LetStmt, Provide, addend, provide_nodes,
-                     stmt_accesses, walk)
+from ._lower import (Allocate, Block, For, IfThen, LetStmt, Provide, atomic_addend,
+                     provide_nodes, stmt_accesses, walk)
 from ._schedule import ScheduleError
 
 __all__ = ["ModuleBuilder", "Slots"]
@@ -512,7 +512,7 @@ class ModuleBuilder:
         n = len(s.values)
         exprs = list(s.values)
         if self.atomic_loop is not None:
-            exprs = [self._atomic_addend(s, k, v) for k, v in enumerate(exprs)]
+            exprs = [self._atomic_addend(s, k) for k in range(len(exprs))]
         if s.predicate is not None:
             exprs.append(s.predicate)
         ctx = ctx or self._context(b, env, storage, vec)
@@ -536,19 +536,13 @@ class ModuleBuilder:
             return
         store(b, st, values, idx, width, dense, pred, base)
 
-    def _atomic_addend(self, s, k, value):
+    def _atomic_addend(self, s, k):
         loop, name = self.atomic_loop, s.func.name()
         if not loop.atomic:
             raise ScheduleError(f"{name}: the parallel loop {loop.name!r} runs a reduction"
                                 " dimension; call atomic() on the stage first")
-        v = addend(value, s.func.fid, k, s.args)
-        if v is None:
-            raise ScheduleError(
-                f"{name}: the parallel loop {loop.name!r} over a reduction dimension runs"
-                f" iterations that may write one point at the same time; only an update adding"
-                f" to {name} where it writes ({name}(e) = {name}(e) + v) can run so, with"
-                " atomic additions (else use rfactor or keep it serial)"
-            )
+        v = atomic_addend(s, k, name, f"the parallel loop {loop.name!r}",
+                          "else use rfactor or keep the loop serial")
         if np.dtype(v.dtype).kind not in "fiu" or np.dtype(v.dtype).itemsize < 4:
             raise ScheduleError(f"{name}: atomic additions need a float or a 32/64-bit integer"
                                 f" value, not {np.dtype(v.dtype)}")

@@ -46,6 +46,7 @@ __all__ = [
     "Provide",
     "additive_update",
     "addend",
+    "atomic_addend",
     "bufdim_leaf",
     "fuse_stages",
     "lower_pipeline",
@@ -81,6 +82,21 @@ def addend(value, fid, k, args):
                 return None
             return v
     return None
+
+
+def atomic_addend(s, k, where, loops, otherwise):
+    """The addend of ``Provide`` ``s``'s ``k``-th value when stores run concurrently under
+    ``loops`` (their description) as atomic additions; a ``ScheduleError`` naming the Func
+    and ``where`` (``otherwise``: what to do instead) when the update does not add."""
+    v = addend(s.values[k], s.func.fid, k, s.args)
+    if v is None:
+        name = s.func.name()
+        raise ScheduleError(
+            f"{where}: iterations of {loops} may write one point of {name} at the same time;"
+            f" only an update adding to {name} where it writes ({name}(e) = {name}(e) + v) can"
+            f" run them concurrently, with atomic additions ({otherwise})"
+        )
+    return v
 
 
 def additive_update(f, k) -> bool:
