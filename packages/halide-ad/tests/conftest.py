@@ -69,3 +69,21 @@ def histograms():
     """``histograms(img, bins, schedule=None) -> (count, weight)``: two scatters whose
     iterations hit shared bins (the atomics tests' pipeline)."""
     return _build_histograms
+
+
+def _build_max_per_bin(img, bins):
+    """``(top, r)``: the largest value of ``img`` per bin, a max scatter (not an addition:
+    atomics must refuse it)."""
+    x = hl.Var("x")
+    inp = hl.Buffer(img)
+    r = hl.RDom([(0, img.shape[1]), (0, img.shape[0])])
+    top = hl.Func("top")
+    top[x] = hl.f32(0)
+    b = hl.clamp(hl.i32(inp[r.x, r.y] * bins), 0, bins - 1)
+    top[b] = hl.max(top[b], inp[r.x, r.y])
+    return top, r
+
+
+@pytest.fixture
+def max_per_bin():
+    return _build_max_per_bin

@@ -57,14 +57,8 @@ def test_atomic_scatter_of_vectors(dtype):
         np.testing.assert_allclose(results[0], want, rtol=1e-4 if dtype == np.float32 else 1e-10)
 
 
-def test_atomic_parallel_of_an_overwriting_update_is_refused():
-    img = np.random.default_rng(2).random((16, 16)).astype(np.float32)
-    inp = hl.Buffer(img)
-    r = hl.RDom([(0, 16), (0, 16)])
-    top = hl.Func("top")
-    top[x] = hl.f32(0)
-    b = hl.clamp(hl.i32(inp[r.x, r.y] * 4), 0, 3)
-    top[b] = hl.max(top[b], inp[r.x, r.y])
+def test_atomic_parallel_of_an_overwriting_update_is_refused(max_per_bin):
+    top, r = max_per_bin(np.random.default_rng(2).random((16, 16)).astype(np.float32), 4)
     top.update(0).atomic().parallel(r.y)
     with pytest.raises(hl.ScheduleError, match=r"top: iterations of the parallel loop .* only an"
                                               r" update adding to top where it writes"):
