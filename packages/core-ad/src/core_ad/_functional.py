@@ -27,8 +27,9 @@ def _is_traced(x) -> bool:
     return isinstance(x, Array) and x.requires_grad
 
 
-def _float_input(x, where: str) -> np.ndarray:
-    v = np.asarray(x.value if isinstance(x, Array) else x)
+def _float_input(x, where: str):
+    """``x``'s value (an Array's is not evaluated: it may stay pending)."""
+    v = x if isinstance(x, Array) else np.asarray(x)
     if v.dtype.kind not in "fc":
         raise TypeError(
             f"{where}: cannot differentiate with respect to an array of dtype {v.dtype};"
@@ -42,7 +43,12 @@ def _wrap(x, where: str):
     if _is_traced(x):
         _float_input(x, where)
         return R.identity(x)
-    return Array(_float_input(x, where), requires_grad=True)
+    v = _float_input(x, where)
+    if isinstance(v, Array):  # an untracked Array: a leaf sharing its (maybe pending) value
+        leaf = Array._view(v)
+        leaf.requires_grad = True
+        return leaf
+    return Array(v, requires_grad=True)
 
 
 def _argnums(argnums, nargs, where):
@@ -81,13 +87,28 @@ def _reaches_outer(outs, inputs) -> bool:
     )
 
 
-def _finish(x, nested):
-    """Numpy result at the outermost level, traced Array inside an enclosing transform."""
+def _finish(x, nested, as_arrays=False):
+    """Numpy result at the outermost level, traced Array inside an enclosing transform;
+    ``as_arrays``: an untracked Array holding the (possibly still pending) value."""
     if nested:
         return x
     if isinstance(x, Array):
-        return x.value
+        if not as_arrays or not x.is_pending:
+            return Array(x.value) if as_arrays else x.value
+        with _grad_mode(False):  # a new pending array of the scope (evaluated with it)
+            return R.identity(Array._view(x))
     return x
+
+
+def _lazy_results(args, nums) -> bool:
+    """Whether a transform returns lazy Arrays: in lazy mode, when every differentiated
+    input is an Array (the caller chose traced arrays), so that a loop of gradient steps
+    (``x = x - lr * grad(f)(x)``) stays pending and evaluates as one fused kernel (Enoki's
+    behaviour, spec 2.3). With numpy inputs the results are numpy, as in eager mode."""
+    if not _lazy.is_lazy():
+        return False
+    leaves = [leaf for a in nums for leaf in flatten(args[a])[0]]
+    return bool(leaves) and all(isinstance(leaf, Array) for leaf in leaves)
 
 
 def _cotangent(found: dict, node: Array):
@@ -104,6 +125,7 @@ def value_and_grad(f, argnums=0, has_aux: bool = False):
             return f(*args)
 
     def vg(*args):
+        as_arrays = _lazy_results(args, _argnums(argnums, len(args), "grad")[0])
         prepared = _prepare(args, argnums, "grad")
         eliminated = _lazy.stats()["eliminated"]
         out = trace(prepared[0], eliminate=not prepared[-1])
@@ -138,13 +160,14 @@ def value_and_grad(f, argnums=0, has_aux: bool = False):
                 create_graph=nested,
                 retain_graph=nested,
                 accumulate=False,
+                keep_pending=as_arrays,
             )
         grads = []
         for group, td in zip(inputs, defs):
-            leaves = [_finish(_cotangent(found, x), nested) for x in group]
+            leaves = [_finish(_cotangent(found, x), nested, as_arrays) for x in group]
             grads.append(unflatten(td, leaves))
         g = grads[0] if single else tuple(grads)
-        value = _finish(out, nested)
+        value = _finish(out, nested, as_arrays)
         return ((value, aux), g) if has_aux else (value, g)
 
     return vg
@@ -378,6 +401,7 @@ def batch_hessian(f, x, *, compiled: bool = False, seed: int = 0):
     baked in on the first call for a given ``(f, n, dtype)``).
     """
     xv = _float_input(x, "batch_hessian")
+    xv = xv.value if isinstance(xv, Array) else xv
     if xv.ndim != 2:
         raise ValueError(f"batch_hessian: x must have shape (B, n), got {xv.shape}")
     if compiled:

@@ -537,18 +537,21 @@ def _check_seed(out: Array, seed, what="seed"):
 
 
 def _backprop(outputs, seeds, targets=None, create_graph=False, retain_graph=False,
-              accumulate=True):
+              accumulate=True, keep_pending=False):
     """Reverse sweep. Returns the cotangents reaching ``targets`` (dict id -> cotangent).
 
     With ``accumulate`` leaf gradients (and retained gradients) are summed into ``.grad``.
-    Targets stop the traversal: nothing below a target is visited.
+    Targets stop the traversal: nothing below a target is visited. A lazy sweep evaluates
+    the cotangents it found, unless ``keep_pending`` (they are then Arrays, maybe pending).
     """
     # a lazy evaluation inside the sweep must not rewrite the graph being traversed
     with _lazy.no_elimination():
-        return _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumulate)
+        return _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumulate,
+                               keep_pending)
 
 
-def _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumulate):
+def _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumulate,
+                    keep_pending=False):
     stop = frozenset(id(t) for t in targets) if targets is not None else frozenset()
     order = _toposort(outputs, stop)
     reach = None
@@ -625,7 +628,7 @@ def _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumul
     with _grad_mode(create_graph):
         for node, ct in deferred:
             _accumulate(node, ct, create_graph)
-    if fuse:
+    if fuse and not keep_pending:
         found = {k: v.value if isinstance(v, Array) else v for k, v in found.items()}
     return found
 
