@@ -345,3 +345,4 @@ def test_lazy_gradient_of_arrays_matches_numpy_inputs_and_central_differences():
     h = 1e-6
     fd = [(_fit_loss(x0 + h * e) - _fit_loss(x0 - h * e)) / (2 * h) for e in np.eye(16)]
     np.testing.assert_allclose(g_np, np.asarray(fd, dtype=float), rtol=1e-7, atol=1e-9)
+

@@ -284,6 +284,25 @@ def test_enoki_rotation_fit():  # CA-ENO-6
     assert float(gt) == pytest.approx(0.579528, abs=1e-6)
 
 
+def test_enoki_rotation_fit_on_lazy_arrays():
+    """Enoki's rotation fit (CA-ENO-6) with Array inputs in lazy mode: the gradients come back
+    as Arrays (some pending), their leaves are evaluated with their scope when a reduction
+    needs them, and the losses are Enoki's."""
+    a = anp.normalize(np.array([2.0, 1.0, 3.0]))
+    b = anp.normalize(np.array([-1.0, 2.0, 3.0]))
+    vg = ad.value_and_grad(_rotation_loss, (0, 1))
+    losses = []
+    with ad.lazy():
+        axis, angle = ad.Array(np.array([1.0, 0.0, 0.0])), ad.Array(np.array(1.0))
+        for _ in range(20):
+            loss, (ga, gt) = vg(axis, angle, a, b)
+            losses.append(loss)
+            axis = anp.normalize(axis - 0.2 * ga)
+            angle = angle - 0.2 * gt
+        values = [float(np.asarray(v)) for v in losses]
+    np.testing.assert_allclose(values, ENOKI_LOSSES, atol=1e-6)
+
+
 def test_enoki_rotation_fit_float32():  # CA-NUM-7
     losses, _, dtype = _rotation_descent(np.float32)
     assert dtype == np.float32

@@ -47,6 +47,8 @@ def _wrap(x, where: str):
     if isinstance(v, Array):  # an untracked Array: a leaf sharing its (maybe pending) value
         leaf = Array._view(v)
         leaf.requires_grad = True
+        if leaf.is_pending:  # computed with the scope's other arrays when one is needed
+            _lazy.track(leaf, leaf._value.scope)
         return leaf
     return Array(v, requires_grad=True)
 
