@@ -451,6 +451,10 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
         return
     rv = None if pure else _disjoint_rvar(f, ldef, values, opts)
     if rv is not None:
+        # outermost, where the pipeline runs a loop in parallel: each point is written by
+        # one iteration of it, so it still sees its updates in the same order (bit-identical)
+        names = [d.name for d in stage._definition().schedule.dims]
+        stage.reorder([n for n in names if n != rv.name()] + [rv.name()])
         stage._parallel_disjoint(rv)
         result.stages[where] = [f"parallel({rv.name()}: its writes are disjoint)"]
         return
