@@ -60,7 +60,7 @@ def test_atomic_scatter_of_vectors(dtype):
 def test_atomic_parallel_of_an_overwriting_update_is_refused(max_per_bin):
     top, r = max_per_bin(np.random.default_rng(2).random((16, 16)).astype(np.float32), 4)
     top.update(0).atomic().parallel(r.y)
-    with pytest.raises(hl.ScheduleError, match=r"top: iterations of the parallel loop .* only an"
+    with pytest.raises(hl.ScheduleError, match=r"top: iterations of the parallel loop over .* only an"
                                               r" update adding to top where it writes"):
         hl.Pipeline(top).ir()
 

@@ -45,12 +45,19 @@ def _wrap(x, where: str):
         return R.identity(x)
     v = _float_input(x, where)
     if isinstance(v, Array):  # an untracked Array: a leaf sharing its (maybe pending) value
-        leaf = Array._view(v)
+        leaf = _shared_view(v)
         leaf.requires_grad = True
-        if leaf.is_pending:  # computed with the scope's other arrays when one is needed
-            _lazy.track(leaf, leaf._value.scope)
         return leaf
     return Array(v, requires_grad=True)
+
+
+def _shared_view(x: Array) -> Array:
+    """An untracked Array sharing ``x``'s value; a pending one is computed with the other
+    arrays of its scope when any of them is needed."""
+    view = Array._view(x)
+    if view.is_pending:
+        _lazy.track(view, view._value.scope)
+    return view
 
 
 def _argnums(argnums, nargs, where):
@@ -95,10 +102,7 @@ def _finish(x, nested, as_arrays=False):
     if nested:
         return x
     if isinstance(x, Array):
-        if not as_arrays or not x.is_pending:
-            return Array(x.value) if as_arrays else x.value
-        with _grad_mode(False):  # a new pending array of the scope (evaluated with it)
-            return R.identity(Array._view(x))
+        return _shared_view(x) if as_arrays else x.value
     return x
 
 

@@ -10,9 +10,10 @@ with core_ad's C spellings (``core_ad.codegen.c_spell_node``), so the GPU comput
 does.
 
 A GPU loop over a reduction dimension (an RVar, or a part of one) runs iterations that may
-write one point concurrently: the update must then add to its Func at the point it writes
-(``f(e) = f(e) + v``, the form of every adjoint scatter), and its stores become ``atomicAdd``
-(the paper's GPU atomics, §4.2.1); any other update is refused with a ``ScheduleError``. Float
+write one point concurrently: the stage must be marked ``atomic()`` (Halide's API) and the
+update must add to its Func at the point it writes (``f(e) = f(e) + v``, the form of every
+adjoint scatter); its stores become ``atomicAdd`` (the paper's GPU atomics, §4.2.1). Anything
+else is refused with a ``ScheduleError`` naming the Func. Float
 sums then depend on the order the atomics land in, as in Halide. ``gpu_single_thread()`` runs
 a definition (a zero-dimensional Func, say) as one thread of one block.
 
@@ -26,6 +27,8 @@ either wholly on the GPU (every root Func GPU-scheduled) or on the CPU.
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import numpy as np
 from core_ad import codegen, sym
@@ -276,11 +279,7 @@ class _CWriter:
                 self.w.line(f"{codegen.c_type(v.dtype)} {accs[-1]} = {base}[{idx}];")
 
             def add(vals):
-                if p.predicate is not None:
-                    with self.w.if_(vals[-1]):
-                        for acc, v in zip(accs, vals):
-                            self.w.line(f"{acc} = {acc} + {v};")
-                else:
+                with self.w.if_(vals[-1]) if p.predicate is not None else nullcontext():
                     for acc, v in zip(accs, vals):
                         self.w.line(f"{acc} = {acc} + {v};")
             nodes = list(addends) + ([p.predicate] if p.predicate is not None else [])
@@ -289,21 +288,13 @@ class _CWriter:
                 self.w.line(f"{base}[{idx}] = {acc};")
 
     def _atomic_addend(self, s, k):
-        loops = ", ".join(repr(loop.name) for loop in self.racy)
-        name = s.func.name()
-        if not all(loop.atomic for loop in self.racy):
-            raise ScheduleError(
-                f"{self.where}: the GPU loops over the reduction dimensions {loops} run"
-                f" iterations that may write one point of {name} at the same time: call"
-                " atomic() on the stage first (its stores become atomic additions), or keep"
-                " them serial inside each thread (GPU-tile the pure Vars instead)"
-            )
-        v = atomic_addend(s, k, self.where, f"the GPU loops over {loops}",
+        v = atomic_addend(s, k, self.where, self.racy,
                           "else keep them serial inside each thread: GPU-tile the pure Vars")
         if np.dtype(v.dtype) not in _ATOMIC_TYPES:
             raise ScheduleError(
                 f"{self.where}: GPU atomics add float32, float64 and 32/64-bit integers;"
-                f" {name} is {np.dtype(v.dtype)}: keep {loops} serial inside each thread"
+                f" {s.func.name()} is {np.dtype(v.dtype)}: keep the reduction loops serial"
+                " inside each thread"
             )
         return v
 

@@ -537,11 +537,8 @@ class ModuleBuilder:
         store(b, st, values, idx, width, dense, pred, base)
 
     def _atomic_addend(self, s, k):
-        loop, name = self.atomic_loop, s.func.name()
-        if not loop.atomic:
-            raise ScheduleError(f"{name}: the parallel loop {loop.name!r} runs a reduction"
-                                " dimension; call atomic() on the stage first")
-        v = atomic_addend(s, k, name, f"the parallel loop {loop.name!r}",
+        name = s.func.name()
+        v = atomic_addend(s, k, name, [self.atomic_loop],
                           "else use rfactor or keep the loop serial")
         if np.dtype(v.dtype).kind not in "fiu" or np.dtype(v.dtype).itemsize < 4:
             raise ScheduleError(f"{name}: atomic additions need a float or a 32/64-bit integer"

@@ -85,16 +85,24 @@ def addend(value, fid, k, args):
 
 
 def atomic_addend(s, k, where, loops, otherwise):
-    """The addend of ``Provide`` ``s``'s ``k``-th value when stores run concurrently under
-    ``loops`` (their description) as atomic additions; a ``ScheduleError`` naming the Func
-    and ``where`` (``otherwise``: what to do instead) when the update does not add."""
+    """The addend of ``Provide`` ``s``'s ``k``-th value when its stores run concurrently under
+    the reduction loops ``loops`` (For statements) as atomic additions. A ``ScheduleError``
+    naming the Func and ``where`` (``otherwise``: what to do instead) when the stage is not
+    marked ``atomic()`` or the update does not add."""
+    name = s.func.name()
+    described = (f"the {loops[0].kind.replace('_', ' ')} loop{'s' if len(loops) > 1 else ''}"
+                 " over " + ", ".join(repr(loop.name) for loop in loops))
+    if not all(loop.atomic for loop in loops):
+        raise ScheduleError(
+            f"{where}: iterations of {described} may write one point of {name} at the same"
+            f" time: call atomic() on the stage first, if it adds to {name} ({otherwise})"
+        )
     v = addend(s.values[k], s.func.fid, k, s.args)
     if v is None:
-        name = s.func.name()
         raise ScheduleError(
-            f"{where}: iterations of {loops} may write one point of {name} at the same time;"
-            f" only an update adding to {name} where it writes ({name}(e) = {name}(e) + v) can"
-            f" run them concurrently, with atomic additions ({otherwise})"
+            f"{where}: iterations of {described} may write one point of {name} at the same"
+            f" time; only an update adding to {name} where it writes ({name}(e) = {name}(e) +"
+            f" v) can run them concurrently, with atomic additions ({otherwise})"
         )
     return v
 
