@@ -282,11 +282,10 @@ class Geometry:
     def environment_pdf(self, d):
         """The solid-angle pdf of ``sample_environment`` for directions ``d`` (N, 3)."""
         cdf, pmf, h, w = self._environment_distribution()
-        d = d.detach().double()
-        theta = torch.acos(torch.clamp(d[:, 1], -1.0, 1.0))
-        u = torch.atan2(d[:, 0], -d[:, 2]) / (2.0 * math.pi) + 0.5
+        uv = direction_to_latlong(d.detach().double())
+        theta = (1.0 - uv[:, 1]) * math.pi
         row = torch.clamp((theta * (h / math.pi)).long(), 0, h - 1)
-        col = torch.clamp((u * w).long(), 0, w - 1)
+        col = torch.clamp((uv[:, 0] * w).long(), 0, w - 1)
         pdf = pmf.index_select(0, row * w + col) * (h * w) / (
             2.0 * math.pi ** 2 * torch.clamp(torch.sin(theta), 1e-12))
         return pdf.to(self.dtype)

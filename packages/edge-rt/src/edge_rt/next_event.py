@@ -185,8 +185,8 @@ def next_event_environment(g, si, wi, kd, ks, rough, u):
     usable = (cos_g > 0.0) & (p_env > 0.0)
     rows = torch.nonzero(usable).flatten()
     visible = torch.zeros_like(usable)
-    if len(rows):  # shadow rays to infinity, leaving on the front side (Geometry.spawn)
-        origin = si.p.detach() + g.eps * si.ng.detach()
+    if len(rows):  # shadow rays to infinity
+        origin = g.spawn(si, wo).detach()
         hit = g.intersect(origin.index_select(0, rows), wo.index_select(0, rows))
         visible = visible.index_fill(0, rows.index_select(0, torch.nonzero(hit < 0).flatten()),
                                      True)

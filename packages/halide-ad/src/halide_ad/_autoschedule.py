@@ -459,25 +459,8 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
         result.stages[where] = [f"parallel({rv.name()}: its writes are disjoint)"]
         return
     if _tiling(pure, opts) is None:
-        large = [(rv, e) for rv, e in rvars if e >= opts.tile_w]
-        longest = max(rvars, key=lambda p: p[1], default=(None, 0))
-        strip = opts.tile_w * opts.tile_h
-        intm, done = None, []
-        try:
-            if len(large) >= 2:  # 2-D: the first large RVar becomes the intermediate's Var
-                rv, e = large[0]
-                intm = rfactor(f, k, [(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))],
-                               new_dims_first=True)  # the vector lanes: dense accumulators
-                new_dims = [(intm._pure_arg_names[0], e)]
-                done = [f"rfactor({rv.name()}) -> {result.key(intm)}"]
-            elif longest[1] >= strip:  # 1-D
-                intm = _rfactor_1d(f, k, *longest, opts)
-                lanes, chunks = intm._pure_arg_names[-2:]
-                new_dims = [(lanes, opts.tile_w), (chunks, -(-longest[1] // strip))]
-                done = [f"split({longest[0].name()}, {strip}, {opts.tile_w}), rfactor ->"
-                        f" {result.key(intm)}"]
-        except ScheduleError as err:  # not provably associative: leave the reduction serial
-            done = [f"rfactor skipped ({err})"]
+        # the vector lanes first: dense accumulators
+        intm, new_dims, done = _rfactor_update(f, k, rvars, opts, result, new_dims_first=True)
         if intm is not None:
             _schedule_intermediate(f, intm, new_dims, pure, opts, result)
         result.stages[where] = done
@@ -491,6 +474,34 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
         done = [f"parallel({' * '.join(names)})"]
     result.stages.setdefault(where, [])
     result.stages[where] += done or []
+
+
+def _rfactor_update(f, k, rvars, opts, result, new_dims_first=False):
+    """Spec §4.3 step 4.2: ``(intermediate, its new dimensions [(name, extent)], directives)``
+    of update ``k`` rfactored over its RVars ``rvars`` [(RVar, extent)]: 2-D, the first RVar
+    of at least the tile width becomes the intermediate's Var (its first with
+    ``new_dims_first``); 1-D, a long RVar in 256-wide strips (``_rfactor_1d``). The
+    intermediate is None when the RVars are too small or the update is not provably
+    associative (the directives then say why)."""
+    large = [(rv, e) for rv, e in rvars if e >= opts.tile_w]
+    longest = max(rvars, key=lambda p: p[1], default=(None, 0))
+    strip = opts.tile_w * opts.tile_h
+    try:
+        if len(large) >= 2:
+            rv, e = large[0]
+            intm = rfactor(f, k, [(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))],
+                           new_dims_first=new_dims_first)
+            new_dim = intm._pure_arg_names[0 if new_dims_first else -1]
+            return intm, [(new_dim, e)], [f"rfactor({rv.name()}) -> {result.key(intm)}"]
+        if longest[1] >= strip:
+            intm = _rfactor_1d(f, k, *longest, opts)
+            lanes, chunks = intm._pure_arg_names[-2:]
+            return intm, [(lanes, opts.tile_w), (chunks, -(-longest[1] // strip))], [
+                f"split({longest[0].name()}, {strip}, {opts.tile_w}), rfactor ->"
+                f" {result.key(intm)}"]
+    except ScheduleError as err:  # not provably associative: the reduction stays as it is
+        return None, [], [f"rfactor skipped ({err})"]
+    return None, [], []
 
 
 def _disjoint_rvar(f, ldef, values, opts):
@@ -705,28 +716,14 @@ def _gpu_schedule_update(f, k, ldef, ext, values, opts, result):
     rvars = _rvar_extents(ldef, values)
     large = [(rv, e) for rv, e in rvars if e >= min(opts.tile_w, opts.tile_h)][:2]
     longest = max(rvars, key=lambda p: p[1], default=(None, 0))
-    strip = opts.tile_w * opts.tile_h
-    tilable = len(large) == 2 or longest[1] >= strip
+    tilable = len(large) == 2 or longest[1] >= opts.tile_w * opts.tile_h
     done = []
     if points < opts.gpu_min_parallel and tilable:
         names = d.func._pure_arg_names
         scatter = any(not (E.is_var(a) and a.key == names[j]) for j, a in enumerate(d.args))
         intm = None
         if not scatter:
-            try:
-                if len(large) == 2:
-                    rv, e = large[0]
-                    intm = stage.rfactor([(rv, E.Var(f"{rv.name().replace('.', '_')}_v"))])
-                    new_dims = [(intm._pure_arg_names[-1], e)]
-                    done = [f"rfactor({rv.name()}) -> {result.key(intm)}"]
-                else:
-                    intm = _rfactor_1d(f, k, *longest, opts)
-                    lanes, chunks = intm._pure_arg_names[-2:]
-                    new_dims = [(lanes, opts.tile_w), (chunks, -(-longest[1] // strip))]
-                    done = [f"split({longest[0].name()}, {strip}, {opts.tile_w}), rfactor ->"
-                            f" {result.key(intm)}"]
-            except ScheduleError as err:  # not provably associative
-                done = [f"rfactor skipped ({err})"]
+            intm, new_dims, done = _rfactor_update(f, k, rvars, opts, result)
         if intm is not None:
             intm.compute_root()
             result.levels[result.key(intm)] = f"root (rfactor of {result.key(f)})"
