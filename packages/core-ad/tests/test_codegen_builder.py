@@ -172,6 +172,65 @@ def test_failure_status_and_duplicate_entry_names():
     assert fn(0, 11, ctypes.addressof(ptrs), ints.ctypes.data) == 4
 
 
+def _rows_module():
+    """``grid(start, end, ptrs=[out], ints=[cols, bad])``: for each row in [start, end), the
+    columns run on the thread pool from compiled code (``call_parallel``): out[row, j] = row *
+    1000 + j, and column ``bad`` fails with status 5. The row reaches the body through the
+    closure."""
+    mod = codegen.KernelModule("rows")
+    body = mod.range_function("columns", ints=True)
+    cb = body.builder
+    closure = cb.bitcast(body.arg("ptrs"), ir.LiteralStructType(
+        [ir.IntType(64), ir.DoubleType().as_pointer()]).as_pointer())
+    zero, one = ir.Constant(ir.IntType(32), 0), ir.Constant(ir.IntType(32), 1)
+    row, out = cb.load(cb.gep(closure, [zero, zero])), cb.load(cb.gep(closure, [zero, one]))
+    cols, bad = body.integer(0), body.integer(1)
+    with codegen.loop(cb, body.start, body.end) as j:
+        ok = cb.function.append_basic_block("ok")
+        cb.cbranch(cb.icmp_signed("==", j, bad), body.fail_block(5), ok)
+        cb.position_at_end(ok)
+        value = cb.sitofp(cb.add(cb.mul(row, ir.Constant(ir.IntType(64), 1000)), j),
+                          ir.DoubleType())
+        cb.store(value, cb.gep(out, [cb.add(cb.mul(row, cols), j)]))
+    body.ret()
+
+    f = mod.range_function("grid", ints=True)
+    b = f.builder
+    slot = b.alloca(ir.LiteralStructType([ir.IntType(64), ir.DoubleType().as_pointer()]))
+    b.store(f.pointer(0, np.float64), b.gep(slot, [zero, one]))
+    with codegen.loop(b, f.start, f.end) as i:
+        b.store(i, b.gep(slot, [zero, zero]))
+        rc = mod.call_parallel(b, body, b.bitcast(slot, ir.IntType(8).as_pointer().as_pointer()),
+                               f.arg("ints"), f.integer(0))
+        failed, done = b.function.append_basic_block("failed"), b.function.append_basic_block(
+            "done")
+        b.cbranch(b.icmp_signed("!=", rc, zero), failed, done)
+        ir.IRBuilder(failed).ret(rc)
+        b.position_at_end(done)
+    f.ret()
+    return mod.compile()["grid"]
+
+
+def test_parallel_loop_called_from_compiled_code(monkeypatch):
+    from core_ad._codegen.llvm import builder
+
+    extents = []
+    run = builder.parallel_for
+    monkeypatch.setattr(builder, "parallel_for",
+                        lambda fn, n, args, **kw: extents.append(n) or run(fn, n, args, **kw))
+    grid = _rows_module()
+    out = np.zeros((7, 301))
+    ptrs = _table(out)
+    ints = np.array([301, -1], np.int64)
+    assert grid(0, 7, ctypes.addressof(ptrs), ints.ctypes.data) == 0
+    np.testing.assert_array_equal(out, np.arange(7)[:, None] * 1000.0 + np.arange(301))
+    assert extents == [301] * 7  # one pool run per row
+    ints[1] = 250  # a failing column: its status stops the caller at the first row
+    out[:] = 0
+    assert grid(0, 7, ctypes.addressof(ptrs), ints.ctypes.data) == 5
+    assert not out[1:].any()
+
+
 def test_compile_ir_returns_several_addresses():
     mod, _ = _axpy_module(name="several")
     text, h = mod.ir_text()

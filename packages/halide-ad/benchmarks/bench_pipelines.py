@@ -1,5 +1,7 @@
 """halide_ad pipelines vs Halide 21 (JIT), numpy and torch (CPU): a separable 3x3 blur and
-the bilateral grid on a 4096 x 4096 float32 image, timed side by side in one run.
+the bilateral grid on a 4096 x 4096 float32 image, and gamma correction and a 2x bilinear
+upsample of a 3 x 2048 x 2048 planar colour image (their "tiled" schedules run the rows in
+parallel inside the channel loop), timed side by side in one run.
 
 * halide_ad and Halide 21 run the *same* pipeline code (``halide_ad.apps.blur`` /
   ``halide_ad.apps.bilateral_grid``, ``build(hl, ...)`` with ``hl = halide_ad`` or
@@ -168,7 +170,8 @@ def main() -> int:
     p.add_argument("--tile", type=int, nargs=2, default=(256, 32),
                    help="tile of the 'tiled' schedule (default 256 32)")
     p.add_argument("--vec", type=int, default=8, help="vector width (default 8: AVX2 floats)")
-    p.add_argument("--only", choices=("blur", "bilateral_grid"), default=None)
+    p.add_argument("--only", choices=("blur", "bilateral_grid", "gamma_rgb", "upsample_rgb"),
+                   default=None)
     p.add_argument("--threads", type=int, default=None,
                    help="threads for Halide 21 / halide_ad (HL_NUM_THREADS) and torch "
                         "(set_num_threads); default: the libraries' defaults (all cores)")
@@ -184,7 +187,7 @@ def main() -> int:
     if torch is not None and args.threads:
         torch.set_num_threads(args.threads)
     n = args.size
-    img = np.random.default_rng(0).random((n, n), dtype=np.float32)
+    square = np.random.default_rng(0).random((n, n), dtype=np.float32)
     tile, vec = tuple(args.tile), args.vec
     print(f"bench_pipelines: {n} x {n} float32, 'tiled' schedule tile={tile} vec={vec}, "
           f"median of {args.repeats}")
@@ -200,31 +203,46 @@ def main() -> int:
                  f"{hl_21.get_jit_target_from_environment()}\n" + extra)
     print(bench.machine_info(extra, modules=("numpy", "halide_ad", "torch")))
 
+    rgb = np.random.default_rng(1).random((3, n // 2, n // 2), dtype=np.float32)
     pipelines = [
         ("blur", apps.blur, {}, 1e-6),
         ("bilateral_grid", apps.bilateral_grid, {"s_sigma": 8, "r_sigma": 0.1}, 1e-4),
+        ("gamma_rgb", apps.gamma, {"gamma": 2.2}, 1e-5),
+        ("upsample_rgb", apps.upsample, {"factor": 2}, 1e-5),
     ]
+    numpy_versions = {
+        "gamma_rgb": lambda: np.power(np.maximum(rgb, np.float32(0)), np.float32(2.2)),
+        "upsample_rgb": lambda: apps.upsample.reference(rgb, factor=2),  # float64
+    }
     for name, mod, kw, tol in pipelines:
         if args.only and args.only != name:
             continue
+        img = rgb if name in numpy_versions else square
         first, cases = {}, {}
         for hl, label in ((hl_ad, "halide_ad"), (hl_21, "Halide 21 (JIT)")):
             if hl is not None:
                 fn = halide_case(hl, mod, img, kw, tile, vec, label, first, notes)
                 if fn is not None:
                     cases[label] = fn
-        cases["numpy"] = lambda mod=mod, kw=kw: mod.reference(img, dtype=np.float32, **kw)
+        cases["numpy"] = numpy_versions.get(name) or (
+            lambda mod=mod, kw=kw, img=img: mod.reference(img, dtype=np.float32, **kw))
         if torch is not None:
             t = torch.from_numpy(img)
             if name == "blur":
                 cases["torch conv2d 3x3"] = torch_blur_3x3(torch, t)
                 cases["torch conv2d 1x3+3x1"] = torch_blur_separable(torch, t)
                 cases["torch shifted slices"] = torch_blur_slices(torch, t)
-            else:
+            elif name == "bilateral_grid":
                 cases["torch (index_add_, grid_sample)"] = torch_bilateral_grid(torch, t, **kw)
+            elif name == "gamma_rgb":
+                cases["torch (clamp, pow)"] = lambda t=t: t.clamp(min=0).pow(2.2)
+            else:
+                up = torch.nn.functional.interpolate
+                cases["torch (interpolate, bilinear)"] = lambda t=t: up(
+                    t[None], scale_factor=2, mode="bilinear")[0]
         ref = cases["numpy"]()
-        title = (f"{name}: {n} x {n} float32" +
-                 (f" (s_sigma={kw['s_sigma']}, r_sigma={kw['r_sigma']})" if kw else ""))
+        title = (f"{name}: {' x '.join(map(str, img.shape))} float32" +
+                 (" (" + ", ".join(f"{k}={v}" for k, v in kw.items()) + ")" if kw else ""))
         bench_pipeline(title, cases, first, ref, args.repeats, tol)
     for note in notes:
         print("note:", note)

@@ -46,7 +46,9 @@ expressions with the ONE emitter here rather than writing another::
   ``dense_load`` / ``dense_store`` / ``masked_dense_store``, ``gather`` (per-lane loads;
   bounds-checked gathers and scatters are the emitter's ``BufferArg``); ``parallel_for(fn, n,
   args, ...)`` splits ``[0, n)`` over the thread pool in aligned ranges, with per-thread
-  arguments for private partial buffers. Example (a vectorised, threaded sum of squares)::
+  arguments for private partial buffers; ``KernelModule.call_parallel(builder, fn, closure,
+  ints, n)`` does the same from compiled code (a parallel loop nested in serial ones, its body
+  an entry point reading the enclosing values from ``closure``). Example (a vectorised, threaded sum of squares)::
 
       import ctypes
       import numpy as np

@@ -6,8 +6,11 @@ kernel-building layer; C ABI)::
     int32 def_k(int64 start, int64 end, int8 **ptrs, int64 *ints)
 
 running iterations ``[start, end)`` of its outermost loop (the Python driver splits a parallel
-outermost loop across the thread pool with ``codegen.parallel_for``; ctypes releases the GIL). ``ptrs`` holds the storage of
-every Buffer, root Func (one per Tuple component) and Param; ``ints`` every run-time size
+outermost loop across the thread pool with ``codegen.parallel_for``; ctypes releases the GIL).
+A parallel loop inside serial ones becomes an entry point of its own, its enclosing values
+passed in a closure struct, which the kernel runs on the pool through core_ad's
+``KernelModule.call_parallel``; parallel loops inside a parallel one run serially. ``ptrs`` holds the
+storage of every Buffer, root Func (one per Tuple component) and Param; ``ints`` every run-time size
 (region, storage and buffer mins / extents / strides). Expressions are emitted by
 ``core_ad.codegen.Emitter``; Func and Buffer reads are the lowering of the ``hl_call``
 primitive registered here. Returns 0, or 2 when an allocation fails.
@@ -321,11 +324,14 @@ class ModuleBuilder:
         f = self.kernels.range_function(name, ints=True)
         b, start, end = f.builder, f.start, f.end
         self.err_block = f.fail_block(2)  # an allocation failed
+        self.kernel_name, self.ints, self.outlined = name, f.arg("ints"), 0
         env, storage = self._prologue(b, f.arg("ptrs"), f.arg("ints"), _uses(stmt))
         ranged = isinstance(stmt, For) and stmt.kind in ("serial", "parallel")
+        # the driver runs a parallel outermost loop on the thread pool; parallel loops inside
+        # it then run serially (the cores are taken), else each runs on the pool by itself
+        self.in_parallel = ranged and stmt.kind == "parallel"
         # threads run iterations of a reduction loop that may write one point: atomic stores
-        self.atomic_loop = stmt if ranged and stmt.kind == "parallel" and not stmt.pure \
-            else None
+        self.atomic_loop = stmt if self.in_parallel and not stmt.pure else None
         if ranged:
             self._loop(b, stmt, env, storage, None, lo=b.trunc(start, I32),
                        hi=b.trunc(end, I32))
@@ -445,6 +451,9 @@ class ModuleBuilder:
                 raise ScheduleError(f"the extent of loop {s.name} depends on a vectorized loop")
             scalars = {k: v for k, v in env.items() if not isinstance(v.type, ir.VectorType)}
             hi = self._emit(b, s.extent, scalars, storage, None)
+            if s.kind == "parallel" and vec is None and not self.in_parallel:
+                self._parallel(b, s, env, storage, hi)
+                return
         kind = s.kind
         # unrolling also applies inside a vectorized loop; vectorization does not nest
         if (kind == "vectorized" and vec is None) or kind == "unrolled":
@@ -484,6 +493,60 @@ class ModuleBuilder:
             self._serial(b, s, env, storage, vec, mid, hi)
             return
         self._serial(b, s, env, storage, vec, lo, hi)
+
+    def _parallel(self, b, s: For, env, storage, extent):
+        """A parallel loop inside serial ones: its body becomes an entry point that core_ad's
+        runtime runs over ``[0, extent)`` on the thread pool (``call_parallel``), reading the
+        enclosing loop variables, lets and storage from a closure struct. Constants stay
+        constants in the body (a unit stride keeps its accesses dense)."""
+        fids = [fid for fid in sorted(_uses(s)[0]) if fid in storage]
+        captured = [v for v in env.values() if not isinstance(v, ir.Constant)]
+        for fid in fids:
+            st = storage[fid]
+            captured += [v for v in st.ptrs + st.mins + st.strides
+                         if not isinstance(v, ir.Constant)]
+        captured = list({id(v): v for v in captured}.values())
+        closure_type = ir.LiteralStructType([v.type for v in captured])
+        entry = ir.IRBuilder(b.function.entry_basic_block)
+        entry.position_at_start(b.function.entry_basic_block)
+        closure = entry.alloca(closure_type, name=f"{s.name}.closure")
+        for k, v in enumerate(captured):
+            b.store(v, b.gep(closure, [ir.Constant(I32, 0), ir.Constant(I32, k)]))
+
+        body = self.kernels.range_function(f"{self.kernel_name}_par{self.outlined}", ints=True)
+        self.outlined += 1
+        cb = body.builder
+        fields = cb.bitcast(body.arg("ptrs"), closure_type.as_pointer())
+        slot = {id(v): k for k, v in enumerate(captured)}
+
+        def inside(v):
+            if isinstance(v, ir.Constant):
+                return v
+            return cb.load(cb.gep(fields, [ir.Constant(I32, 0), ir.Constant(I32, slot[id(v)])]))
+
+        inner_env = {k: inside(v) for k, v in env.items()}
+        inner_storage = {}
+        for fid in fids:
+            st = storage[fid]
+            inner_storage[fid] = _Storage([inside(v) for v in st.ptrs],
+                                          [inside(v) for v in st.mins],
+                                          [inside(v) for v in st.strides], st.dtypes, st.alias)
+        outer = self.err_block, self.atomic_loop, self.in_parallel
+        self.err_block = body.fail_block(2)
+        self.atomic_loop = None if s.pure else s
+        self.in_parallel = True
+        self._loop(cb, s, inner_env, inner_storage, None, lo=cb.trunc(body.start, I32),
+                   hi=cb.trunc(body.end, I32))
+        body.ret()
+        self.err_block, self.atomic_loop, self.in_parallel = outer
+
+        rc = self.kernels.call_parallel(b, body, b.bitcast(closure, I8P.as_pointer()),
+                                        self.ints, b.sext(extent, I64))
+        failed = b.function.append_basic_block(f"{s.name}.failed")
+        done = b.function.append_basic_block(f"{s.name}.done")
+        b.cbranch(b.icmp_signed("!=", rc, ir.Constant(I32, 0)), failed, done)
+        ir.IRBuilder(failed).ret(rc)
+        b.position_at_end(done)
 
     def _full(self, b, s: For, env, storage, vec):
         """The body of a vectorized / unrolled loop known to run its full width."""

@@ -8,7 +8,9 @@ A :class:`KernelModule` holds several entry points compiled together; each is a
     int32 name(int64 start, int64 end, int8 **ptrs [, int64 *ints])
 
 which runs iterations ``[start, end)`` so :func:`parallel_for` can split the work over the
-thread pool (ctypes releases the GIL). Inside a function: counted loops (:func:`loop`), a
+thread pool (ctypes releases the GIL). Compiled code can run a range function on the pool too
+(:meth:`KernelModule.call_parallel`: a parallel loop nested inside a kernel's serial loops,
+its body outlined into an entry point that reads the enclosing values from a closure). Inside a function: counted loops (:func:`loop`), a
 vector main body with a scalar tail (:func:`vector_loop`), splats, horizontal reductions,
 dense and masked vector memory access and per-lane gathers; expression values come from
 :class:`~core_ad.codegen.Emitter` (whose ``BufferArg`` gathers / scatters keep their bounds
@@ -23,7 +25,9 @@ import ctypes
 import hashlib
 import itertools
 import queue
+import threading
 import time
+import traceback
 from contextlib import contextmanager
 
 import numpy as np
@@ -166,6 +170,18 @@ class KernelModule:
             fn = self._declared[name] = ir.Function(self.module, ir.FunctionType(ret, args),
                                                     name)
         return fn
+
+    def call_parallel(self, b: ir.IRBuilder, fn: KernelFunction, closure, ints, n):
+        """Emit a call running the range function ``fn`` (``range_function(..., ints=True)``)
+        over ``[0, n)`` on the thread pool, as :func:`parallel_for` does from Python:
+        ``fn(start, end, closure, ints)`` per range. ``closure`` (``int8 **``) and ``ints``
+        (``int64 *``) are passed through unchanged; ``n`` is an int64. Returns the int32
+        status: the first non-zero status of the ranges, else 0 (-1 when the runtime itself
+        failed; the traceback is printed)."""
+        _register_parallel_runtime()
+        rt = self.declare(PARALLEL_RUNTIME_SYMBOL, I32,
+                          [I8P, I8P.as_pointer(), I64.as_pointer(), I64])
+        return b.call(rt, [b.bitcast(fn.fn, I8P), closure, ints, n])
 
     def get(self, name: str) -> ir.Function:
         """The llvm function of entry point ``name`` (to call it from another entry)."""
@@ -397,3 +413,46 @@ def parallel_for(fn, n: int, args, threads: int | None = None, chunks_per_thread
         if not h.cancel():  # nor awaited (a call from a busy pool would wait forever)
             h.result()
     return rcs
+
+
+# ------------------------------------------------------------- parallel loops from compiled code
+PARALLEL_RUNTIME_SYMBOL = "core_ad_parallel_for"
+_RANGE_FN = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
+                             ctypes.c_void_p)
+_RANGE_FNS: dict = {}  # address -> ctypes callable of an outlined loop body
+
+
+def _parallel_runtime(fn, closure, ints, n):
+    """``core_ad_parallel_for(fn, closure, ints, n)``: the callback compiled code calls (ctypes
+    takes the GIL; the ranges' calls release it again)."""
+    try:
+        body = _RANGE_FNS.get(fn)
+        if body is None:
+            body = _RANGE_FNS.setdefault(fn, _RANGE_FN(fn))
+        # several chunks per thread balance uneven iterations, as for outermost loops
+        rcs = parallel_for(body, n, (closure, ints), chunks_per_thread=4)
+        return next((rc for rc in rcs if rc), 0)
+    except BaseException:  # an exception cannot cross the compiled caller's frames
+        traceback.print_exc()
+        return -1
+
+
+_PARALLEL_RUNTIME = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_void_p, ctypes.c_int64)(_parallel_runtime)
+_REGISTER_LOCK = threading.Lock()
+_registered = False
+
+
+def _register_parallel_runtime():
+    """Make :data:`PARALLEL_RUNTIME_SYMBOL` resolvable by the JIT (also for kernels loaded from
+    the disk cache: they are linked after the IR that calls it was built in this process)."""
+    global _registered
+    if _registered:
+        return
+    with _REGISTER_LOCK:
+        if not _registered:
+            import llvmlite.binding as llvm
+
+            llvm.add_symbol(PARALLEL_RUNTIME_SYMBOL,
+                            ctypes.cast(_PARALLEL_RUNTIME, ctypes.c_void_p).value)
+            _registered = True
