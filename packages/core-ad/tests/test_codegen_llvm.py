@@ -231,6 +231,31 @@ def test_kernels_are_vector_code_calling_libmvec():
     assert '@"sin"(' in f64.ir  # the scalar remainder calls libm
 
 
+@pytest.mark.parametrize("lanes, dtype, variant", [
+    (8, np.float32, "_ZGVdN8vv_powf"),    # AVX2's 8 lanes, not a padded 16-lane AVX-512 call
+    (4, np.float32, "_ZGVbN4vv_powf"),    # SSE's
+    (4, np.float64, "_ZGVdN4vv_pow"),
+    (32, np.float32, "_ZGVeN16vv_powf"),  # wider than every variant: split into 16-lane calls
+])
+def test_vector_calls_take_the_variant_of_their_width(lanes, dtype, variant):
+    """On an AVX-512 host, a vector narrower than the host's variant calls the narrower ISA's
+    variant of exactly its width (a Halide-style ``vectorize(x, 8)`` of float32)."""
+    if not vecmath.libmvec_available("e"):
+        pytest.skip("libmvec is not available")
+    from llvmlite import ir
+
+    ft = ir.FloatType() if dtype == np.float32 else ir.DoubleType()
+    vt = ir.VectorType(ft, lanes)
+    module = ir.Module("widths")
+    fn = ir.Function(module, ir.FunctionType(vt, [vt, vt]), "f")
+    b = ir.IRBuilder(fn.append_basic_block())
+    b.ret(vecmath.VecMath(isa="e").call(b, "pow", list(fn.args), dtype))
+    text = str(module)
+    assert variant in text
+    assert len({name for name in ("_ZGVeN16vv_powf", "_ZGVdN8vv_powf", "_ZGVbN4vv_powf",
+                                  "_ZGVdN4vv_pow") if f'@"{name}"(' in text}) == 1
+
+
 SPECIAL = [np.nan, np.inf, -np.inf, 0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 0.5, 1.5, 3e9, -3e9, 1e20,
            -7.25, 1e-310]
 

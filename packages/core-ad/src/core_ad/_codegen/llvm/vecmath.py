@@ -3,8 +3,8 @@
 A call ``VecMath.call(builder, "sin", [x], dtype)`` with a scalar ``x`` calls libm (``sin`` /
 ``sinf``); with a vector ``x`` of ``W`` lanes it calls libmvec's variant for the widest ISA the
 host supports (``'e'`` AVX-512, ``'d'`` AVX2, ``'c'`` AVX, ``'b'`` SSE; x86 vector function ABI
-names such as ``_ZGVdN4v_sin`` or ``_ZGVdN8vv_powf``), padding or splitting when ``W`` is not
-the variant's width. Without libmvec (another libc, another architecture, or
+names such as ``_ZGVdN4v_sin`` or ``_ZGVdN8vv_powf``), or a narrower ISA's variant of exactly
+``W`` lanes, else padding or splitting when ``W`` is not the variant's width. Without libmvec (another libc, another architecture, or
 ``CORE_AD_LIBMVEC=0`` / the ``libmvec=False`` compile option) the vector is scalarised:
 ``W`` libm calls, still correct, slower. ``sqrt``, ``fabs``, ``floor``, ``ceil``, ``trunc`` and
 ``rint`` are LLVM intrinsics (exact, one instruction on x86).
@@ -89,6 +89,7 @@ MATH_FUNCTIONS: dict[str, tuple[int, str]] = {
 
 # lanes of (float64, float32) per libmvec ISA letter
 ISA_WIDTHS = {"b": (2, 4), "c": (4, 8), "d": (4, 8), "e": (8, 16)}
+_ISA_ORDER = ("e", "d", "c", "b")  # widest first; a host runs every ISA after its own
 
 # the domains of the accuracy table (and of tests/test_codegen_llvm.py): name -> ((lo, hi) per
 # argument, log-spaced?)
@@ -278,7 +279,7 @@ class VecMath:
         w = t.count
         if not self.libmvec:
             return self._scalarise(builder, libm, ft, args, w)
-        isa = self.isa
+        isa = self._isa_for(w, dtype)
         v = ISA_WIDTHS[isa][1 if dtype == np.float32 else 0]
         vt = ir.VectorType(ft, v)
         fn = _declare(module, _mvec_name(isa, v, arity, libm), vt, [vt] * arity)
@@ -304,6 +305,15 @@ class VecMath:
             parts = [builder.shuffle_vector(parts[i], parts[i + 1], cat)
                      for i in range(0, len(parts), 2)]
         return parts[0]
+
+    def _isa_for(self, lanes, dtype):
+        """The host's ISA, or a narrower one the host also runs whose variants take exactly
+        ``lanes`` lanes (8 float32 lanes on an AVX-512 host: AVX2's, not half of a 16-lane
+        call)."""
+        k = 1 if np.dtype(dtype) == np.float32 else 0
+        narrower = _ISA_ORDER[_ISA_ORDER.index(self.isa):]
+        return next((i for i in narrower if ISA_WIDTHS[i][k] == lanes
+                     and libmvec_available(i)), self.isa)
 
     @staticmethod
     def _scalarise(builder, libm, ft, args, w):
