@@ -472,10 +472,7 @@ class ModuleBuilder:
                         e[s.leaf] = lanes
                         self._stmt(b, s.body, e, storage, (s.leaf, w))
                     else:
-                        for k in range(w):
-                            e = dict(env)
-                            e[s.leaf] = ir.Constant(I32, k)
-                            self._stmt(b, s.body, e, storage, vec)
+                        self._unrolled(b, s, env, storage, vec, w)
                 with other:
                     self._serial(b, s, env, storage, vec, ir.Constant(I32, 0), hi)
             return
@@ -556,10 +553,26 @@ class ModuleBuilder:
             e[s.leaf] = ir.Constant(ir.VectorType(I32, w), list(range(w)))
             self._stmt(b, s.body, e, storage, (s.leaf, w))
             return
+        self._unrolled(b, s, env, storage, vec, w)
+
+    def _unrolled(self, b, s: For, env, storage, vec, w):
+        """``w`` copies of the body of unrolled loop ``s``. The copies of a single update or
+        definition share one context: what does not depend on the unrolled Var (a pixel's
+        load, its bin) is emitted once, less what the previous copy's store may have
+        changed."""
+        ctx = None
         for k in range(w):
             e = dict(env)
             e[s.leaf] = ir.Constant(I32, k)
-            self._stmt(b, s.body, e, storage, vec)
+            if not isinstance(s.body, Provide):
+                self._stmt(b, s.body, e, storage, vec)
+                continue
+            if ctx is None:
+                ctx = self._context(b, e, storage, vec)
+            else:
+                ctx.env = e
+                _evict(ctx.memo, {s.body.func.fid}, s.leaf)
+            self._provide(b, s.body, e, storage, vec, ctx)
 
     def _serial(self, b, s, env, storage, vec, lo, hi, emit_body=None):
         with codegen.loop(b, lo, hi, 1, s.name) as i:
@@ -684,13 +697,14 @@ class ModuleBuilder:
             b.call(self.free, [p])
 
 
-def _evict(memo, fids):
-    """Drop the emitted values that read a Func of ``fids`` (just written)."""
-    if not fids or not memo:
+def _evict(memo, fids, leaf=None):
+    """Drop the emitted values that read a Func of ``fids`` (just written) or depend on
+    ``leaf`` (a loop variable about to change)."""
+    if not (fids or leaf is not None) or not memo:
         return
     dirty = set()
     for n in sym.toposort([n for n, _ in memo.values()]):
-        if (E.is_call(n) and n.params["fid"] in fids) or any(
+        if n is leaf or (E.is_call(n) and n.params["fid"] in fids) or any(
                 id(a) in dirty for a in getattr(n, "args", ())):
             dirty.add(id(n))
     for k in dirty:
