@@ -160,6 +160,9 @@ class Block:
 class LetStmt:
     leaf: object
     value: object
+    # a region's min that skips what the previous iteration of this loop computed (sliding
+    # window): the loop's name, for print_loop_nest
+    sliding: str | None = None
 
 
 @dataclass
@@ -470,11 +473,16 @@ def _lower_def(graph, fid, d):
                 at.setdefault(st.var, []).append(("store", p))
     for k, dm in enumerate(loops.dims):  # innermost first
         for what, p in at.get(dm.name, []):
+            st = graph.stores[p]
             if what == "store":
                 lets = _region_lets(graph, p, "store", loops, k, body)
                 body = Block(lets + [Allocate(graph.funcs[p], body)])
                 continue
-            lets = _region_lets(graph, p, "region", loops, k, body)
+            outer = {o.name for o in loops.dims[k + 1:]}
+            slides = dm.kind == "serial" and (st.kind == "root" or (
+                st.kind == "at" and st.var in outer))
+            lets = _region_lets(graph, p, "region", loops, k, body,
+                                slide=dm if slides else None)
             produce = lower_func(graph, p)
             if graph.stores[p] == graph.levels[p]:
                 lets += [LetStmt(store_leaf(p, j, w), region_leaf(p, j, w))
@@ -494,10 +502,11 @@ def _lower_def(graph, fid, d):
     return body
 
 
-def _region_lets(graph, p, kind, loops, k, consumer_body):
+def _region_lets(graph, p, kind, loops, k, consumer_body, slide=None):
     """Let statements binding the ``kind`` ("region" or "store") leaves of producer ``p`` to
     the interval its consumer reads in one iteration of loop ``k`` (loops inside ``k`` range
-    over their extents, loops outside are fixed)."""
+    over their extents, loops outside are fixed). ``slide``: loop ``k`` itself, when ``p`` is
+    stored outside it and it runs in order: then the region may be a sliding window."""
     f = graph.funcs[p]
     env = {}
     for dm in reversed(loops.dims[:k]):  # loops inside this one, outermost first
@@ -516,12 +525,63 @@ def _region_lets(graph, p, kind, loops, k, consumer_body):
         req = ivs if req is None else [union(x, y) for x, y in zip(req, ivs)]
     if req is None:
         raise BoundsError(f"{f.name()} is computed at {loops.where} but not read there")
+    window = _sliding_dimension(graph, p, req, loops.leaf(slide.name)) if slide else None
     out = []
     for j, (lo, hi) in enumerate(req):
-        out += [LetStmt(sym.leaf(f"hl.{kind}", (p, j, "min"), I32), lo),
+        note = None
+        if j == window:
+            # Halide's sliding window: the storage still holds what iterations since the
+            # allocation computed, up to the previous iteration's max; compute the rest
+            v = loops.leaf(slide.name)
+            previous_hi = sym.substitute(hi, {v: v - 1})
+            lo = sym.where(v > 0, sym.maximum(lo, previous_hi + 1), lo)
+            note = slide.name
+        out += [LetStmt(sym.leaf(f"hl.{kind}", (p, j, "min"), I32), lo, note),
                 LetStmt(sym.leaf(f"hl.{kind}", (p, j, "extent"), I32),
                         sym.maximum(hi - lo + 1, sym.const(0, I32)))]
     return out
+
+
+def _step(e, v):
+    """``(least, most)``: the constants between which ``e`` grows when loop leaf ``v`` grows
+    by one, or None. A min or max grows between the least and the most step of its terms
+    (the interval of a stencil's reads), a sum by the sum of theirs (a strip clipped at the
+    end of the image)."""
+    d = const_value(sym.substitute(e, {v: v + 1}) - e)
+    if d is not None:
+        return d, d
+    name = getattr(getattr(e, "prim", None), "name", None)
+    if name not in ("minimum", "maximum", "add"):
+        return None
+    steps = [_step(a, v) for a in e.args]
+    if any(st is None for st in steps):
+        return None
+    if name == "add":
+        return sum(st[0] for st in steps), sum(st[1] for st in steps)
+    return min(st[0] for st in steps), max(st[1] for st in steps)
+
+
+def _sliding_dimension(graph, p, req, v):
+    """The one dimension of region ``req`` that moves with loop leaf ``v``, both ends never
+    backwards (the max forwards), so an iteration re-reads what earlier ones computed; None when there is no such dimension, when another one moves
+    too, or when an update of ``p`` writes that dimension at other than its pure Var (it
+    would add to the points kept from the previous iteration a second time)."""
+    moving = [j for j, (lo, hi) in enumerate(req)
+              if v in sym.free_leaves([lo, hi])]
+    if len(moving) != 1:
+        return None
+    j = moving[0]
+
+    lo, hi = req[j]
+    dlo, dhi = _step(lo, v), _step(hi, v)
+    if dlo is None or dhi is None or dlo[0] < 0 or dhi[0] < 0 or dhi[1] <= 0:
+        return None
+    name = graph.funcs[p]._pure_arg_names[j]
+    for d in graph.defs[p]:
+        a = d.args[j]
+        if getattr(a, "kind", None) != "hl.var" or a.key != name:
+            return None
+    return j
 
 
 def walk(stmt):

@@ -50,6 +50,9 @@ def _stmt(s, depth, lines):
         kind, (fid, d, w) = s.leaf.kind, s.leaf.key
         if kind == "hl.region" and d == 0 and w == "min":
             lines.append(f"{pad}produce {fid.split('$')[0]} (bounds from its consumer):")
+        if s.sliding is not None:
+            lines.append(f"{pad}  (sliding window over {s.sliding}: dimension {d} computes"
+                         " only what the previous iteration did not)")
     elif isinstance(s, Provide):
         args = ", ".join(_expr(a) for a in s.args)
         pred = f" if {_expr(s.predicate)}" if s.predicate is not None else ""
