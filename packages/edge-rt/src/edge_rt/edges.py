@@ -7,6 +7,14 @@ proportional to clipped screen length. Each sample picks an edge and a uniform p
 its clipped segment; the renderer evaluates both sides and weights by
 ``len_clip / (P(E) * ||grad_xy alpha||)`` with alpha built from the (near-clipped)
 projected endpoints, so the boundary term is the gradient of ``sum_j c_j alpha_j(Phi)``.
+
+Thin lens (spec 3.4): the silhouette test runs at the four corners of the pupil's bounding
+square (conservative: a face's orientation is affine in the viewpoint, so it changes over the
+disk only if it does over the square); each sample first takes its lens point, then an edge,
+whose segment it projects through that lens point (a central projection: still a segment).
+The edge distribution is the pinhole one (lens centre) mixed with a uniform share
+(:data:`LENS_UNIFORM_SHARE`) over every candidate in front of the near plane, so an edge that
+only some lens points see has a non-zero probability.
 """
 
 from __future__ import annotations
@@ -17,6 +25,7 @@ import numpy as np
 import torch
 
 COPLANAR = 1.0 - 1e-6
+LENS_UNIFORM_SHARE = 0.1
 
 
 def edge_equation(a, b, xy):
@@ -109,7 +118,6 @@ def silhouette_edges(scene, mi):
     """Edges (E, 4) of mesh ``mi`` that can be discontinuities seen from the camera: camera
     silhouettes and boundary edges, plus every non-coplanar edge of a flat-shaded mesh."""
     m = scene.meshes[mi]
-    q = scene.camera.cam_to_world.detach().double()[:3, 3].numpy()
     v = m.vertices.detach().double().numpy()
     f = m.faces.numpy()
     e = edge_list(f, m.degenerate_faces, v)
@@ -117,12 +125,23 @@ def silhouette_edges(scene, mi):
     fn /= np.maximum(np.linalg.norm(fn, axis=1, keepdims=True), 1e-300)
     boundary = e[:, 3] < 0
     f1 = np.where(boundary, e[:, 2], e[:, 3])
-    facing0 = np.einsum("ij,ij->i", q - v[f[e[:, 2], 0]], fn[e[:, 2]]) > 0
-    facing1 = np.einsum("ij,ij->i", q - v[f[f1, 0]], fn[f1]) > 0
-    sil = boundary | (facing0 != facing1)
+    facing = np.stack([np.stack([np.einsum("ij,ij->i", q - v[f[face, 0]], fn[face]) > 0
+                                 for face in (e[:, 2], f1)]) for q in _viewpoints(scene.camera)])
+    sil = boundary | ~(facing.all(axis=(0, 1)) | ~facing.any(axis=(0, 1)))
     if m.normals is None:
         sil |= np.einsum("ij,ij->i", fn[e[:, 2]], fn[f1]) < COPLANAR
     return e[sil]
+
+
+def _viewpoints(cam):
+    """World-space points the silhouettes are seen from: the camera's position, or the four
+    corners of a thin lens's bounding square."""
+    m = cam.cam_to_world.detach().double().numpy()
+    if not cam.thin_lens:
+        return [m[:3, 3]]
+    r = float(cam.aperture_radius.detach())
+    return [m[:3, 3] + m[:3, :3] @ np.array([sx * r, sy * r, 0.0])
+            for sx in (-1.0, 1.0) for sy in (-1.0, 1.0)]
 
 
 def primary_edges(scene) -> PrimaryEdges:
@@ -140,8 +159,10 @@ def primary_edges(scene) -> PrimaryEdges:
         pc0, pc1, front = _clip_near(pc0, pc1, cam.clip_near)
         a, b = _project(cam, pc0), _project(cam, pc1)
         s0, s1, inside = _liang_barsky(a, b, cam.width, cam.height)
-        length = np.linalg.norm(s1 - s0, axis=1)
+        length = np.where(inside, np.linalg.norm(s1 - s0, axis=1), 0.0)
         ok = front & inside & (length > 0) & (np.linalg.norm(b - a, axis=1) > 1e-12)
+        if cam.thin_lens:  # seen through other lens points: off the centre's screen too
+            ok = front
         cols["mesh"].append(np.full(ok.sum(), mi))
         cols["v0"].append(e[ok, 0])
         cols["v1"].append(e[ok, 1])
@@ -150,10 +171,13 @@ def primary_edges(scene) -> PrimaryEdges:
         cols["len"].append(length[ok])
     length = np.concatenate(cols["len"])
     total = length.sum()
+    pmf = length / total if total > 0 else length
+    if cam.thin_lens and len(length):
+        share = LENS_UNIFORM_SHARE if total > 0 else 1.0
+        pmf = (1.0 - share) * pmf + share / len(length)
     return PrimaryEdges(np.concatenate(cols["mesh"]), np.concatenate(cols["v0"]),
                         np.concatenate(cols["v1"]), np.concatenate(cols["s0"]).reshape(-1, 2),
-                        np.concatenate(cols["s1"]).reshape(-1, 2),
-                        length / total if total > 0 else length)
+                        np.concatenate(cols["s1"]).reshape(-1, 2), pmf)
 
 
 @dataclass
@@ -249,9 +273,10 @@ def endpoints(scene, mesh, v0, v1, dtype):
     return pa, pb
 
 
-def clipped_endpoints(scene, mesh, v0, v1, dtype):
+def clipped_endpoints(scene, mesh, v0, v1, dtype, lens=None):
     """Differentiable projected endpoints a, b (N, 2) of the sampled edges, after the
-    near-plane clip (the clip point is differentiated through)."""
+    near-plane clip (the clip point is differentiated through); ``lens`` (N, 2): each
+    sample's thin-lens point (camera space), projected through."""
     cam = scene.camera
     pa, pb = endpoints(scene, mesh, v0, v1, dtype)
     c0, c1 = cam.to_camera(pa, dtype), cam.to_camera(pb, dtype)
@@ -262,7 +287,7 @@ def clipped_endpoints(scene, mesh, v0, v1, dtype):
     clip = c0 + (near - z0) / denom * (c1 - c0)
     c0 = torch.where(behind0, clip, c0)
     c1 = torch.where(behind1, clip, c1)
-    return cam.project(c0), cam.project(c1)
+    return cam.project(c0, lens), cam.project(c1, lens)
 
 
 def sample(edges: PrimaryEdges, n, rng):
@@ -271,4 +296,22 @@ def sample(edges: PrimaryEdges, n, rng):
     t = rng.random(n)
     p = edges.seg0[k] + t[:, None] * (edges.seg1[k] - edges.seg0[k])
     length = np.linalg.norm(edges.seg1[k] - edges.seg0[k], axis=1)
+    return k, p, length / edges.pmf[k]
+
+
+def sample_through_lens(scene, edges: PrimaryEdges, lens, rng):
+    """One sample per lens point (N, 2; camera space, detached): an edge by ``edges.pmf``,
+    its segment projected through the lens point and clipped to the screen, a uniform point
+    on it. Returns (edge index, screen point (N, 2), weight len_clip / P(E)); the weight is
+    0 where the segment misses the screen for that lens point."""
+    cam = scene.camera
+    n = len(lens)
+    k = rng.choice(len(edges), size=n, p=edges.pmf)
+    t = rng.random(n)
+    with torch.no_grad():
+        a, b = clipped_endpoints(scene, edges.mesh[k], edges.v0[k], edges.v1[k],
+                                 torch.float64, torch.as_tensor(lens, dtype=torch.float64))
+    s0, s1, inside = _liang_barsky(a.numpy(), b.numpy(), cam.width, cam.height)
+    p = s0 + t[:, None] * (s1 - s0)
+    length = np.where(inside, np.linalg.norm(s1 - s0, axis=1), 0.0)
     return k, p, length / edges.pmf[k]

@@ -79,14 +79,22 @@ class Sampler:
         return u.repeat(self.repeat, 1) if self.repeat > 1 else u
 
 
-_PIXEL, _LIGHT, _BSDF, _ENVIRONMENT = 0, 1, 2, 3
+_PIXEL, _LIGHT, _BSDF, _ENVIRONMENT, LENS = 0, 1, 2, 3, 4
+
+
+def lens_uniforms(sampler: Sampler, dtype):
+    """The (N, 2) uniforms picking each path's point on a thin lens (the edge sampler draws
+    the same ones for its side paths: ``Sampler.uniform(LENS, 0, 2, dtype)``)."""
+    return sampler.uniform(LENS, 0, 2, dtype)
 
 
 def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="radiance"):
     """Per-lane values (N, C) for screen points ``xy`` (N, 2) in pixels."""
     g, dt = geometry, geometry.dtype
     n = xy.shape[0]
-    o, d, valid = scene.camera.rays(xy, dt)
+    cam = scene.camera
+    lens = cam.lens_points(lens_uniforms(sampler, dt), dt) if cam.thin_lens else None
+    o, d, valid = cam.rays(xy, dt, lens)
     if output != "radiance":
         return _aov(g, o, d, valid, output)
     radiance = torch.zeros((n, 3), dtype=dt)

@@ -14,8 +14,8 @@ from tqdm.auto import tqdm
 
 from . import edges as edges_mod
 from .geometry import Geometry
-from .integrator import CHANNELS, OUTPUTS, Sampler, trace, uniforms
-from .scene import SceneError, check_eta
+from .integrator import CHANNELS, LENS, OUTPUTS, Sampler, trace, uniforms, uniforms_at
+from .scene import SceneError, check_eta, check_lens
 
 # Paths per wavefront chunk (any size: random streams do not depend on it). The autograd
 # replay records one graph per chunk; with the compiled bounce kernels it is small enough for
@@ -54,6 +54,7 @@ def _check(scene, spp, output, max_depth):
     for m in scene.meshes:
         if m.material.eta is not None:
             check_eta(m.material.eta, f"render: mesh {m.name!r} material eta")
+    check_lens(scene.camera)
 
 
 def _pixel_samples(cam, spp, seed, start, count):
@@ -243,7 +244,8 @@ def _moving_meshes(sc, varying):
     other edge has a zero derivative whatever its two sides (its sides are not traced)."""
     ids = {id(t) for t in varying}
     cam = sc.camera
-    camera = id(cam.cam_to_world) in ids or id(cam.fov) in ids
+    camera = any(id(t) in ids for t in (cam.cam_to_world, cam.fov, cam.aperture_radius,
+                                        cam.focus_distance))
     return np.array([camera or id(m.vertices) in ids for m in sc.meshes], dtype=bool)
 
 
@@ -269,7 +271,7 @@ def _side_values(primal, point, normal, paths, seed, max_depth, output, dtype, p
             xy = np.concatenate([upper[start:stop], lower[start:stop]])
             v = trace(primal, g, torch.as_tensor(xy, dtype=dtype),
                       Sampler((*seed, 13), 0, count, repeat=2, paths=paths[start:stop]),
-                      max_depth, output)
+                      max_depth, output)  # seed (*seed, 13): the lens points' stream too
             values[0, start:stop], values[1, start:stop] = v[:count].double(), v[count:].double()
     pixels = []
     for side in (upper, lower):
@@ -294,15 +296,25 @@ def _pinhole_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, prog
     if len(prim) == 0 or n_edge == 0:
         return None
     rng = np.random.default_rng([*seed, 11])
-    k, point, weight = edges_mod.sample(prim, n_edge, rng)
-    paths = np.nonzero(moving[prim.mesh[k]])[0]
+    side_seed = (*seed, 13)
+    lens_u = lens = None
+    if primal.camera.thin_lens:
+        # the lens point of sample i is the one its side paths take (their Sampler's stream)
+        lens_u = torch.as_tensor(uniforms_at(side_seed, np.arange(n_edge), 2, LENS, 0))
+        with torch.no_grad():
+            lens = primal.camera.lens_points(lens_u, torch.float64)
+        k, point, weight = edges_mod.sample_through_lens(primal, prim, lens.numpy(), rng)
+    else:
+        k, point, weight = edges_mod.sample(prim, n_edge, rng)
+    paths = np.nonzero(moving[prim.mesh[k]] & (weight > 0))[0]
     if len(paths) == 0:
         return None
     k, point, weight = k[paths], point[paths], weight[paths]
     # The side offset follows the normal of the near-clipped projected line.
     with torch.no_grad():
         a, b = edges_mod.clipped_endpoints(primal, prim.mesh[k], prim.v0[k], prim.v1[k],
-                                           torch.float64)
+                                           torch.float64,
+                                           None if lens is None else lens[paths])
     a, b = a.numpy(), b.numpy()
     normal = np.stack([a[:, 1] - b[:, 1], b[:, 0] - a[:, 0]], 1)
     grad_norm = np.linalg.norm(normal, axis=1)
@@ -312,8 +324,10 @@ def _pinhole_edge_terms(sc, primal, n_edge, seed, max_depth, output, dtype, prog
     coeff = torch.as_tensor(weight / grad_norm / n_edge, dtype=dtype)
 
     def alpha_of(sel):
+        # the lens points move with the aperture: differentiated through
+        at = None if lens_u is None else sc.camera.lens_points(lens_u[paths[sel]], dtype)
         pa, pb = edges_mod.clipped_endpoints(sc, prim.mesh[k[sel]], prim.v0[k[sel]],
-                                             prim.v1[k[sel]], dtype)
+                                             prim.v1[k[sel]], dtype, at)
         return edges_mod.edge_equation(pa, pb, torch.as_tensor(point[sel], dtype=dtype))
 
     return _live_terms(coeff, alpha_of, *sides)

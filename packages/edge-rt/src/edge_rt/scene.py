@@ -60,13 +60,20 @@ class Camera:
     ``cam_to_world``: 4x4 pose; ``fov``: horizontal field of view in degrees (pinhole);
     ``resolution``: (width, height) in pixels; ``clip_near``: near plane distance (geometry
     closer than it is not seen, and primary edges are clipped there). ``kind``: "pinhole" or
-    "fisheye" (equiangular, 180 degrees across the image's inscribed circle)."""
+    "fisheye" (equiangular, 180 degrees across the image's inscribed circle).
+
+    Depth of field (pinhole kind only): ``aperture_radius`` > 0 makes it a thin lens of that
+    radius (world units) in the camera's xy plane, focused at ``focus_distance`` along its
+    axis; each camera sample picks a lens point (uniform on the disk), and its ray passes
+    through the point its pixel sees on the plane in focus. Both can be optimised."""
 
     cam_to_world: torch.Tensor
     fov: torch.Tensor | float = 45.0
     resolution: tuple = (64, 64)
     clip_near: float = 1e-2
     kind: str = "pinhole"
+    aperture_radius: torch.Tensor | float = 0.0
+    focus_distance: torch.Tensor | float = 1.0
 
     def __post_init__(self):
         self.cam_to_world = _tensor(self.cam_to_world, "Camera.cam_to_world")
@@ -84,6 +91,30 @@ class Camera:
             raise SceneError(f"Camera.clip_near: must be > 0, got {self.clip_near}")
         if self.kind not in ("pinhole", "fisheye"):
             raise SceneError(f"Camera.kind: 'pinhole' or 'fisheye', got {self.kind!r}")
+        self.aperture_radius = _tensor(self.aperture_radius, "Camera.aperture_radius")
+        self.focus_distance = _tensor(self.focus_distance, "Camera.focus_distance")
+        check_lens(self)
+
+    @property
+    def thin_lens(self) -> bool:
+        """Whether rays leave from a lens disk (``aperture_radius`` > 0), not one point."""
+        return float(self.aperture_radius.detach().reshape(())) > 0.0
+
+    def lens_points(self, u, dtype):
+        """Camera-space (x, y) points (N, 2) on the lens for uniforms ``u`` (N, 2): Shirley's
+        concentric map of the square to the disk (area preserving, so uniform on the disk),
+        scaled by the aperture radius (differentiably)."""
+        a = 2.0 * u.to(dtype) - 1.0
+        ax, ay = a[:, 0], a[:, 1]
+        outer = ax.abs() > ay.abs()
+        safe_x = torch.where(ax != 0, ax, torch.ones_like(ax))
+        safe_y = torch.where(ay != 0, ay, torch.ones_like(ay))
+        r = torch.where(outer, ax, ay)
+        phi = torch.where(outer, (math.pi / 4.0) * ay / safe_x,
+                          math.pi / 2.0 - (math.pi / 4.0) * ax / safe_y)
+        r = torch.where((ax == 0) & (ay == 0), torch.zeros_like(r), r)
+        radius = self.aperture_radius.to(dtype)
+        return torch.stack([radius * r * torch.cos(phi), radius * r * torch.sin(phi)], 1)
 
     @property
     def width(self):
@@ -96,9 +127,11 @@ class Camera:
     def position(self, dtype):
         return self.cam_to_world[:3, 3].to(dtype)
 
-    def rays(self, xy, dtype):
+    def rays(self, xy, dtype, lens=None):
         """World-space ray origins and unit directions for pixel coordinates ``xy`` (N, 2)
-        (x right in [0, W], y down in [0, H]); ``valid`` marks lanes with a ray."""
+        (x right in [0, W], y down in [0, H]); ``valid`` marks lanes with a ray. ``lens``:
+        camera-space lens points (N, 2) of a thin lens (:meth:`lens_points`), None for the
+        lens centre."""
         m = self.cam_to_world.to(dtype)
         w, h = self.width, self.height
         if self.kind == "pinhole":
@@ -107,6 +140,11 @@ class Camera:
                                  -s * (2.0 * xy[:, 1] / h - 1.0) * (h / w),
                                  torch.ones_like(xy[:, 0])], 1)
             valid = torch.ones(xy.shape[0], dtype=torch.bool)
+            if lens is not None:  # from the lens point through the pixel's focal-plane point
+                origin = torch.cat([lens, torch.zeros_like(lens[:, :1])], 1)
+                local = local * self.focus_distance.to(dtype) - origin
+                d = local @ m[:3, :3].T
+                return m[:3, 3] + origin @ m[:3, :3].T, d / d.norm(dim=1, keepdim=True), valid
         else:
             scale = float(min(w, h))
             px = (2.0 * xy[:, 0] - w) / scale
@@ -126,12 +164,18 @@ class Camera:
         m = self.cam_to_world.to(dtype)
         return (p - m[:3, 3]) @ m[:3, :3].inverse().T
 
-    def project(self, pc):
+    def project(self, pc, lens=None):
         """Camera-space points to pixel coordinates, (N, 2): the pinhole's perspective divide
         (points with z > 0), or the equiangular fisheye's polar map (image radius
         proportional to the angle from the optical axis; points beyond 90 degrees land
-        outside the image circle)."""
+        outside the image circle). ``lens`` (N, 2): a thin lens's points: each point lands
+        where the line from its lens point through it crosses the plane in focus (for one lens
+        point, still a central projection: lines stay lines)."""
         w, h = self.width, self.height
+        if lens is not None:
+            f = self.focus_distance.to(pc.dtype)
+            lxy = lens + (pc[:, :2] - lens) * (f / pc[:, 2])[:, None]
+            pc = torch.cat([lxy, f.expand(len(pc))[:, None]], 1)
         if self.kind == "fisheye":
             scale = float(min(w, h))
             lateral = torch.sqrt(torch.clamp(pc[:, 0] ** 2 + pc[:, 1] ** 2, min=1e-300))
@@ -189,6 +233,24 @@ class Material:
     @property
     def is_dielectric(self) -> bool:
         return self.eta is not None
+
+
+def check_lens(cam):
+    """A thin lens needs a non-negative radius, a positive focus distance and the pinhole
+    kind (checked again at render time: an optimiser step may move them)."""
+    for name in ("aperture_radius", "focus_distance"):
+        t = getattr(cam, name)
+        if t.numel() != 1 or not torch.isfinite(t.detach()).all():
+            raise SceneError(f"Camera.{name}: must be one finite number, got {t.detach()}")
+    if float(cam.aperture_radius.detach().reshape(())) < 0.0:
+        raise SceneError(f"Camera.aperture_radius: must be >= 0, got "
+                         f"{float(cam.aperture_radius.detach().reshape(()))}")
+    if not float(cam.focus_distance.detach().reshape(())) > 0.0:
+        raise SceneError(f"Camera.focus_distance: must be > 0, got "
+                         f"{float(cam.focus_distance.detach().reshape(()))}")
+    if cam.kind != "pinhole" and cam.thin_lens:
+        raise SceneError("Camera.aperture_radius: a thin lens needs kind='pinhole' (the "
+                         "fisheye has no lens model)")
 
 
 def check_eta(eta, name):

@@ -259,6 +259,9 @@ class PathSpace:
                                         else ())
         if scene.camera.kind != "pinhole":
             raise PathSpaceError(f"PathSpace: only pinhole cameras, got {scene.camera.kind!r}")
+        if scene.camera.thin_lens:
+            raise PathSpaceError("PathSpace: thin-lens cameras are not supported yet (paths "
+                                 "start at one camera point); set aperture_radius=0")
         if scene.envmap is not None:
             raise PathSpaceError("PathSpace: environment maps are not supported yet (paths end "
                                  "on area lights only; remove the envmap)")
