@@ -791,8 +791,11 @@ class _GraphPart:
         K, R = t.K, t.R
         zero = ir.Constant(VT, [0.0] * W) if vec else ir.Constant(T, 0.0)
 
+        opts = plan.optimizations
+
         def emit(roots):
-            vals = em.emit_program(sym.cse(roots), env)
+            roots = opts.factor(roots)
+            vals = emit_guarded(em, b, roots, env, None, opts.conditional)
             return [em.splat(em.convert(v, r.dtype, self.dtype)) for r, v in zip(roots, vals)]
 
         if kind == "cost":
@@ -806,6 +809,16 @@ class _GraphPart:
             if vec:
                 acc = codegen.hsum(b, acc)
             b.store(b.fadd(b.load(slot), acc), slot)
+        elif kind == "jtjp" and opts.polynomial:
+            # J^T J p of the edge as expressions over its p reads: core_ad merges the terms
+            dt = np.dtype(self.dtype)
+            P = [sym.leaf("lsq_at", ("p", j), dt) for j in range(R)]
+            for j, (_, d) in enumerate(t.ureads):
+                env[P[j]] = gather(self.PF, flat_pos(d))
+            jp = [_sum([t.partials[k][j] * P[j] for j in range(R)], dt) for k in range(K)]
+            outs = emit([_sum([t.partials[k][j] * jp[k] for k in range(K)], dt) for j in range(R)])
+            for j, (_, d) in enumerate(t.ureads):
+                scatter(self.OUT, d, outs[j])
         elif kind == "jtjp":
             D = emit([t.partials[k][j] for k in range(K) for j in range(R)])
             pv = [gather(self.PF, flat_pos(d)) for _, d in t.ureads]
