@@ -31,7 +31,7 @@ __all__ = ["Optimizations", "code_statistics"]
 
 # a guarded expression must hold at least this many nodes (operations and loads) of its own:
 # below, the branch costs more than the select of always computing it
-MIN_GUARDED = 8
+MIN_GUARDED = 32
 
 
 @dataclass(frozen=True)
