@@ -62,7 +62,7 @@ def test_each_toggle_agrees_with_all_on(reference, problem, label, opt):
     g2, dg2 = plan.fused.grad(x)
     assert _rel(g2, g) < 1e-12 and _rel(dg2, dg) < 1e-12
     assert abs(plan.fused.cost(x) - cost) <= 1e-12 * abs(cost)
-    assert _rel(solve(plan, plan.x0, max_iterations=3).x, x_solved) < 1e-10
+    assert _rel(solve(plan, plan.x0, max_iterations=3).x, x_solved) < 1e-12
 
 
 def test_statistics_drop_with_simplification():
