@@ -334,6 +334,8 @@ class Plan:
                  ignore_unused=False):
         self.energy, self.terms, self.dtype, self.backend = energy, terms, dtype, backend
         self.kernels = "lanes"
+        # read when the fused kernels are built (on first use)
+        self.optimizations = Optimizations()
         self._fused = None
         self._energy_kernels = None  # the cuda backend's fused kernels, built on first use
         self._memory = _HostMemory(self)  # where the lanes composition's arrays live
