@@ -181,31 +181,51 @@ def emit_guarded(em, b, roots, env, load_leaf=None, conditional=True):
 
 
 _ARITH = re.compile(r"= (fadd|fsub|fmul|fdiv|fneg|frem) ")
-_CALL = re.compile(r"= call ")
+_CALL = re.compile(r"= (tail )?call ")
 _LOAD = re.compile(r"= load ")
 _SELECT = re.compile(r"= select ")
 _GUARD = re.compile(r"guard_d(\d+)(_end)?")
 _FN = re.compile(r'define [^@]*@"?([\w.]+)"?\(.*?\n}\n', re.S)
 
 
-def code_statistics(plan) -> dict:
-    """Static counts in the fused kernels' LLVM IR as generated (before LLVM's optimiser):
+def _llvm_optimised(ir_text: str) -> str:
+    """``ir_text`` after LLVM's O3 IR pipeline for the host (as core_ad's JIT runs it)."""
+    import llvmlite.binding as llvm  # noqa: PLC0415
+
+    target = llvm.Target.from_default_triple()
+    tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
+                                      features=llvm.get_host_cpu_features().flatten(), opt=3)
+    mod = llvm.parse_assembly(ir_text)
+    mod.triple, mod.data_layout = tm.triple, str(tm.target_data)
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = False
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return str(mod)
+
+
+def code_statistics(plan, optimized: bool = False) -> dict:
+    """Static counts in the fused kernels' LLVM IR as generated or, with ``optimized=True``,
+    after LLVM's O3 IR pipeline (its GVN / instcombine already merge repeated loads and equal
+    arithmetic, so that is what the CPU runs):
     ``{kernel: {"arith", "calls", "loads", "selects", "guards", "guarded_loads"}}`` with
     kernel names like ``grid0_jtjp`` / ``graph_0_grad``; ``arith``: float add / sub / mul /
     div / neg, ``calls``: math-library calls, ``guards``: branches of conditional execution,
-    ``guarded_loads``: loads that only run when their guard holds."""
+    ``guarded_loads``: loads that only run when their guard holds (both as generated)."""
+    def functions(text):
+        return {re.sub(r"_[0-9a-f]{16,}$", "", m.group(1)): m.group(0) for m in _FN.finditer(text)}
+
     out = {}
-    for m in _FN.finditer(plan.fused.ir):
-        name = re.sub(r"_[0-9a-f]{16,}$", "", m.group(1))
-        body = m.group(0)
-        guarded = guards = 0
+    bodies = functions(_llvm_optimised(plan.fused.ir) if optimized else plan.fused.ir)
+    for name, body in functions(plan.fused.ir).items():
+        guarded = guards = 0  # by the block names of the IR as generated
         for blk in re.split(r"\n(?=[\w.\"]+:)", body):
             g = _GUARD.match(blk.lstrip('"'))
             if g and int(g.group(1)) > 0:
                 guarded += len(_LOAD.findall(blk))
                 guards += g.group(2) is None
-        out[name] = {"arith": len(_ARITH.findall(body)), "calls": len(_CALL.findall(body)),
-                     "loads": len(_LOAD.findall(body)), "selects": len(_SELECT.findall(body)),
-                     "guards": guards,
-                     "guarded_loads": guarded}
+        b = bodies[name]
+        out[name] = {"arith": len(_ARITH.findall(b)), "calls": len(_CALL.findall(b)),
+                     "loads": len(_LOAD.findall(b)), "selects": len(_SELECT.findall(b)),
+                     "guards": guards, "guarded_loads": guarded}
     return out
