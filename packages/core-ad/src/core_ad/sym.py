@@ -27,6 +27,10 @@ Building expressions::
   (see :mod:`core_ad._sym.simplify`). Structural primitives (reductions, reshape, take,
   matmul ...) raise a TypeError: expressions are per-lane scalars.
 
+Rewrites: ``horner(exprs, numeric=True, conditions=True)`` -- Opt's greedy multivariate
+Horner factoring of every float sum, ``where(c, e, 0)`` conditions counted as boolean factors
+(shared bounds tests hoisted and evaluated once; see :mod:`core_ad._sym.factor`).
+
 Queries: ``free_leaves(e, kind=None)`` (which unknowns a residual uses), ``free_vars``,
 ``calls(e, prim=None)``, ``toposort``, ``count_nodes``, ``tree_size``, ``to_str``,
 ``substitute(e, {node: replacement})``.

@@ -15,7 +15,7 @@ Cost convention: ``cost = 1/2 sum F^2`` (Ceres-compatible), gradient ``J^T F``.
   ``jtjp``); :class:`DenseProblem` wraps explicit residual / Jacobian callables.
 """
 
-from ._compiler import LsqCompileError, Plan, compile_problem
+from ._compiler import LsqCompileError, Optimizations, Plan, code_statistics, compile_problem
 from ._language import *  # noqa: F403
 from ._language import __all__ as _language_all
 from ._solver import (
@@ -34,6 +34,8 @@ __all__ = [
     "LsqCompileError",
     "Plan",
     "compile_problem",
+    "code_statistics",
+    "Optimizations",
     "IterationLog",
     "LeastSquaresProblem",
     "PCGResult",

@@ -5,6 +5,7 @@
   the symbolic kind registered with the primitive registry;
 * :mod:`.graph` -- iterative traversals and queries;
 * :mod:`.ops` -- the public math lifted to expressions;
+* :mod:`.factor` -- greedy multivariate Horner factoring (conditions as boolean factors);
 * :mod:`.diff` -- OnePass forward and reverse symbolic derivatives, Hessians;
 * :mod:`.program` -- ``cse`` programs (the IR the backends of :mod:`core_ad._codegen` consume;
   ``core_ad.sym.compile`` dispatches to them).
@@ -14,6 +15,7 @@
 from . import simplify as _simplify  # noqa: F401, I001
 from .buffers import buffer, gather, lane_sum, scatter_add
 from .program import Program, cse
+from .factor import horner
 from .diff import DiffMemo, diff, grad, hessian, hvp, jacobian, jvp, vjp
 from .expr import (
     Apply,
@@ -66,6 +68,7 @@ __all__ = [
     "gather",
     "grad",
     "hessian",
+    "horner",
     "hvp",
     "intern_table_size",
     "is_const",

@@ -59,8 +59,9 @@ from .._language import (
     Read,
     decode_leaf,
 )
+from .optimize import Optimizations, code_statistics
 
-__all__ = ["LsqCompileError", "Plan", "compile_problem"]
+__all__ = ["LsqCompileError", "Optimizations", "Plan", "code_statistics", "compile_problem"]
 
 
 class LsqCompileError(ValueError):
@@ -256,7 +257,7 @@ def _collect_decls(terms, excludes):
 # --------------------------------------------------------------------------- compile
 def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, graphs=None,
                     dtype=np.float64, backend="llvm", kernels=None, ignore_unused=False,
-                    positional=None) -> Plan:
+                    positional=None, optimizations=None) -> Plan:
     """Compile ``energy`` and bind it by name.
 
     ``sizes``: ``{dim_name: int}`` (optional where a bound array fixes the dim); ``arrays``:
@@ -278,6 +279,10 @@ def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, gra
     whose entry ``i`` binds every declaration with ``index=i`` (arrays, unknowns' initial
     values, params; ``None`` for unused positions); an Array sharing an Unknown's index is
     that unknown's constant view. Declarations without an index still bind by name.
+
+    ``optimizations``: an :class:`~lsq_opt._compiler.optimize.Optimizations` (default: all of
+    Opt's code optimisations on) for the fused kernels; every setting gives the same results up
+    to rounding.
     """
     if not isinstance(energy, Energy):
         raise TypeError(f"compile_problem: expected an Energy, got {type(energy).__name__}")
@@ -307,6 +312,12 @@ def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, gra
     plan = Plan(energy, terms, dict(sizes or {}), dict(arrays or {}), dict(params or {}),
                 dict(graphs or {}), dtype, backend, ignore_unused=ignore_unused)
     plan.kernels = kernels
+    if optimizations is None:
+        optimizations = Optimizations()
+    if not isinstance(optimizations, Optimizations):
+        raise TypeError("compile_problem: optimizations must be an Optimizations, got "
+                        f"{type(optimizations).__name__}")
+    plan.optimizations = optimizations
     if backend == "cuda":
         from .cuda import DeviceMemory
 
@@ -323,6 +334,8 @@ class Plan:
                  ignore_unused=False):
         self.energy, self.terms, self.dtype, self.backend = energy, terms, dtype, backend
         self.kernels = "lanes"
+        # read when the fused kernels are built (on first use)
+        self.optimizations = Optimizations()
         self._fused = None
         self._energy_kernels = None  # the cuda backend's fused kernels, built on first use
         self._memory = _HostMemory(self)  # where the lanes composition's arrays live

@@ -52,12 +52,19 @@ from core_ad import codegen, sym
 from llvmlite import ir
 
 from .._language import BufferRef, InBoundsRef, IndexRef, ParamRef, Read, SizeRef
+from .optimize import emit_guarded
 
 __all__ = ["FusedPlan"]
 
 _I8 = ir.IntType(8)
 _I32 = ir.IntType(32)
 _I64 = ir.IntType(64)
+
+
+def _sum(terms, dtype):
+    if not terms:
+        return sym.const(0.0, dtype)
+    return terms[0] if len(terms) == 1 else sym.add(*terms)
 
 
 def _ftype(dtype):
@@ -218,9 +225,17 @@ class _GridDomain:
             shp = [1] * len(self.PS)
             shp[dd] = self.PS[dd]
             self.idxbuf[k] = np.broadcast_to(ix.reshape(shp), self.PS)
-        self.valid = np.zeros((len(self.terms),) + self.PS, np.uint8)
-        for k, t in enumerate(self.terms):
+        # one plane per distinct mask (terms with the same reads share their bounds test)
+        keys, masks, self.vplane = {}, [], []
+        for t in self.terms:
             v = np.ones(self.S, bool) if t.valid is None else t.valid.reshape(self.S)
+            k = keys.get(v.tobytes())
+            if k is None:
+                k = keys[v.tobytes()] = len(masks)
+                masks.append(v)
+            self.vplane.append(k)
+        self.valid = np.zeros((len(masks),) + self.PS, np.uint8)
+        for k, v in enumerate(masks):
             self.valid[k] = self._pad(v[..., None].astype(np.uint8))[0]
         self.x = np.zeros((max(1, self.nu),) + self.PS, dt)
         self.p = np.zeros_like(self.x)
@@ -324,16 +339,18 @@ class _GridDomain:
         em = codegen.Emitter(b, width=V if V > 1 else None, math=math_,
                              on_bounds_error=lambda bld, failure: bld.ret(_I32(1)))
 
-        def emit(roots, env):
-            prog = sym.cse(roots)
-            vals = em.emit_program(prog, env)
+        opts = plan.optimizations
+
+        def emit(roots, env, load_leaf=None):
+            roots = opts.factor(roots)
+            vals = emit_guarded(em, b, roots, env, load_leaf, opts.conditional)
             return [em.splat(em.convert(v, r.dtype, self.dtype)) for r, v in zip(roots, vals)]
 
         if kind == "cost":
             acc = b.load(slot)
             for ti, t in enumerate(self.terms):
                 o = (0,) * len(self.S)
-                valid = load_bool(self.B_VALID, ti, 0)
+                valid = load_bool(self.B_VALID, self.vplane[ti], 0)
                 vals = emit(list(t.chans), env_at(t, o))
                 for v in vals:
                     sq = b.fmul(v, v)
@@ -359,7 +376,7 @@ class _GridDomain:
                     groups.setdefault(d.offset, []).append(j)
                 for o, js in groups.items():
                     env = env_at(t, o)
-                    valid = load_bool(self.B_VALID, ti, self.disp(tuple(-c for c in o)))
+                    valid = load_bool(self.B_VALID, self.vplane[ti], self.disp(tuple(-c for c in o)))
                     K, R = t.K, t.R
                     D = emit([t.partials[k][j] for k in range(K) for j in range(R)], env)
                     for j in js:
@@ -376,6 +393,17 @@ class _GridDomain:
                             saccs[key] = s_ if key not in saccs else b.fadd(saccs[key], s_)
             for kk, key in enumerate(self.skeys):
                 store(self.B_SOUT, kk, saccs.get(key, zero))
+            lane.close()
+            seg.close()
+            b.ret(_I32(0))
+            return
+
+        if opts.polynomial:
+            outs = self._product_exprs(kind)
+            vals = emit([e for e, _ in outs], self._static_env(b, params, bufp),
+                        lambda lf: self._load_location(lf, load, load_bool))
+            for (_, (buf, plane)), v in zip(outs, vals):
+                store(buf, plane, v)
             lane.close()
             seg.close()
             b.ret(_I32(0))
@@ -407,7 +435,7 @@ class _GridDomain:
             vals_all = emit(roots, env)
             for (ti, t, js), (a, z) in zip(entries, spans):
                 vals = vals_all[a:z]
-                valid = load_bool(self.B_VALID, ti, self.disp(tuple(-c for c in o)))
+                valid = load_bool(self.B_VALID, self.vplane[ti], self.disp(tuple(-c for c in o)))
                 K, R = t.K, t.R
                 if kind == "jtjp":
                     D = [vals[k * R:(k + 1) * R] for k in range(K)]
@@ -455,6 +483,94 @@ class _GridDomain:
         lane.close()
         seg.close()
         b.ret(_I32(0))
+
+    # ---- the products as expressions (Optimizations.polynomial) ------------------------
+    def _at(self, what, plane, rel, dtype):
+        """The location leaf of buffer ``what``, plane ``plane``, ``rel`` elements from the
+        lane: the same memory read from different lane shifts is one leaf (one load)."""
+        return sym.leaf("lsq_at", (what, plane, rel), dtype)
+
+    def _shifted(self, t, o):
+        """Term t's leaves at lane q - o -> location leaves."""
+        m = {}
+        for lf in t.leaves:
+            d = t.decoded[lf]
+            if isinstance(d, Read):
+                rel = self.disp(tuple(a - c for a, c in zip(d.offset, o)))
+                if d.role == "unknown":
+                    m[lf] = self._at("x", self.uplane[d.name] + d.channel, rel, lf.dtype)
+                else:
+                    m[lf] = self._at("d", self.dplane[d.name] + d.channel, rel, lf.dtype)
+            elif isinstance(d, InBoundsRef):
+                m[lf] = self._at("inb", self.inb.index(d.offset), self.disp(tuple(-c for c in o)),
+                                 lf.dtype)
+            elif isinstance(d, IndexRef):
+                m[lf] = self._at("idx", self.idx_dims.index(d.dim),
+                                 self.disp(tuple(-c for c in o)), lf.dtype)
+        return m
+
+    def _product_exprs(self, kind):
+        """``[(expression, (buffer slot, plane))]``: J^T J p (``jtjp``) or J^T F and
+        diag(J^T J) (``grad``) at the lane, as one expression per output plane."""
+        dt = np.dtype(self.dtype)
+        out, out2 = {}, {}
+        for ti, t in enumerate(self.terms):
+            groups = {}
+            for j, (_, d) in enumerate(t.ureads):
+                groups.setdefault(d.offset, []).append(j)
+            K, R = t.K, t.R
+            for o, js in groups.items():
+                m = self._shifted(t, o)
+                valid = self._at("valid", self.vplane[ti], self.disp(tuple(-c for c in o)), bool)
+                if kind == "jtjp":
+                    D = sym.substitute([t.partials[k][j] for k in range(K) for j in range(R)], m)
+                    P = [self._at("p", self.uplane[d.name] + d.channel,
+                                  self.disp(tuple(a - c for a, c in zip(d.offset, o))), dt)
+                         for _, d in t.ureads]
+                    jp = [_sum([D[k * R + j] * P[j] for j in range(R)], dt) for k in range(K)]
+                    for j in js:
+                        d = t.ureads[j][1]
+                        c = _sum([D[k * R + j] * jp[k] for k in range(K)], dt)
+                        out.setdefault((d.name, d.channel), []).append(sym.where(valid, c, 0.0))
+                else:
+                    F = sym.substitute(list(t.chans), m)
+                    D = sym.substitute([t.partials[k][j] for k in range(K) for j in js], m)
+                    for jj, j in enumerate(js):
+                        d = t.ureads[j][1]
+                        Dk = [D[k * len(js) + jj] for k in range(K)]
+                        g = _sum([dk * f for dk, f in zip(Dk, F)], dt)
+                        g2 = _sum([dk * dk for dk in Dk], dt)
+                        out.setdefault((d.name, d.channel), []).append(sym.where(valid, g, 0.0))
+                        out2.setdefault((d.name, d.channel), []).append(sym.where(valid, g2, 0.0))
+        res = []
+        for u, p0 in self.uplane.items():
+            for c in range(self.plan.decls[u][2]):
+                res.append((_sum(out.get((u, c), []), dt), (self.B_OUT, p0 + c)))
+                if kind == "grad":
+                    res.append((_sum(out2.get((u, c), []), dt), (self.B_OUT2, p0 + c)))
+        return res
+
+    def _static_env(self, b, params, bufp):
+        """Values of the leaves that do not depend on the lane: params, buffers, sizes."""
+        env = {}
+        for t in self.terms:
+            for lf, d in t.decoded.items():
+                if isinstance(d, ParamRef):
+                    env[lf] = params[d.name]
+                elif isinstance(d, BufferRef):
+                    n = int(np.prod([self.plan.sizes[x] for x in d.dims]))
+                    env[lf] = codegen.BufferArg(
+                        b.gep(bufp, [_I64(self.bufoff[(d.name, d.channel)])]), _I64(n))
+                elif isinstance(d, SizeRef):
+                    env[lf] = _I64(self.plan.sizes[d.dim])
+        return env
+
+    def _load_location(self, lf, load, load_bool):
+        what, plane, rel = lf.key
+        if what in ("inb", "valid"):
+            return load_bool({"inb": self.B_INB, "valid": self.B_VALID}[what], plane, rel)
+        return load({"x": self.B_X, "d": self.B_DATA, "p": self.B_P, "idx": self.B_IDX}[what],
+                    plane, rel)
 
     # ---- calls ------------------------------------------------------------------------
     def bind(self, fns):
@@ -675,8 +791,11 @@ class _GraphPart:
         K, R = t.K, t.R
         zero = ir.Constant(VT, [0.0] * W) if vec else ir.Constant(T, 0.0)
 
+        opts = plan.optimizations
+
         def emit(roots):
-            vals = em.emit_program(sym.cse(roots), env)
+            roots = opts.factor(roots)
+            vals = emit_guarded(em, b, roots, env, None, opts.conditional)
             return [em.splat(em.convert(v, r.dtype, self.dtype)) for r, v in zip(roots, vals)]
 
         if kind == "cost":
@@ -690,6 +809,16 @@ class _GraphPart:
             if vec:
                 acc = codegen.hsum(b, acc)
             b.store(b.fadd(b.load(slot), acc), slot)
+        elif kind == "jtjp" and opts.polynomial:
+            # J^T J p of the edge as expressions over its p reads: core_ad merges the terms
+            dt = np.dtype(self.dtype)
+            P = [sym.leaf("lsq_at", ("p", j), dt) for j in range(R)]
+            for j, (_, d) in enumerate(t.ureads):
+                env[P[j]] = gather(self.PF, flat_pos(d))
+            jp = [_sum([t.partials[k][j] * P[j] for j in range(R)], dt) for k in range(K)]
+            outs = emit([_sum([t.partials[k][j] * jp[k] for k in range(K)], dt) for j in range(R)])
+            for j, (_, d) in enumerate(t.ureads):
+                scatter(self.OUT, d, outs[j])
         elif kind == "jtjp":
             D = emit([t.partials[k][j] for k in range(K) for j in range(R)])
             pv = [gather(self.PF, flat_pos(d)) for _, d in t.ureads]
