@@ -11,13 +11,10 @@ import math
 
 import numpy as np
 import torch
-from embreex import rtcore_scene
-from embreex.mesh_construction import TriangleMesh
-
 from core_ad import sym
-from core_ad.codegen import num_threads, thread_pool
 
 from ._compiled import CompiledOp
+from ._embree import TriangleScene
 from .texture import direction_to_latlong
 
 
@@ -34,10 +31,6 @@ class Interaction:
     uv: torch.Tensor
     front: torch.Tensor     # bool: the ray hit the side the winding normal points to
     area: torch.Tensor      # triangle area
-
-
-# Rays per thread below which a batch is traced in one Embree call.
-_RAYS_PER_THREAD = 8192
 
 
 _CORNER_UVS = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
@@ -72,8 +65,7 @@ class Geometry:
             self.light_cdf = getattr(ray_caster, "light_cdf", None)
             return
         packed = self.tri_verts.detach().to(torch.float32).numpy()
-        self.embree = rtcore_scene.EmbreeScene()
-        TriangleMesh(self.embree, np.ascontiguousarray(packed))
+        self.embree = TriangleScene(packed)
         bound = float(np.abs(packed).max())
         self.eps = 1e-4 * max(bound, 1e-3)
         self._init_lights()
@@ -99,23 +91,11 @@ class Geometry:
     # -- ray casting (detached) -----------------------------------------------------------
     def intersect(self, o, d, tmax=None):
         """Global triangle ids of the closest hits, -1 for misses."""
-        if o.shape[0] == 0:
-            return torch.zeros(0, dtype=torch.long)
-        oo = np.ascontiguousarray(o.detach().to(torch.float32).numpy())
-        dd = np.ascontiguousarray(d.detach().to(torch.float32).numpy())
-        dists = None if tmax is None else np.ascontiguousarray(
-            tmax.detach().to(torch.float32).numpy())
-        n = oo.shape[0]
-        # core_ad's kernel threads and pool: renders run torch single-threaded (renderer.py).
-        parts = max(1, min(num_threads(), n // _RAYS_PER_THREAD))
-        if parts == 1:
-            return torch.as_tensor(self.embree.run(oo, dd, dists=dists).astype(np.int64))
-        # embreex releases the GIL while tracing: contiguous slices of the batch in threads.
-        bounds = np.linspace(0, n, parts + 1).astype(np.int64)
-        jobs = [thread_pool().submit(self.embree.run, oo[s:e], dd[s:e],
-                                     None if dists is None else dists[s:e])
-                for s, e in zip(bounds[:-1], bounds[1:])]
-        return torch.as_tensor(np.concatenate([j.result() for j in jobs]).astype(np.int64))
+        return self.embree.intersect(o, d, tmax)
+
+    def occluded(self, o, d, tmax):
+        """(N,) bool: whether each ray hits something before ``tmax`` (shadow rays)."""
+        return self.embree.occluded(o, d, tmax)
 
     # -- differentiable interactions ------------------------------------------------------
     def interact(self, tri, o, d):

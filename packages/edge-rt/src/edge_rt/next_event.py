@@ -148,7 +148,7 @@ def _light_sample(g, si, u, two_sided):
     verts = g.tri_verts.index_select(0, tri)
     origin, wo, tmax, p_light, usable = shadow_rays(si.p, si.ng, verts, u[:, 1:], pmf, g.eps,
                                                     two_sided)
-    visible = g.intersect(origin, wo, tmax=tmax) < 0
+    visible = ~g.occluded(origin, wo, tmax)
     return tri, verts, wo, p_light, pmf, usable & visible
 
 
