@@ -15,6 +15,7 @@ from core_ad import sym
 
 from ._compiled import CompiledOp
 from ._embree import TriangleScene
+from ._hit import hit_values
 from .texture import direction_to_latlong
 
 
@@ -99,13 +100,24 @@ class Geometry:
 
     # -- differentiable interactions ------------------------------------------------------
     def interact(self, tri, o, d):
-        v = self.tri_verts.index_select(0, tri)
-        p, t, ng, bary, area = RAY_TRIANGLE(v[:, 0], v[:, 1], v[:, 2], o, d)
-        t, b1, b2, area = t[:, 0], bary[:, 0], bary[:, 1], area[:, 0]
         mesh = self.mesh_of.index_select(0, tri)
-        b0 = 1.0 - b1 - b2
-        w = torch.stack([b0, b1, b2], 1)[:, :, None]
-        uv = (self.tri_uvs.index_select(0, tri) * w).sum(1)
+        if torch.is_grad_enabled():
+            v = self.tri_verts.index_select(0, tri)
+            p, t, ng, bary, area = RAY_TRIANGLE(v[:, 0], v[:, 1], v[:, 2], o, d)
+            t, area = t[:, 0], area[:, 0]
+            w = torch.stack([1.0 - bary[:, 0] - bary[:, 1], bary[:, 0], bary[:, 1]], 1)
+            uv = (self.tri_uvs.index_select(0, tri) * w[:, :, None]).sum(1)
+            front = ((ng * d).sum(1) < 0).detach()
+            ng = ng * torch.where(front, 1.0, -1.0).to(self.dtype)[:, None]
+        else:  # the forward render: one kernel, no derivatives
+            p, t, ng, bary, area, uv, front = hit_values(tri, o, d, self.tri_verts,
+                                                         self.tri_uvs)
+        ns = self._shading_normals(tri, mesh, bary, ng, front)
+        return Interaction(tri, mesh, p, t, ng, ns, uv, front, area)
+
+    def _shading_normals(self, tri, mesh, bary, ng, front):
+        """Interpolated vertex normals on meshes that have them, ``ng`` elsewhere; both
+        flipped toward the viewer (``ng`` already is)."""
         ns = ng
         for mi, m in enumerate(self.scene.meshes):
             if m.normals is None:
@@ -113,12 +125,13 @@ class Geometry:
             sel = torch.nonzero(mesh == mi).flatten()
             if len(sel) == 0:
                 continue
+            b = bary.index_select(0, sel)
+            w = torch.stack([1.0 - b[:, 0] - b[:, 1], b[:, 0], b[:, 1]], 1)[:, :, None]
             fi = self.faces[tri[sel]] - self.vertex_offset[mi]
-            n_interp = (m.normals.to(self.dtype)[fi] * w[sel]).sum(1)
-            ns = ns.index_copy(0, sel, n_interp / n_interp.norm(dim=1, keepdim=True))
-        front = ((ng * d).sum(1) < 0).detach()
-        sign = torch.where(front, 1.0, -1.0).to(self.dtype)[:, None]
-        return Interaction(tri, mesh, p, t, ng * sign, ns * sign, uv, front, area)
+            n_interp = (m.normals.to(self.dtype)[fi] * w).sum(1)
+            sign = torch.where(front[sel], 1.0, -1.0).to(self.dtype)[:, None]
+            ns = ns.index_copy(0, sel, n_interp / n_interp.norm(dim=1, keepdim=True) * sign)
+        return ns
 
     def spawn(self, si, direction):
         """Ray origins offset off the surface on the side ``direction`` leaves to."""
