@@ -94,7 +94,7 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
     # paths) and compacted once per bounce, after the next rays are cast: gathers are
     # index_select (much faster than advanced indexing, forward and backward).
     lanes = torch.nonzero(valid).flatten()
-    o, d = o.index_select(0, lanes), d.index_select(0, lanes)
+    o, d = _select(o, lanes), _select(d, lanes)
     beta = torch.ones((len(lanes), 3), dtype=dt)
     travelled = torch.zeros(len(lanes), dtype=dt)
     prev_pdf = None
@@ -142,14 +142,14 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
         if depth == max_depth:
             break
         kd, ks, rough = g.material(si, footprint=travelled * pixel_angle)
-        u_light = (sampler.uniform(_LIGHT, depth, 3, dt).index_select(0, lanes) if has_lights
+        u_light = (_select(sampler.uniform(_LIGHT, depth, 3, dt), lanes) if has_lights
                    else None)
-        u = sampler.uniform(_BSDF, depth, 3, dt).index_select(0, lanes)
+        u = _select(sampler.uniform(_BSDF, depth, 3, dt), lanes)
         glass = (torch.nonzero(g.eta(si) > 0).flatten() if g.has_dielectric
                  else torch.zeros(0, dtype=torch.long))
         if env_nee:  # opaque rows only (a dielectric's escaped rays keep their full weight)
             prev_env = torch.ones(len(lanes), dtype=torch.bool).index_fill(0, glass, False)
-            u_env = sampler.uniform(_ENVIRONMENT, depth, 3, dt).index_select(0, lanes)
+            u_env = _select(sampler.uniform(_ENVIRONMENT, depth, 3, dt), lanes)
             if len(glass) == 0:
                 env = next_event_environment(g, si, wi, kd, ks, rough, u_env)
                 radiance = radiance.index_add(0, lanes, beta * env)
@@ -187,6 +187,12 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
             tri = torch.full((len(lanes),), -1, dtype=torch.long).index_copy(
                 0, rows, g.intersect(o.detach().index_select(0, rows), d.index_select(0, rows)))
     return radiance
+
+
+def _select(x, lanes):
+    """The rows ``lanes`` (sorted, distinct) of per-path ``x``: ``x`` itself while every path
+    is still going (a copy of a whole chunk's rows otherwise)."""
+    return x if len(lanes) == x.shape[0] else x.index_select(0, lanes)
 
 
 def _rows(si, rows):
