@@ -51,3 +51,10 @@ def test_empty_batch():
     empty = torch.zeros((0, 3))
     assert ours.intersect(empty, empty).shape == (0,)
     assert ours.occluded(empty, empty, torch.zeros(0)).shape == (0,)
+
+
+def test_scene_without_triangles_misses_everything():
+    ours = TriangleScene(np.zeros((0, 3, 3), np.float32))
+    rays = torch.ones((4, 3))
+    np.testing.assert_array_equal(ours.intersect(rays, rays).numpy(), -1)
+    assert not ours.occluded(rays, rays, torch.ones(4)).any()
