@@ -205,3 +205,12 @@ def test_map_ordered_keeps_order_bounds_the_window_and_nests_parallel_for():
     assert [s for _, s in got] == [64.0 * k for k in range(12)]
     assert peak[0] <= 2
     assert list(map_ordered(lambda k: k * k, range(5), window=1)) == [0, 1, 4, 9, 16]
+
+    def failing(k):
+        if k == 3:
+            raise ValueError("item 3")
+        return work(k)
+
+    with pytest.raises(ValueError, match="item 3"):
+        list(map_ordered(failing, range(12), window=2))
+    assert running[0] == 0  # the call running beside the failed one was awaited

@@ -77,7 +77,9 @@ def thread_pool() -> ThreadPoolExecutor:
 def map_ordered(fn, items, window=None):
     """``fn(item)`` for each of ``items`` on the pool's threads, results yielded in item
     order; at most ``window`` calls (default :func:`num_threads`) are submitted ahead of the
-    one being waited for, which bounds the memory of results not yet consumed. With a window
+    one being waited for, which bounds the memory of results not yet consumed; when ``fn``
+    raises or the caller stops early, the calls not started are cancelled and the running ones
+    awaited before the error propagates. With a window
     of 1 the calls run in the caller, one after another. ``fn`` may call compiled kernels:
     :func:`~.builder.parallel_for` from a busy pool does not wait for helpers that never
     start."""
@@ -87,12 +89,19 @@ def map_ordered(fn, items, window=None):
             yield fn(item)
         return
     pool, pending = thread_pool(), deque()
-    for item in items:
-        pending.append(pool.submit(fn, item))
-        if len(pending) >= window:
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
             yield pending.popleft().result()
-    while pending:
-        yield pending.popleft().result()
+    finally:  # an error or an early exit: no call outlives the loop
+        for f in pending:
+            f.cancel()
+        for f in pending:
+            if not f.cancelled():
+                f.exception()
 
 
 def _addr(a: np.ndarray) -> int:
