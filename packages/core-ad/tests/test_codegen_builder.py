@@ -237,3 +237,39 @@ def test_compile_ir_returns_several_addresses():
     addrs, _ = codegen.compile_ir(text, f"several_direct_{h}",
                                   [f"axpy_{h}", f"partial_sum_{h}"])
     assert len(addrs) == 2 and all(addrs) and addrs[0] != addrs[1]
+
+
+def test_map_ordered_keeps_order_bounds_the_window_and_nests_parallel_for():
+    import threading
+    import time
+
+    from core_ad.codegen import map_ordered, parallel_for
+
+    running, peak, lock = [0], [0], threading.Lock()
+
+    def work(k):
+        with lock:
+            running[0] += 1
+            peak[0] = max(peak[0], running[0])
+        # a nested parallel_for from a pool thread: must not wait for helpers that never start
+        out = np.zeros(64)
+        parallel_for(lambda s, e: out.__setitem__(slice(s, e), k) or 0, 64, (), threads=2)
+        time.sleep(0.002 * (k % 3))  # finish out of order
+        with lock:
+            running[0] -= 1
+        return k, out.sum()
+
+    got = list(map_ordered(work, range(12), window=2))
+    assert [k for k, _ in got] == list(range(12))
+    assert [s for _, s in got] == [64.0 * k for k in range(12)]
+    assert peak[0] <= 2
+    assert list(map_ordered(lambda k: k * k, range(5), window=1)) == [0, 1, 4, 9, 16]
+
+    def failing(k):
+        if k == 3:
+            raise ValueError("item 3")
+        return work(k)
+
+    with pytest.raises(ValueError, match="item 3"):
+        list(map_ordered(failing, range(12), window=2))
+    assert running[0] == 0  # the call running beside the failed one was awaited

@@ -36,6 +36,9 @@ def test_small_arrays_are_plain_numpy():
 
 
 def test_a_released_block_is_reused_and_a_viewed_one_is_not():
+    # earlier tests' garbage cycles (torch tensors over pooled arrays) are released first:
+    # else the gc.collect() below frees them after ``a`` and the pool hands out theirs
+    gc.collect()
     a = codegen.host_empty(N, np.float64)
     addr = a.ctypes.data
     del a

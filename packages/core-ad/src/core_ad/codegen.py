@@ -35,7 +35,8 @@ expressions with the ONE emitter here rather than writing another::
   MCJIT engine at O3, with the on-disk object cache (``CORE_AD_CACHE_DIR``): put a content hash in
   ``module_name``), ``host_signature()`` (CPU, features, LLVM version: part of such a hash),
   ``thread_pool()`` and ``num_threads(requested=None)`` (the kernels' thread pool and the
-  ``CORE_AD_NUM_THREADS`` rule), ``host_vector_width(dtype)`` (lanes of one SIMD register);
+  ``CORE_AD_NUM_THREADS`` rule), ``map_ordered(fn, items, window=None)`` (``fn`` over items
+  on the pool, results in order, a bounded number ahead), ``host_vector_width(dtype)`` (lanes of one SIMD register);
 * **the kernel-building layer** for siblings that build whole kernels (loop nests around the
   emitter): ``KernelModule(name)`` with several entry points (``range_function(name,
   ints=False)``: ``int32 name(int64 start, int64 end, int8 **ptrs [, int64 *ints])``, or
@@ -142,7 +143,7 @@ from ._codegen.llvm.emitter import (
 )
 from ._codegen.llvm.jit import host_signature
 from ._codegen.llvm.jit import jit as _jit
-from ._codegen.llvm.runtime import num_threads, thread_pool
+from ._codegen.llvm.runtime import map_ordered, num_threads, thread_pool
 from ._codegen.llvm.vecmath import VecMath
 
 
@@ -208,5 +209,6 @@ __all__ = [
     "register_lowering",
     "splat",
     "thread_pool",
+    "map_ordered",
     "vector_loop",
 ]

@@ -11,13 +11,11 @@ import math
 
 import numpy as np
 import torch
-from embreex import rtcore_scene
-from embreex.mesh_construction import TriangleMesh
-
 from core_ad import sym
-from core_ad.codegen import num_threads, thread_pool
 
 from ._compiled import CompiledOp
+from ._embree import TriangleScene
+from ._hit import hit_values
 from .texture import direction_to_latlong
 
 
@@ -34,10 +32,6 @@ class Interaction:
     uv: torch.Tensor
     front: torch.Tensor     # bool: the ray hit the side the winding normal points to
     area: torch.Tensor      # triangle area
-
-
-# Rays per thread below which a batch is traced in one Embree call.
-_RAYS_PER_THREAD = 8192
 
 
 _CORNER_UVS = torch.tensor([[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
@@ -72,8 +66,7 @@ class Geometry:
             self.light_cdf = getattr(ray_caster, "light_cdf", None)
             return
         packed = self.tri_verts.detach().to(torch.float32).numpy()
-        self.embree = rtcore_scene.EmbreeScene()
-        TriangleMesh(self.embree, np.ascontiguousarray(packed))
+        self.embree = TriangleScene(packed)
         bound = float(np.abs(packed).max())
         self.eps = 1e-4 * max(bound, 1e-3)
         self._init_lights()
@@ -99,33 +92,32 @@ class Geometry:
     # -- ray casting (detached) -----------------------------------------------------------
     def intersect(self, o, d, tmax=None):
         """Global triangle ids of the closest hits, -1 for misses."""
-        if o.shape[0] == 0:
-            return torch.zeros(0, dtype=torch.long)
-        oo = np.ascontiguousarray(o.detach().to(torch.float32).numpy())
-        dd = np.ascontiguousarray(d.detach().to(torch.float32).numpy())
-        dists = None if tmax is None else np.ascontiguousarray(
-            tmax.detach().to(torch.float32).numpy())
-        n = oo.shape[0]
-        # core_ad's kernel threads and pool: renders run torch single-threaded (renderer.py).
-        parts = max(1, min(num_threads(), n // _RAYS_PER_THREAD))
-        if parts == 1:
-            return torch.as_tensor(self.embree.run(oo, dd, dists=dists).astype(np.int64))
-        # embreex releases the GIL while tracing: contiguous slices of the batch in threads.
-        bounds = np.linspace(0, n, parts + 1).astype(np.int64)
-        jobs = [thread_pool().submit(self.embree.run, oo[s:e], dd[s:e],
-                                     None if dists is None else dists[s:e])
-                for s, e in zip(bounds[:-1], bounds[1:])]
-        return torch.as_tensor(np.concatenate([j.result() for j in jobs]).astype(np.int64))
+        return self.embree.intersect(o, d, tmax)
+
+    def occluded(self, o, d, tmax):
+        """(N,) bool: whether each ray hits something before ``tmax`` (shadow rays)."""
+        return self.embree.occluded(o, d, tmax)
 
     # -- differentiable interactions ------------------------------------------------------
     def interact(self, tri, o, d):
-        v = self.tri_verts.index_select(0, tri)
-        p, t, ng, bary, area = RAY_TRIANGLE(v[:, 0], v[:, 1], v[:, 2], o, d)
-        t, b1, b2, area = t[:, 0], bary[:, 0], bary[:, 1], area[:, 0]
         mesh = self.mesh_of.index_select(0, tri)
-        b0 = 1.0 - b1 - b2
-        w = torch.stack([b0, b1, b2], 1)[:, :, None]
-        uv = (self.tri_uvs.index_select(0, tri) * w).sum(1)
+        if torch.is_grad_enabled():
+            v = self.tri_verts.index_select(0, tri)
+            p, t, ng, bary, area = RAY_TRIANGLE(v[:, 0], v[:, 1], v[:, 2], o, d)
+            t, area = t[:, 0], area[:, 0]
+            w = torch.stack([1.0 - bary[:, 0] - bary[:, 1], bary[:, 0], bary[:, 1]], 1)
+            uv = (self.tri_uvs.index_select(0, tri) * w[:, :, None]).sum(1)
+            front = ((ng * d).sum(1) < 0).detach()
+            ng = ng * torch.where(front, 1.0, -1.0).to(self.dtype)[:, None]
+        else:  # the forward render: one kernel, no derivatives
+            p, t, ng, bary, area, uv, front = hit_values(tri, o, d, self.tri_verts,
+                                                         self.tri_uvs)
+        ns = self._shading_normals(tri, mesh, bary, ng, front)
+        return Interaction(tri, mesh, p, t, ng, ns, uv, front, area)
+
+    def _shading_normals(self, tri, mesh, bary, ng, front):
+        """Interpolated vertex normals on meshes that have them, ``ng`` elsewhere; both
+        flipped toward the viewer (``ng`` already is)."""
         ns = ng
         for mi, m in enumerate(self.scene.meshes):
             if m.normals is None:
@@ -133,12 +125,13 @@ class Geometry:
             sel = torch.nonzero(mesh == mi).flatten()
             if len(sel) == 0:
                 continue
+            b = bary.index_select(0, sel)
+            w = torch.stack([1.0 - b[:, 0] - b[:, 1], b[:, 0], b[:, 1]], 1)[:, :, None]
             fi = self.faces[tri[sel]] - self.vertex_offset[mi]
-            n_interp = (m.normals.to(self.dtype)[fi] * w[sel]).sum(1)
-            ns = ns.index_copy(0, sel, n_interp / n_interp.norm(dim=1, keepdim=True))
-        front = ((ng * d).sum(1) < 0).detach()
-        sign = torch.where(front, 1.0, -1.0).to(self.dtype)[:, None]
-        return Interaction(tri, mesh, p, t, ng * sign, ns * sign, uv, front, area)
+            n_interp = (m.normals.to(self.dtype)[fi] * w).sum(1)
+            sign = torch.where(front[sel], 1.0, -1.0).to(self.dtype)[:, None]
+            ns = ns.index_copy(0, sel, n_interp / n_interp.norm(dim=1, keepdim=True) * sign)
+        return ns
 
     def spawn(self, si, direction):
         """Ray origins offset off the surface on the side ``direction`` leaves to."""

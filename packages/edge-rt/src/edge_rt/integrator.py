@@ -22,8 +22,8 @@ from core_ad import sym
 from . import bsdf
 from ._compiled import CompiledOp
 from .geometry import Geometry, Interaction
-from .next_event import (next_event, next_event_dielectric, next_event_environment,
-                         power_heuristic)
+from .next_event import (light_sample_expressions, next_event, next_event_dielectric,
+                         next_event_environment, power_heuristic)
 
 OUTPUTS = ("radiance", "depth", "position", "normal", "albedo")
 CHANNELS = {"radiance": 3, "depth": 1, "position": 3, "normal": 3, "albedo": 3}
@@ -102,7 +102,7 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
     # paths) and compacted once per bounce, after the next rays are cast: gathers are
     # index_select (much faster than advanced indexing, forward and backward).
     lanes = torch.nonzero(valid).flatten()
-    o, d = o.index_select(0, lanes), d.index_select(0, lanes)
+    o, d = _select(o, lanes), _select(d, lanes)
     beta = torch.ones((len(lanes), 3), dtype=dt)
     travelled = torch.zeros(len(lanes), dtype=dt)
     prev_pdf = None
@@ -150,14 +150,14 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
         if depth == max_depth:
             break
         kd, ks, rough = g.material(si, footprint=travelled * pixel_angle)
-        u_light = (sampler.uniform(_LIGHT, depth, 3, dt).index_select(0, lanes) if has_lights
+        u_light = (_select(sampler.uniform(_LIGHT, depth, 3, dt), lanes) if has_lights
                    else None)
-        u = sampler.uniform(_BSDF, depth, 3, dt).index_select(0, lanes)
+        u = _select(sampler.uniform(_BSDF, depth, 3, dt), lanes)
         glass = (torch.nonzero(g.eta(si) > 0).flatten() if g.has_dielectric
                  else torch.zeros(0, dtype=torch.long))
         if env_nee:  # opaque rows only (a dielectric's escaped rays keep their full weight)
             prev_env = torch.ones(len(lanes), dtype=torch.bool).index_fill(0, glass, False)
-            u_env = sampler.uniform(_ENVIRONMENT, depth, 3, dt).index_select(0, lanes)
+            u_env = _select(sampler.uniform(_ENVIRONMENT, depth, 3, dt), lanes)
             if len(glass) == 0:
                 env = next_event_environment(g, si, wi, kd, ks, rough, u_env)
                 radiance = radiance.index_add(0, lanes, beta * env)
@@ -169,7 +169,11 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
                     u_env.index_select(0, rows))
                 radiance = radiance.index_add(0, lanes.index_select(0, rows),
                                               beta.index_select(0, rows) * env)
-        if len(glass) == 0:
+        if len(glass) == 0 and has_lights and not torch.is_grad_enabled():
+            light, (wo, pdf, throughput, o, alive) = _shade(g, si, wi, kd, ks, rough, u_light,
+                                                            u)
+            radiance = radiance.index_add(0, lanes, beta * light)
+        elif len(glass) == 0:
             if has_lights:
                 radiance = radiance.index_add(
                     0, lanes, beta * next_event(g, si, wi, kd, ks, rough, u_light))
@@ -193,8 +197,27 @@ def trace(scene, geometry: Geometry, xy, sampler: Sampler, max_depth=2, output="
     return radiance
 
 
+def _select(x, lanes):
+    """The rows ``lanes`` (sorted, distinct) of per-path ``x``: ``x`` itself while every path
+    is still going (a copy of a whole chunk's rows otherwise)."""
+    return x if len(lanes) == x.shape[0] else x.index_select(0, lanes)
+
+
 def _rows(si, rows):
     return Interaction(*(getattr(si, f.name).index_select(0, rows) for f in fields(si)))
+
+
+def _shade(g, si, wi, kd, ks, rough, u_light, u):
+    """Next-event estimation and the bounce at opaque interactions without autograd (the
+    forward render): one SHADE kernel and one shadow-ray batch; as ``next_event`` and
+    ``BOUNCE``, up to float rounding."""
+    tri, pmf = g.pick_light(u_light[:, 0])
+    verts = g.tri_verts.index_select(0, tri)
+    origin, wo_light, tmax, light, *bounce = SHADE(
+        si.p, si.ns, si.ng, wi, kd, ks, rough[:, None], verts[:, 0], verts[:, 1], verts[:, 2],
+        u_light[:, 1:], pmf[:, None], g.light_emission(tri), u, g.eps_column(len(wi)))
+    blocked = g.occluded(origin, wo_light, tmax[:, 0])
+    return light.masked_fill(blocked[:, None], 0.0), bounce
 
 
 def _mixed_scatter(g, si, wi, kd, ks, rough, u_light, u, glass):
@@ -307,3 +330,18 @@ def _aov(g, o, d, valid, output):
     else:
         value = g.material(si)[0]
     return out.index_copy(0, lanes, value)
+
+
+def _shade_expressions(dtype):
+    light_in, light_out = light_sample_expressions(dtype)
+    _, bounce_out = _bounce_expressions(dtype)  # the same named vars, plus the uniforms
+    u, eps = [sym.var(f"u{k}", dtype) for k in range(3)], sym.var("eps", dtype)
+    return [x for x in light_in if x is not eps] + u + [eps], light_out + bounce_out
+
+
+# Forward only (values, no derivatives): (p, ns, ng, wi, kd, ks, rough (N, 1), light vertices
+# a, b, c, light uniforms (N, 2), pmf (N, 1), emission, BSDF uniforms (N, 3), ray offset
+# (N, 1)) -> (shadow origin, direction, tmax (N, 1), unblocked light (N, 3), then BOUNCE's
+# outputs).
+SHADE = CompiledOp(_shade_expressions, (3, 3, 3, 3, 3, 3, 1, 3, 3, 3, 2, 1, 3, 3, 1),
+                   (3, 3, 1, 3, 3, 1, 3, 3, 1), differentiable=(False,) * 15)

@@ -135,6 +135,39 @@ DIELECTRIC_CONTRIBUTION = CompiledOp(
     differentiable=(True, True, False, True, True, True, True, True, True, False, True, False))
 
 
+def light_sample_expressions(dtype):
+    """Next-event estimation at an opaque surface as values only (the forward render, no
+    derivatives): the shadow ray (origin, direction, tmax) and the contribution it carries if
+    unblocked, MIS weight and 1 / pmf included (zero where the sample cannot contribute).
+    What ``shadow_rays``, ``bsdf.pdf``, ``power_heuristic`` and ``CONTRIBUTION`` compute
+    apart for the replay, in one pass. Inputs: p, ns, ng, wi, kd, ks, rough, light vertices
+    a, b, c, light uniforms (lu1, lu2), pmf, emission, eps, as named vars."""
+    v, f = bsdf.bsdf_expressions(dtype)
+    _, ((p_of,), _) = bsdf.sampling_expressions(dtype)
+    p, a, b, c, le = (_vec(k, dtype) for k in ("p", "a", "b", "c", "e"))
+    ng = [v["gx"], v["gy"], v["gz"]]
+    u1, u2, pmf, eps = (sym.var(k, dtype) for k in ("lu1", "lu2", "pmf", "eps"))
+    y, wo, dist2, cos_l, area = _towards_light(p, a, b, c, u1, u2)
+    cos_g = _dot(ng, wo)
+    offset = sym.where(cos_g >= 0.0, eps, -eps)
+    origin = [p[i] + offset * ng[i] for i in range(3)]
+    gap = [y[i] - origin[i] for i in range(3)]
+    tmax = sym.sqrt(_dot(gap, gap)) * (1.0 - 1e-3)
+    p_light = pmf / area * dist2 / sym.maximum(cos_l, 1e-12)
+    to_wo = {v["ox"]: wo[0], v["oy"]: wo[1], v["oz"]: wo[2]}
+    p_bsdf = sym.substitute(p_of, to_wo)
+    usable = sym.logical_and(sym.logical_and(cos_l > 0.0, pmf > 0.0), cos_g > 0.0)
+    a2, b2 = p_light * p_light, p_bsdf * p_bsdf
+    mis = sym.where(a2 + b2 > 0.0, a2 / sym.maximum(a2 + b2, 1e-30), 0.0)
+    weight = sym.where(usable, mis / sym.maximum(pmf, 1e-30), 0.0)
+    scale = sym.maximum(cos_l, 0.0) / dist2 * area * weight
+    f = sym.substitute(f, to_wo)
+    inputs = (p + [v[k] for k in ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz",
+                                  "kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")]
+              + a + b + c + [u1, u2, pmf] + le + [eps])
+    return inputs, origin + wo + [tmax] + [f[k] * le[k] * scale for k in range(3)]
+
+
 def power_heuristic(a, b):
     """MIS weight a^2 / (a^2 + b^2) of the strategy with pdf ``a`` (0 where both are 0)."""
     a2, b2 = a * a, b * b
@@ -148,7 +181,7 @@ def _light_sample(g, si, u, two_sided):
     verts = g.tri_verts.index_select(0, tri)
     origin, wo, tmax, p_light, usable = shadow_rays(si.p, si.ng, verts, u[:, 1:], pmf, g.eps,
                                                     two_sided)
-    visible = g.intersect(origin, wo, tmax=tmax) < 0
+    visible = ~g.occluded(origin, wo, tmax)
     return tri, verts, wo, p_light, pmf, usable & visible
 
 

@@ -12,6 +12,8 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from core_ad.codegen import map_ordered
+
 from . import edges as edges_mod
 from .geometry import Geometry
 from .integrator import CHANNELS, LENS, OUTPUTS, Sampler, trace, uniforms, uniforms_at
@@ -94,11 +96,18 @@ def render_image(scene, spp=4, seed=0, max_depth=2, output="radiance", dtype=tor
     image = torch.zeros((npix, c), dtype=dtype)
     with torch.no_grad():
         g = Geometry(scene, dtype)
-        for start in _chunks(total, progress, "edge_rt render", _CHUNK):
-            count = min(_CHUNK, total - start)
-            pix, xy = _pixel_samples(cam, spp, seed, start, count)
-            values = trace(scene, g, torch.as_tensor(xy, dtype=dtype),
-                           Sampler(seed, start, count), max_depth, output)
+
+        def chunk(start):
+            with torch.no_grad():  # grad mode is per thread
+                count = min(_CHUNK, total - start)
+                pix, xy = _pixel_samples(cam, spp, seed, start, count)
+                return pix, trace(scene, g, torch.as_tensor(xy, dtype=dtype),
+                                  Sampler(seed, start, count), max_depth, output)
+
+        # Chunks in the pool's threads: most of a chunk's time is torch and numpy glue that
+        # releases the GIL but runs on one core; the image sums them in chunk order.
+        for pix, values in map_ordered(chunk, _chunks(total, progress, "edge_rt render",
+                                                       _CHUNK)):
             image.index_add_(0, pix, values)
     return (image / spp).reshape(cam.height, cam.width, c)
 

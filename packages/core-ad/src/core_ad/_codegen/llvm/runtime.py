@@ -43,6 +43,7 @@ import ctypes
 import os
 import sys
 import threading
+from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -52,7 +53,7 @@ from .builder import parallel_for
 from ..._sym.buffers import is_buffer, is_reduction, is_scatter
 from ..._sym.expr import Apply
 
-__all__ = ["LLVMKernel", "num_threads", "thread_pool"]
+__all__ = ["LLVMKernel", "map_ordered", "num_threads", "thread_pool"]
 
 _KFUNC = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                           ctypes.c_void_p, ctypes.c_void_p)
@@ -71,6 +72,36 @@ def thread_pool() -> ThreadPoolExecutor:
                 _POOL = ThreadPoolExecutor(max_workers=cpu_count(),
                                            thread_name_prefix="core_ad")
     return _POOL
+
+
+def map_ordered(fn, items, window=None):
+    """``fn(item)`` for each of ``items`` on the pool's threads, results yielded in item
+    order; at most ``window`` calls (default :func:`num_threads`) are submitted ahead of the
+    one being waited for, which bounds the memory of results not yet consumed; when ``fn``
+    raises or the caller stops early, the calls not started are cancelled and the running ones
+    awaited before the error propagates. With a window
+    of 1 the calls run in the caller, one after another. ``fn`` may call compiled kernels:
+    :func:`~.builder.parallel_for` from a busy pool does not wait for helpers that never
+    start."""
+    window = num_threads() if window is None else max(1, int(window))
+    if window == 1:
+        for item in items:
+            yield fn(item)
+        return
+    pool, pending = thread_pool(), deque()
+    try:
+        for item in items:
+            pending.append(pool.submit(fn, item))
+            if len(pending) >= window:
+                yield pending.popleft().result()
+        while pending:
+            yield pending.popleft().result()
+    finally:  # an error or an early exit: no call outlives the loop
+        for f in pending:
+            f.cancel()
+        for f in pending:
+            if not f.cancelled():
+                f.exception()
 
 
 def _addr(a: np.ndarray) -> int:
