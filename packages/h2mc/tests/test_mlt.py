@@ -421,3 +421,61 @@ def test_ae10_parameterization_ordering(tmp_path):
     assert mean["modified+h2mc"] < mean["modified+isotropic"] < mean["kelemen+isotropic"], mean
     h2, iso = np.array(out["relmse"]["modified+h2mc"]), np.array(out["relmse"]["modified+isotropic"])
     assert (h2 < iso).all() and (h2 < np.array(out["relmse"]["kelemen+isotropic"])).all()
+
+
+# ---------------------------------------------------------------- linear motion (time)
+def _plain_mc(ps, n, seed):
+    """Independent uniform states splatted by their contribution: the plain Monte Carlo
+    estimate of the chains' image (paths of min_length..max_length)."""
+    rng, npix = np.random.default_rng(seed), ps.width * ps.height
+    acc = np.zeros((npix, 3))
+    for _ in range(n >> 16):
+        p = ps.trace(rng.random((1 << 16, ps.dim)))
+        for c in range(3):
+            acc[:, c] += np.bincount(p.pixel, p.rgb[:, c], minlength=npix)
+    return (acc * npix / n).reshape(ps.height, ps.width, 3)
+
+
+def test_motion_blurred_render_agrees_with_plain_monte_carlo():
+    """The ball of edge_rt's moving_caustics sweeps 0.8 units during the shutter: H2MC with
+    time in the Hessian (512 mutations per pixel, paths of 2-3 segments, 12x12) against plain
+    Monte Carlo on 2^19 uniform states. Measured relMSE 0.014 (MMLT 0.031, time independent
+    0.010); the ball frozen at mid-shutter is 0.064 away, 4x the bound."""
+    scene = scenes.moving_caustics((12, 12))
+    ps = PathSpace(scene, max_length=3, min_length=2)
+    ref = _plain_mc(ps, 1 << 19, 1)
+    r = render_mlt(scene, 512, method="h2mc", chains=256, bootstrap_samples=1 << 16,
+                   direct_spp=4, seed=1, path_space=ps)
+    assert rel_mse(r.indirect, ref) < 0.03
+    assert np.isfinite(r.image).all() and r.nonfinite == 0
+    assert r.stats["small"].acceptance > 0.5
+    # the direct part is the emitters seen directly: the light is out of view here
+    assert (r.direct == 0).all()
+
+
+def test_time_independent_mode_keeps_time_out_of_the_gaussians():
+    """time_mode="independent": every H2MC Gaussian has time uncorrelated with the rest and
+    of the prior's variance; "hessian": time correlates on paths touching the ball."""
+    from h2mc._mlt import _Gaussians
+
+    ps = PathSpace(scenes.moving_caustics((12, 12)), max_length=3, min_length=3,
+                   backend="numpy")
+    u = np.random.default_rng(4).random((8192, ps.dim))
+    p = ps.trace(u)
+    t = ps.techniques.index((3, NEE))
+    lanes = np.flatnonzero(p.moving[:, t] & (p.scores[:, t] > 0))[:16]
+    cov = {}
+    for mode in (True, False):
+        g = _Gaussians(ps, True, 1e-4, len(u), time_in_hessian=mode)
+        cov[mode] = g.compute(t, u, p, lanes).covariance()
+    np.testing.assert_allclose(cov[False][:, 0, 1:], 0.0, atol=1e-18)
+    np.testing.assert_allclose(cov[False][:, 0, 0], 1e-4, rtol=1e-9)
+    assert (np.abs(cov[True][:, 0, 1:]).max(1) > 1e-9).sum() >= len(lanes) // 2
+
+
+def test_motion_bad_input():
+    scene = scenes.moving_caustics((8, 8))
+    with pytest.raises(MLTError, match="time_mode"):
+        render_mlt(scene, 1, method="h2mc", time_mode="spacetime")
+    with pytest.raises(MLTError, match="no motion blur"):
+        render_mlt(scene, 1, min_length=3, direct_spp=4)
