@@ -106,10 +106,12 @@ def ae11_moving_caustics(resolution=(24, 24), mutations_per_pixel=128, max_lengt
     ``mutations_per_pixel`` per seed; relMSE against plain Monte Carlo with
     ``reference_samples`` states (:func:`plain_monte_carlo`).
 
-    Equal time: relMSE falls as 1/t (AE-8), so each run's relMSE is scaled to the median
-    wall time of all runs, ``relmse * seconds / median(seconds)`` (``"equal_time"``): sizing
-    runs to a wall-clock budget from a calibration run was tried and was unreliable on shared
-    cores (runs meant to take 20 s took 10-54 s). Returns ``{"relmse", "equal_time",
+    Equal time: relMSE falls as 1/t (AE-8), so each run's relMSE is scaled by its variant's
+    cost, ``relmse * c_v / median_v(c_v)`` with ``c_v`` the variant's median wall time over
+    the seeds (``"equal_time"``): sizing runs to a wall-clock budget from a calibration run
+    was tried and was unreliable on shared cores (runs meant to take 20 s took 10-54 s). The
+    variants run interleaved (seed by seed), after one warm-up run each (lazily compiled
+    code, caches), so that load drift hits them alike. Returns ``{"relmse", "equal_time",
     "seconds", "acceptance": {name: [per seed]}, "reference": image, "images": {name: first
     seed's image}}``. ``png``: the reference and the variants' first-seed images in the top
     row (tone-mapped alike), their per-pixel relMSE maps below (one colour scale)."""
@@ -120,18 +122,21 @@ def ae11_moving_caustics(resolution=(24, 24), mutations_per_pixel=128, max_lengt
     ref = plain_monte_carlo(ps, reference_samples, seed=91) if reference is None else reference
     keys = ("relmse", "seconds", "acceptance")
     out = {k: {} for k in keys} | {"reference": ref, "images": {}}
-    for name, kw in AE11_VARIANTS.items():
-        for s in seeds:
-            r = render_mlt(scene, mutations_per_pixel, seed=s, chains=chains, sigma2=sigma2,
-                           large_step_prob=large_step_prob, bootstrap_samples=bootstrap_samples,
-                           direct_spp=0, path_space=ps, **kw)
+    common = dict(chains=chains, sigma2=sigma2, large_step_prob=large_step_prob,
+                  bootstrap_samples=bootstrap_samples, direct_spp=0, path_space=ps)
+    for kw in AE11_VARIANTS.values():
+        render_mlt(scene, 8, seed=1 << 20, **common, **kw)
+    for s in seeds:
+        for name, kw in AE11_VARIANTS.items():
+            r = render_mlt(scene, mutations_per_pixel, seed=s, **common, **kw)
             for k, v in zip(keys, (rel_mse(r.indirect, ref), r.seconds,
                                    r.stats["small"].acceptance)):
                 out[k].setdefault(name, []).append(v)
             out["images"].setdefault(name, r.indirect)
-    t_common = np.median([t for ts in out["seconds"].values() for t in ts])
-    out["equal_time"] = {name: [e * t / t_common for e, t in zip(out["relmse"][name], ts)]
-                         for name, ts in out["seconds"].items()}
+    cost = {name: float(np.median(ts)) for name, ts in out["seconds"].items()}
+    t_common = float(np.median(list(cost.values())))
+    out["equal_time"] = {name: [e * cost[name] / t_common for e in out["relmse"][name]]
+                         for name in cost}
     if png is not None:
         images = [ref, *out["images"].values()]
         scale = np.percentile(ref, 99) or 1.0
