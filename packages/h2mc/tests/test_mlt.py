@@ -10,7 +10,7 @@ import edge_rt
 from edge_rt import scenes, testing, torch_single_thread
 from h2mc import (NEE, Bootstrap, MLTError, PathSpace, PathSpaceError, bootstrap,
                   kelemen_perturb, luminance, rel_mse, render_mlt)
-from h2mc import ae10_parameterization
+from h2mc import ae10_parameterization, ae11_moving_caustics
 from h2mc._mlt import LENGTH_FLOOR
 
 RES = (16, 12)  # non-square: a swapped axis in splatting fails
@@ -506,3 +506,22 @@ def test_emitters_seen_through_a_moving_occluder():
     expected = 2.0 * np.minimum(1.0, np.abs(x + 1.0) / 2.0)
     np.testing.assert_allclose(img[..., 1].mean(0), expected, atol=0.05)
     assert np.abs(img[..., 1].mean(0) - expected).mean() < 0.02
+
+
+@pytest.mark.slow
+def test_ae11_moving_caustics(tmp_path):
+    """AE-11 at a reduced size (24x24 moving_caustics, paths of 3-4 segments, 128 mutations
+    per pixel, 256 chains, sigma2 1e-3, 6 seeds; plain Monte Carlo reference of 2^23 states;
+    ~5 min). Measured (2 shared cores, load 2-3), median over seeds: relMSE at equal
+    mutations 0.0142 (time in the Hessian), 0.0151 (time independent), 0.0230 (MMLT); median
+    cost 15.1 s, 12.6 s, 7.0 s; at equal time 0.0171, 0.0151, 0.0128. Asserted: what held with
+    margin, both H2MC variants below MMLT per mutation (1.5x). Not asserted, because it did
+    not hold: the spec's equal-time ordering (MMLT is 2.2x cheaper per mutation here and
+    wins at equal time; time in the Hessian beat time independent on 4 of 6 seeds per
+    mutation, 0.0142 vs 0.0151 in the median, and lost at equal time)."""
+    out = ae11_moving_caustics(png=tmp_path / "ae11.png")
+    med = {k: np.median(v) for k, v in out["relmse"].items()}
+    assert all(np.isfinite(v).all() for v in out["relmse"].values())
+    assert med["h2mc, time in the Hessian"] < med["mmlt"] / 1.2, med
+    assert med["h2mc, time independent"] < med["mmlt"] / 1.2, med
+    assert (tmp_path / "ae11.png").exists()
