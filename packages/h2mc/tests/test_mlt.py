@@ -1,5 +1,7 @@
 """Primary-sample-space MLT on an edge_rt scene against edge_rt's path tracer."""
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -8,7 +10,7 @@ import edge_rt
 from edge_rt import scenes, testing, torch_single_thread
 from h2mc import (NEE, Bootstrap, MLTError, PathSpace, PathSpaceError, bootstrap,
                   kelemen_perturb, luminance, rel_mse, render_mlt)
-from h2mc import ae10_parameterization
+from h2mc import ae10_parameterization, ae11_moving_caustics
 from h2mc._mlt import LENGTH_FLOOR
 
 RES = (16, 12)  # non-square: a swapped axis in splatting fails
@@ -424,3 +426,105 @@ def test_ae10_parameterization_ordering(tmp_path):
     assert mean["modified+h2mc"] < mean["modified+isotropic"] < mean["kelemen+isotropic"], mean
     h2, iso = np.array(out["relmse"]["modified+h2mc"]), np.array(out["relmse"]["modified+isotropic"])
     assert (h2 < iso).all() and (h2 < np.array(out["relmse"]["kelemen+isotropic"])).all()
+
+
+# ---------------------------------------------------------------- linear motion (time)
+def _plain_mc(ps, n, seed):
+    """Independent uniform states splatted by their contribution: the plain Monte Carlo
+    estimate of the chains' image (paths of min_length..max_length)."""
+    rng, npix = np.random.default_rng(seed), ps.width * ps.height
+    acc = np.zeros((npix, 3))
+    for _ in range(n >> 16):
+        p = ps.trace(rng.random((1 << 16, ps.dim)))
+        for c in range(3):
+            acc[:, c] += np.bincount(p.pixel, p.rgb[:, c], minlength=npix)
+    return (acc * npix / n).reshape(ps.height, ps.width, 3)
+
+
+def test_motion_blurred_render_agrees_with_plain_monte_carlo():
+    """The ball of edge_rt's moving_caustics sweeps 0.8 units during the shutter: H2MC with
+    time in the Hessian (512 mutations per pixel, paths of 2-3 segments, 12x12) against plain
+    Monte Carlo on 2^19 uniform states. Measured relMSE 0.014 (MMLT 0.031, time independent
+    0.010); the ball frozen at mid-shutter is 0.064 away, 4x the bound."""
+    scene = scenes.moving_caustics((12, 12))
+    ps = PathSpace(scene, max_length=3, min_length=2)
+    ref = _plain_mc(ps, 1 << 19, 1)
+    r = render_mlt(scene, 512, method="h2mc", chains=256, bootstrap_samples=1 << 16,
+                   direct_spp=4, seed=1, path_space=ps)
+    assert rel_mse(r.indirect, ref) < 0.03
+    assert np.isfinite(r.image).all() and r.nonfinite == 0
+    assert r.stats["small"].acceptance > 0.5
+    # the direct part is the emitters seen directly: the light is out of view here
+    assert (r.direct == 0).all()
+
+
+def test_time_independent_mode_keeps_time_out_of_the_gaussians():
+    """time_mode="independent": every H2MC Gaussian has time uncorrelated with the rest and
+    of the prior's variance; "hessian": time correlates on paths touching the ball."""
+    from h2mc._mlt import _Gaussians
+
+    ps = PathSpace(scenes.moving_caustics((12, 12)), max_length=3, min_length=3,
+                   backend="numpy")
+    u = np.random.default_rng(4).random((8192, ps.dim))
+    p = ps.trace(u)
+    t = ps.techniques.index((3, NEE))
+    lanes = np.flatnonzero(p.moving[:, t] & (p.scores[:, t] > 0))[:16]
+    cov = {}
+    for mode in (True, False):
+        g = _Gaussians(ps, True, 1e-4, len(u), time_in_hessian=mode)
+        cov[mode] = g.compute(t, u, p, lanes).covariance()
+    np.testing.assert_allclose(cov[False][:, 0, 1:], 0.0, atol=1e-18)
+    np.testing.assert_allclose(cov[False][:, 0, 0], 1e-4, rtol=1e-9)
+    assert (np.abs(cov[True][:, 0, 1:]).max(1) > 1e-9).sum() >= len(lanes) // 2
+
+
+def test_motion_bad_input():
+    scene = scenes.moving_caustics((8, 8))
+    with pytest.raises(MLTError, match="time_mode"):
+        render_mlt(scene, 1, method="h2mc", time_mode="spacetime")
+    with pytest.raises(MLTError, match="no motion blur"):
+        render_mlt(scene, 1, min_length=3, direct_spp=4)
+
+
+def test_emitters_seen_through_a_moving_occluder():
+    """The direct part of a moving scene (render_mlt, min_length=2): an emitter filling the
+    view behind a black quad that slides across it during the shutter (x from [-3, -1] to
+    [-1, 1] on the plane z = 2). A ray meeting that plane at x is unblocked for a fraction
+    min(1, |x + 1| / 2) of the shutter: the image is that ramp times the emission (4096 rays per
+    column: binomial standard error <= 0.008)."""
+    from edge_rt.scene import Camera, Material, Scene, look_at
+
+    from h2mc._mlt import _emitters_seen
+
+    light = scenes.facing_quad((0.0, 0.0, 3.0), (0.0, 0.0, 0.0), 8.0, (2.0, 2.0, 2.0))
+    blind = dataclasses.replace(
+        scenes.quad((-3.0, -5.0, 2.0), (2.0, 0.0, 0.0), (0.0, 10.0, 0.0),
+                    Material(diffuse=(0.0, 0.0, 0.0)), name="blind"), velocity=(2.0, 0.0, 0.0))
+    cam = Camera(look_at((0.0, 0.0, 0.0), (0.0, 0.0, 1.0)), fov=60.0, resolution=(16, 16))
+    ps = PathSpace(Scene(cam, [light, blind]), max_length=2, min_length=2, backend="numpy")
+    img = _emitters_seen(ps, 256, np.random.default_rng(0))
+    xy = torch.as_tensor(np.stack([np.arange(16) + 0.5, np.full(16, 8.0)], 1))
+    o, d, _ = cam.rays(xy, torch.float64)
+    x = (o[:, 0] + d[:, 0] * (2.0 - o[:, 2]) / d[:, 2]).numpy()
+    expected = 2.0 * np.minimum(1.0, np.abs(x + 1.0) / 2.0)
+    np.testing.assert_allclose(img[..., 1].mean(0), expected, atol=0.05)
+    assert np.abs(img[..., 1].mean(0) - expected).mean() < 0.02
+
+
+@pytest.mark.slow
+def test_ae11_moving_caustics(tmp_path):
+    """AE-11 at a reduced size (24x24 moving_caustics, paths of 3-4 segments, 128 mutations
+    per pixel, 256 chains, sigma2 1e-3, 6 seeds; plain Monte Carlo reference of 2^23 states;
+    ~5 min). Measured (2 shared cores, load 2-3), median over seeds: relMSE at equal
+    mutations 0.0142 (time in the Hessian), 0.0151 (time independent), 0.0230 (MMLT); median
+    cost 15.1 s, 12.6 s, 7.0 s; at equal time 0.0171, 0.0151, 0.0128. Asserted: what held with
+    margin, both H2MC variants below MMLT per mutation (1.5x). Not asserted, because it did
+    not hold: the spec's equal-time ordering (MMLT is 2.2x cheaper per mutation here and
+    wins at equal time; time in the Hessian beat time independent on 4 of 6 seeds per
+    mutation, 0.0142 vs 0.0151 in the median, and lost at equal time)."""
+    out = ae11_moving_caustics(png=tmp_path / "ae11.png")
+    med = {k: np.median(v) for k, v in out["relmse"].items()}
+    assert all(np.isfinite(v).all() for v in out["relmse"].values())
+    assert med["h2mc, time in the Hessian"] < med["mmlt"] / 1.2, med
+    assert med["h2mc, time independent"] < med["mmlt"] / 1.2, med
+    assert (tmp_path / "ae11.png").exists()

@@ -599,3 +599,74 @@ def test_modified_coordinates_wrong_side_directions_are_zero_not_nan():
         ps.trace(w, coords=np.full(len(w), 7))
     with pytest.raises(PathSpaceError, match="coords must have shape"):
         ps.trace(w, coords=coords[:3])
+
+
+# ---------------------------------------------------------------- linear motion (time)
+def _moving_ball(roughness=0.09):
+    """edge_rt's moving_caustics with a rougher ball (GGX alpha 0.3: finite differences of
+    paths through it stay well conditioned)."""
+    sc = scenes.moving_caustics((12, 12))
+    sc.meshes[0].material = edge_rt.Material(roughness=(roughness,), eta=1.5)
+    return sc
+
+
+def test_moving_scene_puts_time_first():
+    ps = PathSpace(_moving_ball(), max_length=3, min_length=2, backend="numpy")
+    still = PathSpace(scenes.ring_scene((12, 12)), max_length=3, min_length=2, backend="numpy")
+    assert ps.time_dim == 0 and still.time_dim is None
+    assert ps.dim == still.dim + 1
+    for key in ps.techniques:  # [time], screen, then the static layout shifted by one
+        np.testing.assert_array_equal(ps.dims(*key), np.r_[0, still.dims(*key) + 1])
+    u = np.random.default_rng(5).random((4096, ps.dim))
+    p = ps.trace(u)
+    np.testing.assert_allclose(p.xy, u[:, 1:3] * [12, 12])
+    # the ball is seen at the time's position: the same screen point hits it at one time
+    # and misses it at another
+    assert p.moving.any() and not p.moving.all()
+    assert not still.trace(u[:, 1:]).moving.any()
+
+
+@pytest.mark.parametrize("length, technique", [(3, NEE), (4, NEE)])
+def test_log_f_derivatives_with_time_match_central_differences(length, technique):
+    """AE-7 on paths touching the moving ball: gradient and Hessian of log f* with respect to
+    time and the other coordinates (time enters through the ball's vertices, translated
+    inside the expression) against Richardson-extrapolated central differences, relative
+    1e-4; time has a non-zero derivative on every such path."""
+    ps = PathSpace(_moving_ball(), max_length=length, min_length=length, backend="numpy")
+    u = np.random.default_rng(13).random((1 << 14, ps.dim))
+    p = ps.trace(u)
+    t = ps.techniques.index((length, technique))
+    lit = np.flatnonzero(p.moving[:, t] & (p.scores[:, t] > 0))
+    assert len(lit) >= 20
+    u = u[lit[:20]]
+    p = ps.trace(u)
+    lf, g, H = ps.log_f_derivatives(u, length, technique, paths=p)
+    np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
+    gfd, Hfd, ok = _central_differences(
+        ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
+        lambda pp: pp.f_star_of(length, technique), _same_piece(ps, u, length, technique),
+        ps.dims(length, technique), _steps(H))
+    assert ok.sum() >= 15
+    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
+    assert (np.abs(g[:, ps.time_dim]) > 0).all()
+    assert (np.abs(H[:, ps.time_dim, 1:]).max(1) > 0).all()  # time correlates with the rest
+
+
+def test_static_paths_have_no_time_column():
+    """Paths with no vertex on the moving ball: time is no H2MC dimension (exact zeros in
+    the gradient and Hessian); the Kelemen state's sum keeps them too."""
+    ps = PathSpace(_moving_ball(), max_length=3, min_length=2, backend="numpy")
+    u = np.random.default_rng(17).random((4096, ps.dim))
+    p = ps.trace(u)
+    t = ps.techniques.index((2, NEE))
+    static = ~p.moving[:, t] & (p.scores[:, t] > 0)
+    moving = p.moving[:, t] & (p.scores[:, t] > 0)
+    assert static.sum() > 100 and moving.sum() > 5
+    lf, g, H = ps.log_f_derivatives(u, 2, NEE, paths=p)
+    assert (g[static, 0] == 0).all() and (H[static, 0] == 0).all() and (H[static, :, 0] == 0).all()
+    assert np.isfinite(lf[static]).all() and (np.abs(g[static, 1:]).max(1) > 0).all()
+    assert (np.abs(g[moving, 0]) > 0).any()
+    all_static = ~p.moving.any(1) & (p.f_star > 0)
+    _, gk, Hk = ps.log_f_star_derivatives(u, p)
+    assert (gk[all_static, 0] == 0).all() and (Hk[all_static, 0] == 0).all()

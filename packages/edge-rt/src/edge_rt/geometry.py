@@ -12,6 +12,8 @@ import math
 import numpy as np
 import torch
 from core_ad import sym
+from embreex import rtcore_scene
+from embreex.mesh_construction import TriangleMesh
 
 from ._compiled import CompiledOp
 from ._embree import TriangleScene
@@ -60,15 +62,41 @@ class Geometry:
         self.vertex_offset = offsets
         self.tri_verts = self.vertices[self.faces]  # (T, 3, 3)
         self.tri_uvs = torch.cat(uvs, 0)  # (T, 3, 2)
+        movers = {id(m) for m in scene.moving_meshes}
+        moving = [mi for mi, m in enumerate(scene.meshes) if id(m) in movers]
+        # (T, 3) translation of each triangle over the shutter (None: a static scene)
+        self.tri_velocity = None
+        if moving:
+            vel = torch.stack([torch.zeros(3, dtype=dtype) if mi not in moving
+                               else m.velocity.to(dtype) for mi, m in enumerate(scene.meshes)])
+            self.tri_velocity = vel.index_select(0, self.mesh_of)
         if ray_caster is not None:
             self.embree, self.eps = ray_caster.embree, ray_caster.eps
+            self.movers, self.static_tris = ray_caster.movers, ray_caster.static_tris
             self.light_tris, self.light_pmf = ray_caster.light_tris, ray_caster.light_pmf
             self.light_cdf = getattr(ray_caster, "light_cdf", None)
             return
         packed = self.tri_verts.detach().to(torch.float32).numpy()
-        self.embree = TriangleScene(packed)
         bound = float(np.abs(packed).max())
+        if moving:  # the moving meshes' sweep bounds the offset too
+            bound += float(max(scene.meshes[mi].velocity.detach().abs().max() for mi in moving))
         self.eps = 1e-4 * max(bound, 1e-3)
+        # Moving meshes: one Embree scene each, in their own frame at t = 0 (a ray (o, d) at
+        # time t meets the mesh where (o - t v, d) meets it at rest); the rest in one more.
+        # movers: (global triangle ids, velocity, Embree scene) per moving mesh; the static
+        # scene's ids map through self.static_tris (None: every triangle, no motion).
+        self.movers, self.static_tris = [], None
+        mesh_of = self.mesh_of.numpy()
+        if moving:
+            for mi in moving:
+                ids = np.flatnonzero(mesh_of == mi)
+                self.movers.append((ids, scene.meshes[mi].velocity.detach().double().numpy(),
+                                    _embreex_scene(packed[ids])))
+            self.static_tris = np.flatnonzero(~np.isin(mesh_of, moving))
+            packed = packed[self.static_tris]
+            self.embree = _embreex_scene(packed) if len(packed) else None
+        else:
+            self.embree = TriangleScene(packed)
         self._init_lights()
 
     def _init_lights(self):
@@ -90,26 +118,65 @@ class Geometry:
             self.light_cdf = torch.cumsum(p / p.sum(), 0)
 
     # -- ray casting (detached) -----------------------------------------------------------
-    def intersect(self, o, d, tmax=None):
-        """Global triangle ids of the closest hits, -1 for misses."""
+    def intersect(self, o, d, tmax=None, time=None):
+        """Global triangle ids of the closest hits, -1 for misses. ``time`` (N,) in [0, 1):
+        the rays' times, where the scene has moving meshes (None: t = 0)."""
+        if self.movers:
+            return self._intersect_moving(o, d, tmax, time)
         return self.embree.intersect(o, d, tmax)
 
-    def occluded(self, o, d, tmax):
+    def occluded(self, o, d, tmax, time=None):
         """(N,) bool: whether each ray hits something before ``tmax`` (shadow rays)."""
+        if self.movers:
+            return self._intersect_moving(o, d, tmax, time) >= 0
         return self.embree.occluded(o, d, tmax)
 
+    def _intersect_moving(self, o, d, tmax, time):
+        """``intersect`` with moving meshes: the static scene first, then each moving mesh in
+        its own frame with the ray cut at the closest hit so far (nearest hit wins)."""
+        n = o.shape[0]
+        if n == 0:
+            return torch.zeros(0, dtype=torch.long)
+        t = np.zeros(n) if time is None else time.detach().double().numpy()
+        if t.shape != (n,):
+            raise ValueError(f"Geometry.intersect: time must be (N,) = ({n},), got {t.shape}")
+        od, dd = o.detach().double().numpy(), np.ascontiguousarray(
+            d.detach().to(torch.float32).numpy())
+        best = np.full(n, np.inf, np.float32) if tmax is None else np.ascontiguousarray(
+            tmax.detach().to(torch.float32).numpy())
+        ids = np.full(n, -1, np.int64)
+        for tris, velocity, embree in ([(self.static_tris, np.zeros(3), self.embree)]
+                                       if self.embree is not None else []) + self.movers:
+            oo = np.ascontiguousarray((od - t[:, None] * velocity).astype(np.float32))
+            out = embree.run(oo, dd, dists=best.copy(), output=1)
+            hit = out["primID"] >= 0
+            ids[hit] = tris[out["primID"][hit]]
+            best = np.where(hit, out["tfar"], best).astype(np.float32)
+        return torch.as_tensor(ids)
+
+    def vertices_at(self, tri, time=None):
+        """(N, 3, 3) corners of triangles ``tri`` at times ``time`` (N,) (None: t = 0)."""
+        v = self.tri_verts.index_select(0, tri)
+        if self.tri_velocity is None or time is None:
+            return v
+        return v + time.to(self.dtype)[:, None, None] * self.tri_velocity.index_select(
+            0, tri)[:, None, :]
+
     # -- differentiable interactions ------------------------------------------------------
-    def interact(self, tri, o, d):
+    def interact(self, tri, o, d, time=None):
+        """Surface interactions of rays (o, d) with their hit triangles ``tri``, at times
+        ``time`` (N,) where meshes move."""
         mesh = self.mesh_of.index_select(0, tri)
-        if torch.is_grad_enabled():
-            v = self.tri_verts.index_select(0, tri)
+        moves = self.tri_velocity is not None and time is not None
+        if torch.is_grad_enabled() or moves:
+            v = self.vertices_at(tri, time)
             p, t, ng, bary, area = RAY_TRIANGLE(v[:, 0], v[:, 1], v[:, 2], o, d)
             t, area = t[:, 0], area[:, 0]
             w = torch.stack([1.0 - bary[:, 0] - bary[:, 1], bary[:, 0], bary[:, 1]], 1)
             uv = (self.tri_uvs.index_select(0, tri) * w[:, :, None]).sum(1)
             front = ((ng * d).sum(1) < 0).detach()
             ng = ng * torch.where(front, 1.0, -1.0).to(self.dtype)[:, None]
-        else:  # the forward render: one kernel, no derivatives
+        else:  # the forward render of a scene at rest: one kernel, no derivatives
             p, t, ng, bary, area, uv, front = hit_values(tri, o, d, self.tri_verts,
                                                          self.tri_uvs)
         ns = self._shading_normals(tri, mesh, bary, ng, front)
@@ -300,6 +367,14 @@ class Geometry:
         cross = torch.linalg.cross(v[:, 1] - v[:, 0], v[:, 2] - v[:, 0])
         area = 0.5 * cross.norm(dim=1)
         return tri, y, cross / (2.0 * area[:, None]), area, pmf
+
+
+def _embreex_scene(packed):
+    """An embreex scene: moving meshes' casts need the hit distance, which ``TriangleScene``
+    does not return."""
+    scene = rtcore_scene.EmbreeScene()
+    TriangleMesh(scene, np.ascontiguousarray(packed))
+    return scene
 
 
 def _ray_triangle_expressions(dtype):

@@ -57,6 +57,10 @@ def _check(scene, spp, output, max_depth):
         if m.material.eta is not None:
             check_eta(m.material.eta, f"render: mesh {m.name!r} material eta")
     check_lens(scene.camera)
+    if scene.moving_meshes:
+        raise SceneError(f"render: mesh {scene.moving_meshes[0].name!r} moves (a velocity): "
+                         "edge_rt's path tracer renders no motion blur (h2mc.render_mlt "
+                         "does); set its velocity to None")
 
 
 def _pixel_samples(cam, spp, seed, start, count):

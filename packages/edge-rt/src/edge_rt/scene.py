@@ -268,7 +268,11 @@ def check_eta(eta, name):
 class Mesh:
     """Triangle mesh. ``vertices`` (V, 3) float, ``faces`` (F, 3) int; optional ``uvs`` (V, 2)
     and shading ``normals`` (V, 3) indexed by ``faces``; ``material``; ``emission`` (RGB
-    radiance, emitted on the side the winding's normal points to) makes it an area light."""
+    radiance, emitted on the side the winding's normal points to) makes it an area light.
+
+    ``velocity`` (3,), None by default: linear motion, the mesh's translation over the shutter
+    interval; at time ``t`` in [0, 1) its vertices are ``vertices + t * velocity``
+    (``Geometry.intersect`` / ``interact`` take per-ray times). Lights cannot move."""
 
     vertices: torch.Tensor
     faces: torch.Tensor
@@ -277,6 +281,7 @@ class Mesh:
     normals: torch.Tensor | None = None
     emission: torch.Tensor | None = None
     name: str = "mesh"
+    velocity: torch.Tensor | None = None
 
     def __post_init__(self):
         n = f"Mesh {self.name!r}"
@@ -307,6 +312,14 @@ class Mesh:
             self.emission = _tensor(self.emission, f"{n}: emission")
             if tuple(self.emission.shape) != (3,):
                 raise SceneError(f"{n}: emission must be RGB (3,)")
+        if self.velocity is not None:
+            self.velocity = _tensor(self.velocity, f"{n}: velocity")
+            if tuple(self.velocity.shape) != (3,):
+                raise SceneError(f"{n}: velocity must be a translation (3,) over the shutter "
+                                 f"interval, got shape {tuple(self.velocity.shape)}")
+            if self.emission is not None:
+                raise SceneError(f"{n}: moving lights are not supported (a mesh with an "
+                                 "emission cannot have a velocity)")
         self.degenerate_faces = self._degenerate()
 
     def _degenerate(self):
@@ -374,6 +387,12 @@ class Scene:
     def with_tensors(self, replacements):
         it = iter(replacements)
         return _rebuild(self, it)
+
+    @property
+    def moving_meshes(self):
+        """Meshes with a non-zero velocity (linear motion over the shutter)."""
+        return [m for m in self.meshes
+                if m.velocity is not None and bool((m.velocity.detach() != 0).any())]
 
     @property
     def lights(self):

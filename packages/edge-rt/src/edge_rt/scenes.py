@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -160,6 +161,25 @@ def torus_glass_cube(resolution=(128, 128)):
     light = facing_quad((2.0, 4.0, 1.5), (0.0, 0.8, 0.0), 0.5, (120.0, 120.0, 120.0))
     cam = Camera(look_at((0.0, 2.4, 4.6), (0.0, 0.7, 0.0)), fov=40.0, resolution=resolution)
     return Scene(cam, [torus, glass, floor, light])
+
+
+def moving_caustics(resolution=(64, 64), velocity=(0.8, 0.0, 0.0)):
+    """AE-11 analog (h2mc spec 10, the thesis' Balls/Cars): a near-specular glass ball (radius
+    0.5, rough dielectric eta 1.5, roughness 0.0025: GGX alpha 0.05) translating by
+    ``velocity`` over the shutter (centre from (-0.4, 0.65, 0) to (0.4, 0.65, 0) by default)
+    above a diffuse floor, lit by a small (0.3 x 0.3) bright light 3.5 units above: the ball
+    focuses it into a caustic on the floor that sweeps with the ball (motion-blurred). The
+    thesis uses a point light; edge_rt has area lights only."""
+    v = np.asarray(velocity, dtype=np.float64)
+    ball = dataclasses.replace(
+        uv_sphere((-0.5 * v[0], 0.65 - 0.5 * v[1], -0.5 * v[2]), 0.5, rings=24, segments=48,
+                  material=Material(roughness=(0.0025,), eta=1.5), name="glass_ball"),
+        velocity=v)
+    floor = quad((-6, 0, -6), (0, 0, 12), (12, 0, 0), Material(diffuse=(0.7, 0.7, 0.7)),
+                 name="floor")
+    light = facing_quad((0.6, 4.0, 0.3), (0.0, 0.0, 0.0), 0.3, (400.0, 400.0, 400.0))
+    cam = Camera(look_at((0.0, 2.6, 3.0), (0.0, 0.35, 0.0)), fov=40.0, resolution=resolution)
+    return Scene(cam, [ball, floor, light])
 
 
 def glossy_cornell(resolution=(64, 64)):

@@ -13,7 +13,8 @@
 * diagnostics: :func:`ess` (Geyer), histograms, :func:`write_png`.
 """
 
-from ._ablation import AE10_VARIANTS, ae10_parameterization
+from ._ablation import (AE10_VARIANTS, AE11_VARIANTS, ae10_parameterization,
+                        ae11_moving_caustics, plain_monte_carlo)
 from ._diagnostics import (
     HistogramAccumulator,
     autocovariance,
@@ -58,6 +59,9 @@ __version__ = "0.1.0"
 __all__ = [
     "AE10_VARIANTS",
     "ae10_parameterization",
+    "AE11_VARIANTS",
+    "ae11_moving_caustics",
+    "plain_monte_carlo",
     "Bootstrap",
     "MLTError",
     "MLTResult",

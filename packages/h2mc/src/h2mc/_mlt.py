@@ -56,6 +56,14 @@ large step samples ``u`` as before, picks its technique, converts it to ``w``
 (``PathSpace.to_modified``, whose proposal density in ``w`` is the Jacobian, so the MH ratio is
 the PSS one) and is accepted with the ``f*_PSS`` ratios above; splat weights use ``f*_PSS``.
 
+Time (``time_mode``, spec 5.1; scenes with moving meshes, PathSpace's first coordinate):
+``"hessian"`` (the thesis) keeps time in the H2MC Gaussian with its correlations to the other
+coordinates (static paths have no time derivatives, so their time takes the prior's kick);
+``"independent"`` (AE-11's ablation) drops time from every H2MC Gaussian, so it is perturbed
+by the prior's isotropic kick alone; PSSMLT / MMLT treat it as one more primary sample. Direct
+lighting in a moving scene needs ``min_length=2`` (edge_rt's path tracer renders no motion
+blur): the emitters seen directly are then traced here at random shutter times.
+
 A non-finite contribution is a counted rejection (PathSpace voids the state; ``nonfinite``
 counts it), never a NaN pixel.
 """
@@ -75,6 +83,7 @@ from ._pathspace import PathSpace
 from ._proposal import GaussianProposal, h2mc_proposal
 
 SMALL_STEPS = ("kelemen", "isotropic", "h2mc")
+TIME_MODES = ("hessian", "independent")
 PARAMETERIZATIONS = ("kelemen", "modified")
 LARGE_STEPS = ("uniform", "mmlt", "resample")
 METHODS = {"pssmlt": ("kelemen", "uniform"), "mmlt": ("kelemen", "mmlt"),
@@ -193,7 +202,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                s1=1.0 / 1024, s2=1.0 / 64, sigma2=1e-4, uniform_mixing=0.2,
                bootstrap_samples=1 << 16, direct_spp=16, seed=0, checkpoints=(),
                path_space=None, progress=None, parameterization="kelemen",
-               roughness_threshold=0.03):
+               roughness_threshold=0.03, time_mode="hessian"):
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
@@ -209,7 +218,9 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     ``progress``: called with the number of mutations done so far after every step;
     ``parameterization``: ``"kelemen"`` or ``"modified"`` (module docstring; the thesis' H2MC
     uses the modified one, the default stays PSS), with ``roughness_threshold`` (spec 1.6:
-    0.03, 0.01 on the torus scene; a given ``path_space`` must have been built with it).
+    0.03, 0.01 on the torus scene; a given ``path_space`` must have been built with it);
+    ``time_mode``: ``"hessian"`` or ``"independent"`` (module docstring; scenes with moving
+    meshes only).
     """
     if method not in METHODS:
         raise MLTError(f"render_mlt: method must be one of {tuple(METHODS)}, got {method!r}")
@@ -230,6 +241,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     if parameterization not in PARAMETERIZATIONS:
         raise MLTError(f"render_mlt: parameterization must be one of {PARAMETERIZATIONS}, "
                        f"got {parameterization!r}")
+    if time_mode not in TIME_MODES:
+        raise MLTError(f"render_mlt: time_mode must be one of {TIME_MODES}, got {time_mode!r}")
     if not roughness_threshold >= 0.0:
         raise MLTError(f"render_mlt: roughness_threshold must be >= 0, got "
                        f"{roughness_threshold!r}")
@@ -241,6 +254,10 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                                  roughness_threshold=roughness_threshold if modified else None)
     if path_space is not None and path_space.scene is not scene:
         raise MLTError("render_mlt: path_space was built for another scene")
+    if scene.moving_meshes and direct_spp and ps.min_length > 2:
+        raise MLTError("render_mlt: edge_rt's path tracer renders no motion blur, so the direct "
+                       "lighting of a scene with moving meshes needs min_length=2 (or "
+                       "direct_spp=0)")
     if modified and ps.roughness_threshold != roughness_threshold:
         raise MLTError(f"render_mlt: path_space has roughness_threshold "
                        f"{ps.roughness_threshold!r}, not {roughness_threshold!r}")
@@ -267,7 +284,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     state = _Chains(x, t, rgb, f, fw, px.f_star, px.pixel)
     use_h2mc = small_step == "h2mc"
     if use_h2mc:
-        gauss = _Gaussians(ps, multiplexed, sigma2, C)
+        gauss = _Gaussians(ps, multiplexed, sigma2, C,
+                           time_in_hessian=time_mode == "hessian")
         gauss.update(x, px, np.arange(C), t)
     stats = {"large": MutationStats(), "small": MutationStats()}
     if use_h2mc:
@@ -341,7 +359,9 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     indirect = _image(accum, boot.b, npix, steps * C, w, h)
     seconds = time.perf_counter() - t0
     direct = np.zeros_like(indirect)
-    if direct_spp and ps.min_length > 1:
+    if direct_spp and scene.moving_meshes:
+        direct = _emitters_seen(ps, int(direct_spp), rng)
+    elif direct_spp:
         direct = edge_rt.render_image(scene, spp=int(direct_spp), seed=seed,
                                       max_depth=ps.min_length - 2, dtype=torch.float64,
                                       progress=False).numpy()
@@ -382,8 +402,10 @@ class _Gaussians:
     (Kelemen state, derivatives of log S) or one per technique on its coordinates
     (multiplexed state, derivatives of log f*_t)."""
 
-    def __init__(self, ps, multiplexed, sigma2, chains):
+    def __init__(self, ps, multiplexed, sigma2, chains, time_in_hessian=True):
         self.ps, self.sigma2, self.chains = ps, sigma2, chains
+        # time is every group's first coordinate where the scene moves
+        self.drop_time = ps.time_dim is not None and not time_in_hessian
         keys = ps.techniques if multiplexed else [None]
         self.dims = [np.arange(ps.dim) if key is None else ps.dims(*key) for key in keys]
         self.keys = keys
@@ -397,6 +419,8 @@ class _Gaussians:
             logf, grad, H = self.ps.log_f_star_derivatives(u, paths, lanes)
         else:
             logf, grad, H = self.ps.log_f_derivatives(u, *key, paths=paths, lanes=lanes)
+        if self.drop_time:  # time perturbed by the prior's kick alone, not in the Hessian
+            grad[:, 0], H[:, 0, :], H[:, :, 0] = 0.0, 0.0, 0.0
         return h2mc_proposal(grad[lanes], H[lanes], self.sigma2, log_f=logf[lanes])
 
     def put(self, g, lanes, gp):
@@ -431,6 +455,23 @@ class _Gaussians:
         gy = self.compute(g, y, py, sel)
         log_a[sel] += gy.log_density(-z) - gx.log_density(z)
         return gy
+
+
+def _emitters_seen(ps, spp, rng):
+    """Emitters seen directly (paths of one segment), (H, W, 3), from ``spp`` camera rays per
+    pixel at uniform shutter times (moving meshes may hide them)."""
+    g, w, h = ps.geometry, ps.width, ps.height
+    pixel = np.repeat(np.arange(w * h), spp)
+    xy = np.stack([pixel % w, pixel // w], 1) + rng.random((len(pixel), 2))
+    with torch.no_grad():
+        o, d, _ = ps.scene.camera.rays(torch.as_tensor(xy), torch.float64)
+        time = torch.as_tensor(rng.random(len(pixel)))
+        tri = g.intersect(o, d, time=time)
+        hit = torch.nonzero(tri >= 0).flatten()
+        le = g.emission(g.interact(tri[hit], o[hit], d[hit], time[hit])).numpy()
+    accum = np.zeros((w * h, 3))
+    _splat(accum, pixel[hit.numpy()], np.full(len(hit), 1.0 / spp), le)
+    return accum.reshape(h, w, 3)
 
 
 def _splat(accum, pixel, weight, rgb):

@@ -16,7 +16,8 @@ expression so derivatives include the weight. The two weights of one geometric p
 so ``sum_s C_ks`` estimates the same light as one unweighted technique. The Kelemen state's
 contribution is the sum over all techniques; an MMLT state holds one technique.
 
-Layout of ``u``: ``[screen x, screen y]``, then three numbers per bounce ``1..max_length-1``
+Layout of ``u``: ``[time]`` (only when the scene has moving meshes), ``[screen x, screen y]``,
+then three numbers per bounce ``1..max_length-1``
 (lobe selector and two direction numbers, edge_rt.bsdf.sample; the last bounce only feeds the
 ``s = 0`` technique of ``max_length``), then three per light connection at vertices
 ``min_length-1..max_length-1`` (light-triangle selector and two barycentric numbers, edge_rt
@@ -59,6 +60,15 @@ a vertex (or of zero pdf) end the path: zero contribution, never NaN.
 
 Textured materials are looked up at the traced hit and held constant in the derivatives (the
 texture's variation over the surface is not differentiated).
+
+Linear motion (spec 5.1 "Time"; edge_rt ``Mesh.velocity``): a scene with moving meshes puts the
+shutter time ``u[:, 0]`` first (:attr:`PathSpace.time_dim`); every ray is cast at it and every
+vertex on a moving mesh is its triangle's plane translated by ``time * velocity`` inside the
+expressions, so the derivatives include time and its correlation with the other coordinates.
+A path with no vertex on a moving mesh is *static* (:attr:`Paths.moving` false): its time has
+no gradient or Hessian entry (returned as exact zeros), so an H2MC step perturbs it by the
+prior's isotropic kick alone, as the spec's lower-dimensional Gaussian plus the missing
+coordinate's 1D density. Lights and the camera do not move.
 """
 
 from __future__ import annotations
@@ -78,6 +88,7 @@ LUMINANCE = (0.2126, 0.7152, 0.0722)  # Rec. 709 weights: f* = luminance of the 
 _VERTEX = ("v0x", "v0y", "v0z", "v1x", "v1y", "v1z", "v2x", "v2y", "v2z", "side",
            "n0x", "n0y", "n0z", "n1x", "n1y", "n1z", "n2x", "n2y", "n2z",
            "kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough", "eta")
+_VELOCITY = ("velx", "vely", "velz")  # the vertex's triangle's translation over the shutter
 _LIGHT = ("v0x", "v0y", "v0z", "v1x", "v1y", "v1z", "v2x", "v2y", "v2z", "ler", "leg", "leb",
           "pmf")
 
@@ -125,6 +136,9 @@ class Paths:
     jacobian: np.ndarray = None
     # per bounce vertex i = 1..: (lanes there, direction leaving it (n, 3), roughness (n,))
     directions: list = None
+    # (B, T): the technique's path has a vertex on a moving mesh (its time is an H2MC
+    # dimension); False on static paths and in scenes without motion
+    moving: np.ndarray = None
 
     @property
     def scores_w(self):
@@ -255,8 +269,12 @@ class PathSpace:
             raise PathSpaceError(f"PathSpace: roughness_threshold must be >= 0 (or None for "
                                  f"PSS coordinates only), got {roughness_threshold!r}")
         self.roughness_threshold = roughness_threshold
-        self._vertex_names = _VERTEX + (("absolute",) if roughness_threshold is not None
-                                        else ())
+        # time, the first coordinate, exists only where meshes move (spec 5.1)
+        self.time_dim = 0 if scene.moving_meshes else None
+        self._screen = 0 if self.time_dim is None else 1  # index of screen x in u
+        self._vertex_names = (_VERTEX + (("absolute",) if roughness_threshold is not None
+                                         else ())
+                              + (_VELOCITY if self.time_dim is not None else ()))
         if scene.camera.kind != "pinhole":
             raise PathSpaceError(f"PathSpace: only pinhole cameras, got {scene.camera.kind!r}")
         if scene.camera.thin_lens:
@@ -284,8 +302,9 @@ class PathSpace:
             if m.emission is not None:
                 self._emission[mi] = m.emission.detach().double().numpy()
         n_bounce = self.max_length - 1
-        self.bsdf_dims = [2 + 3 * b + np.arange(3) for b in range(n_bounce)]
-        first = 2 + 3 * n_bounce
+        lead = self._screen + 2  # [time], screen x, screen y
+        self.bsdf_dims = [lead + 3 * b + np.arange(3) for b in range(n_bounce)]
+        first = lead + 3 * n_bounce
         self.light_dims = {k: first + 3 * (k - self.min_length) + np.arange(3)
                            for k in range(self.min_length, self.max_length + 1)}
         self.dim = first + 3 * (self.max_length - self.min_length + 1)
@@ -316,10 +335,10 @@ class PathSpace:
         self._check_technique(length, HIT if technique is None else technique)
         if technique is None:
             return np.union1d(self.dims(length, HIT), self.dims(length, NEE))
+        lead = np.arange(self._screen + 2)
         if technique == HIT:
-            return np.concatenate([np.arange(2)] + self.bsdf_dims[:length - 1])
-        return np.concatenate([np.arange(2)] + self.bsdf_dims[:length - 2]
-                              + [self.light_dims[length]])
+            return np.concatenate([lead] + self.bsdf_dims[:length - 1])
+        return np.concatenate([lead] + self.bsdf_dims[:length - 2] + [self.light_dims[length]])
 
     def _check_technique(self, length, technique):
         if length not in self.light_dims:
@@ -406,19 +425,22 @@ class PathSpace:
         directions = []
         g, cam, dt = self.geometry, self.scene.camera, torch.float64
         ut = torch.as_tensor(u)
-        xy = u[:, :2] * np.array([self.width, self.height])
+        xy = u[:, self._screen:self._screen + 2] * np.array([self.width, self.height])
+        times = None if self.time_dim is None else ut[:, self.time_dim]
         pixel = (np.minimum(np.floor(xy[:, 1]).astype(np.int64), self.height - 1) * self.width
                  + np.minimum(np.floor(xy[:, 0]).astype(np.int64), self.width - 1))
         contrib = np.zeros((B, len(self.techniques), 3))
         jacobian = np.ones((B, len(self.techniques)))
         valid = np.zeros((B, len(self.techniques)), bool)
+        moving = np.zeros((B, len(self.techniques)), bool)
         verts = []  # per surface vertex: (lanes alive there, their vertex parameters)
         ends = {}  # (length, s) -> (lanes, light parameters)
         with torch.no_grad(), torch_single_thread():
             o, d, _ = cam.rays(torch.as_tensor(xy), dt)
             lanes = torch.arange(B)
             for i in range(1, self.max_length + 1):
-                tri = g.intersect(o, d)
+                time = None if times is None else times[lanes]
+                tri = g.intersect(o, d, time=time)
                 keep = torch.nonzero(tri >= 0).flatten()
                 lanes, o, d, tri = lanes[keep], o[keep], d[keep], tri[keep]
                 if len(lanes) == 0:
@@ -427,7 +449,8 @@ class PathSpace:
                     ends[i, HIT] = self._emitter_hits(tri, d, lanes)
                 if i == self.max_length:
                     break
-                si = g.interact(tri, o, d)
+                time = None if times is None else times[lanes]
+                si = g.interact(tri, o, d, time)
                 kd, ks, rough = g.material(si)
                 eta = _relative_eta(g, si)
                 glass = eta > 0
@@ -438,7 +461,7 @@ class PathSpace:
                 if i + 1 >= self.min_length:
                     ends[i + 1, NEE] = self._connect(si, glass,
                                                      ut[lanes][:, self.light_dims[i + 1]],
-                                                     lanes)
+                                                     lanes, time)
                 wo, pdf = self._sample(si, -d, kd, ks, rough, eta,
                                        ut[lanes][:, self.bsdf_dims[i - 1]], absolute)
                 directions.append((lanes.numpy(), wo.numpy(), rough.numpy()))
@@ -460,18 +483,31 @@ class PathSpace:
             contrib[lanes_k, t] = out
             valid[lanes_k, t] = True
             structure[key] = (lanes_k, cols[len(self.dims(*key)):])
+            if self.time_dim is not None:
+                moving[lanes_k, t] = self._on_moving_mesh(structure[key][1], key[0])
         # A non-finite contribution (rounding at grazing angles) voids the whole state: its
         # lanes get f = 0, so a chain rejects it instead of splatting NaN.
         nonfinite = ~(np.isfinite(contrib).all(axis=(1, 2)) & np.isfinite(jacobian).all(1))
         contrib[nonfinite] = 0.0
         jacobian[nonfinite] = 1.0
         valid[nonfinite] = False
+        moving[nonfinite] = False
         if nonfinite.any():
             for key, (lanes_k, params) in structure.items():
                 keep = ~nonfinite[lanes_k]
                 structure[key] = (lanes_k[keep], [c[keep] for c in params])
         return Paths(xy, pixel, contrib, valid, nonfinite, structure, list(self.techniques),
-                     jacobian, directions)
+                     jacobian, directions, moving)
+
+    def _on_moving_mesh(self, params, length):
+        """Whether any surface vertex of the paths (kernel parameters ``params`` of a
+        technique of ``length``) has a non-zero velocity, (n,) bool."""
+        nv, first = len(self._vertex_names), self._vertex_names.index(_VELOCITY[0])
+        out = np.zeros(len(params[0]), bool)
+        for i in range(length - 1):
+            for a in range(3):
+                out |= params[i * nv + first + a] != 0.0
+        return out
 
     @staticmethod
     def _sample(si, wi, kd, ks, rough, eta, u, absolute=None):
@@ -505,6 +541,8 @@ class PathSpace:
                 eta.numpy()[:, None]]
         if self.roughness_threshold is not None:
             cols.append(absolute.numpy().astype(np.float64)[:, None])
+        if self.time_dim is not None:
+            cols.append(self.geometry.tri_velocity[si.tri].numpy())
         return np.concatenate(cols, 1)
 
     def _light_params(self, tri, pmf):
@@ -521,7 +559,7 @@ class PathSpace:
         sel = np.flatnonzero(front & (pmf > 0))
         return lanes.numpy()[sel], self._light_params(t[sel], pmf[sel])
 
-    def _connect(self, si, glass, u_light, lanes):
+    def _connect(self, si, glass, u_light, lanes, time):
         """Next-event connection: lanes whose light sample is visible, lit from the front and
         on a side the vertex may send light to (``_sides_ok``), and their light parameters."""
         g = self.geometry
@@ -530,7 +568,7 @@ class PathSpace:
         wo = to_light / to_light.norm(dim=1, keepdim=True)
         origin = g.spawn(si, wo)
         tmax = (y - origin).norm(dim=1) * (1.0 - 1e-3)
-        blocked = g.intersect(origin, wo, tmax=tmax) >= 0
+        blocked = g.intersect(origin, wo, tmax=tmax, time=time) >= 0
         ok = (~blocked) & (-(nl * wo).sum(1) > 0) & (pmf > 0) & _sides_ok(si, wo, glass)
         sel = torch.nonzero(ok).flatten()
         return lanes[sel].numpy(), self._light_params(tri[sel].numpy(), pmf[sel].numpy())
@@ -565,8 +603,10 @@ class PathSpace:
         light = {nm: sym.var(f"l_{nm}") for nm in _LIGHT}
         m = cam.cam_to_world.detach().double().numpy()
         tan = float(np.tan(float(cam.fov) * np.pi / 360.0))
-        local = (tan * (2.0 * u[0] - 1.0),
-                 -tan * (2.0 * u[1] - 1.0) * (self.height / self.width), sym.const(1.0))
+        sx, sy = u[self._screen], u[self._screen + 1]
+        time = None if self.time_dim is None else u[self.time_dim]
+        local = (tan * (2.0 * sx - 1.0),
+                 -tan * (2.0 * sy - 1.0) * (self.height / self.width), sym.const(1.0))
         d = _normalize(tuple(sum(float(m[r, c]) * local[c] for c in range(3))
                              for r in range(3)))
         o = tuple(sym.const(float(m[r, 3])) for r in range(3))
@@ -580,7 +620,7 @@ class PathSpace:
         jacobian = 1.0
         directions = []  # the direction leaving each vertex whose direction is sampled
         for i, vp in enumerate(verts):
-            p, ng, ns = self._hit(o, d, vp)
+            p, ng, ns = self._hit(o, d, vp, time)
             wi = tuple(-x for x in d)
             mat = {nm: vp[nm] for nm in ("kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")}
             glass = vp["eta"] > 0.0
@@ -589,7 +629,7 @@ class PathSpace:
             glass_mat = {"eta": sym.where(glass, vp["eta"], 1.5), "rough": vp["rough"]}
             last = i == k - 2
             if not last or s == HIT:
-                du = u[2 + 3 * i: 5 + 3 * i]
+                du = u[self._screen + 2 + 3 * i: self._screen + 5 + 3 * i]
                 env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "u0", "u1", "u2"),
                                (*ns, *wi, *du)))
                 wo = sym.substitute(s_out, {v: env.get(v.name, mat.get(v.name))
@@ -685,10 +725,13 @@ class PathSpace:
         return tuple(o[c] + t * d[c] for c in range(3))
 
     @classmethod
-    def _hit(cls, o, d, vp):
-        """Analytic intersection with the vertex's triangle plane: point, geometric and
-        shading normals (facing the viewer by the traced side)."""
+    def _hit(cls, o, d, vp, time=None):
+        """Analytic intersection with the vertex's triangle plane (translated by ``time`` times
+        its velocity where meshes move): point, geometric and shading normals (facing the
+        viewer by the traced side)."""
         v = [(vp[f"v{j}x"], vp[f"v{j}y"], vp[f"v{j}z"]) for j in range(3)]
+        if time is not None:
+            v = [tuple(c + time * vp[f"vel{a}"] for c, a in zip(corner, "xyz")) for corner in v]
         e1, e2 = _sub(v[1], v[0]), _sub(v[2], v[0])
         pvec = _cross(d, e2)
         inv_det = 1.0 / _dot(e1, pvec)
@@ -824,6 +867,11 @@ class PathSpace:
         for (i, j), h in zip(tri, res[n + 1:]):
             hess[lanes, i, j] = h[ok]
             hess[lanes, j, i] = h[ok]
+        if self.time_dim is not None:  # static paths: time is no H2MC dimension (spec 5.1)
+            static = lanes[~paths.moving[lanes, self.techniques.index((length, technique))]]
+            grad[static, self.time_dim] = 0.0
+            hess[static, self.time_dim, :] = 0.0
+            hess[static, :, self.time_dim] = 0.0
         return logf, grad, hess
 
     def branches(self, u, length, technique=None, paths=None):
