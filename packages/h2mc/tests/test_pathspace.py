@@ -227,6 +227,9 @@ def test_bad_arguments():
     cam = edge_rt.Camera(sc.camera.cam_to_world, resolution=(8, 8), kind="fisheye")
     with pytest.raises(PathSpaceError, match="pinhole"):
         PathSpace(edge_rt.Scene(cam, sc.meshes))
+    lens = edge_rt.Camera(sc.camera.cam_to_world, resolution=(8, 8), aperture_radius=0.1)
+    with pytest.raises(PathSpaceError, match="thin-lens"):
+        PathSpace(edge_rt.Scene(lens, sc.meshes))
     ps = PathSpace(sc, backend="numpy")
     with pytest.raises(PathSpaceError, match=r"shape \(B, 11\)"):
         ps.trace(np.zeros((3, 5)))
