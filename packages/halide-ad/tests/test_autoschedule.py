@@ -468,3 +468,32 @@ def test_tile_origin_is_computed_once_per_row_not_per_lane():
     xs, ys = np.meshgrid(np.arange(n), np.arange(n))
     want = np.where((xs > 3) & (ys < n - 5), img[ys + 1, np.minimum(xs + 1, n)], -1.0)
     np.testing.assert_array_equal(np.asarray(p.realize([n, n])), want)
+
+
+def test_channel_loop_of_a_bilinear_sample_sits_just_outside_the_vector_loop():
+    """The sample's coordinates and weights are per pixel: the channel loop goes just outside
+    the vector loop (LLVM computes them once per vector of pixels, not once per channel), a
+    pointwise map over channels keeps its order. Values match the unscheduled pipeline's to
+    rounding (vector code re-associates lane-invariant arithmetic)."""
+    n, ch = 64, 5
+    img = RNG.random((ch, n, n))
+    im = hl.BoundaryConditions.repeat_edge(hl.Buffer(img, name="img"))
+    x, y, c = hl.Var("x"), hl.Var("y"), hl.Var("c")
+    sx = hl.f64(x) * 0.9 + hl.f64(y) * 0.07 + 0.25   # exact arithmetic: vector = scalar
+    sy = hl.f64(y) * 0.8 - hl.f64(x) * 0.05 + 1.5
+    ix, iy = hl.i32(hl.floor(sx)), hl.i32(hl.floor(sy))
+    fx, fy = sx - hl.floor(sx), sy - hl.floor(sy)
+    warp = hl.Func("warp")
+    warp[x, y, c] = hl.lerp(hl.lerp(im[ix, iy, c], im[ix + 1, iy, c], fx),
+                            hl.lerp(im[ix, iy + 1, c], im[ix + 1, iy + 1, c], fx), fy)
+    want = _realize(warp, [n, n, ch])
+    decided = hl.auto_schedule([warp], {warp: [n, n, ch]})
+    assert any("c just outside the vector loop" in s for s in decided.stages["warp"])
+    nest = hl.Pipeline([warp]).loop_nest().split("vectorized")[0].splitlines()
+    assert nest[-2].strip().startswith("for c in"), nest
+    _assert_close(_realize(warp, [n, n, ch]), want)
+
+    scale = hl.Func("scale")
+    scale[x, y, c] = hl.Buffer(img, name="img2")[x, y, c] * hl.f64(c + 1)
+    decided = hl.auto_schedule([scale], {scale: [n, n, ch]})
+    assert not any("outside the vector loop" in s for s in decided.stages["scale"])

@@ -47,6 +47,21 @@ def _vec(prefix, dtype):
     return [sym.var(f"{prefix}{c}", dtype) for c in "xyz"]
 
 
+def _shadow_ray(p, ng, a, b, c, u1, u2, pmf, eps):
+    """A light sample's direction ``wo``, its cosines at the light and the surface, the
+    shadow ray's origin (Geometry.spawn's offset: along the normal, to the side the ray
+    leaves to) and tmax (just short of the light), the light-sampling pdf in solid angle,
+    and the light's area as seen from ``p`` (cos_l area / dist^2, 0 behind the light)."""
+    y, wo, dist2, cos_l, area = _towards_light(p, a, b, c, u1, u2)
+    cos_g = _dot(ng, wo)
+    offset = sym.where(cos_g >= 0.0, eps, -eps)
+    origin = [p[i] + offset * ng[i] for i in range(3)]
+    gap = [y[i] - origin[i] for i in range(3)]
+    tmax = sym.sqrt(_dot(gap, gap)) * (1.0 - 1e-3)
+    p_light = pmf / area * dist2 / sym.maximum(cos_l, 1e-12)
+    return wo, cos_l, cos_g, origin, tmax, p_light, sym.maximum(cos_l, 0.0) / dist2 * area
+
+
 def _shadow_ray_expressions(dtype, two_sided):
     """(p, ng, a, b, c, u1, u2, pmf, eps) -> shadow ray origin (3), direction (3), its tmax,
     the light-sampling pdf in solid angle, and 1 where the sample can contribute (0 else):
@@ -54,14 +69,7 @@ def _shadow_ray_expressions(dtype, two_sided):
     BSDF decides between reflection and transmission)."""
     p, ng, a, b, c = (_vec(k, dtype) for k in ("p", "g", "a", "b", "c"))
     u1, u2, pmf, eps = (sym.var(k, dtype) for k in ("u1", "u2", "pmf", "eps"))
-    y, wo, dist2, cos_l, area = _towards_light(p, a, b, c, u1, u2)
-    cos_g = _dot(ng, wo)
-    # Geometry.spawn's offset: along the normal, to the side the shadow ray leaves to.
-    offset = sym.where(cos_g >= 0.0, eps, -eps)
-    origin = [p[i] + offset * ng[i] for i in range(3)]
-    gap = [y[i] - origin[i] for i in range(3)]
-    tmax = sym.sqrt(_dot(gap, gap)) * (1.0 - 1e-3)
-    p_light = pmf / area * dist2 / sym.maximum(cos_l, 1e-12)
+    wo, cos_l, cos_g, origin, tmax, p_light, _ = _shadow_ray(p, ng, a, b, c, u1, u2, pmf, eps)
     usable = sym.logical_and(cos_l > 0.0, pmf > 0.0)
     if not two_sided:
         usable = sym.logical_and(usable, cos_g > 0.0)
@@ -147,20 +155,15 @@ def light_sample_expressions(dtype):
     p, a, b, c, le = (_vec(k, dtype) for k in ("p", "a", "b", "c", "e"))
     ng = [v["gx"], v["gy"], v["gz"]]
     u1, u2, pmf, eps = (sym.var(k, dtype) for k in ("lu1", "lu2", "pmf", "eps"))
-    y, wo, dist2, cos_l, area = _towards_light(p, a, b, c, u1, u2)
-    cos_g = _dot(ng, wo)
-    offset = sym.where(cos_g >= 0.0, eps, -eps)
-    origin = [p[i] + offset * ng[i] for i in range(3)]
-    gap = [y[i] - origin[i] for i in range(3)]
-    tmax = sym.sqrt(_dot(gap, gap)) * (1.0 - 1e-3)
-    p_light = pmf / area * dist2 / sym.maximum(cos_l, 1e-12)
+    wo, cos_l, cos_g, origin, tmax, p_light, solid = _shadow_ray(p, ng, a, b, c, u1, u2, pmf,
+                                                                 eps)
     to_wo = {v["ox"]: wo[0], v["oy"]: wo[1], v["oz"]: wo[2]}
     p_bsdf = sym.substitute(p_of, to_wo)
     usable = sym.logical_and(sym.logical_and(cos_l > 0.0, pmf > 0.0), cos_g > 0.0)
     a2, b2 = p_light * p_light, p_bsdf * p_bsdf
     mis = sym.where(a2 + b2 > 0.0, a2 / sym.maximum(a2 + b2, 1e-30), 0.0)
     weight = sym.where(usable, mis / sym.maximum(pmf, 1e-30), 0.0)
-    scale = sym.maximum(cos_l, 0.0) / dist2 * area * weight
+    scale = solid * weight
     f = sym.substitute(f, to_wo)
     inputs = (p + [v[k] for k in ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz",
                                   "kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")]

@@ -48,7 +48,7 @@ from . import _expr as E
 from ._bounds import const_value, interval
 from ._cuda import MAX_BLOCK
 from ._derivative import _AllRootGraph, _values
-from ._func import Func, FuncError
+from ._func import Func, FuncError, Stage
 from ._graph import Graph
 from ._lower import (
     _loop_chain,
@@ -409,18 +409,45 @@ def _parallelize(stage, pure, opts):
         done = [f"split({w}, {width})", f"parallel({w})"]
     stage.vectorize(wi, v)
     done.append(f"vectorize({wi}, {v})")
-    _order(stage, f"{wi}.v", t)
+    tiled = {w, wi} | ({h, hi} if plan[0] == "2d" else set())
+    inner = [] if isinstance(stage, Stage) else _invariant_heavy(stage, pure, tiled)
+    _order(stage, f"{wi}.v", t, inner)
+    if inner:
+        done.append(f"{', '.join(inner)} just outside the vector loop (most of the"
+                    " arithmetic does not read it: computed once per vector)")
     stage.parallel(t)
     return done
 
 
-def _order(stage, vec, outer):
-    """Loops innermost first: the RVars, the vector loop, the other pure loops, ``outer``.
-    Inside the vector loop, a reduction's accumulator stays in a register across its RVars."""
+def _order(stage, vec, outer, inner=()):
+    """Loops innermost first: the RVars, the vector loop, the pure loops ``inner``, the other
+    pure loops, ``outer``. Inside the vector loop, a reduction's accumulator stays in a
+    register across its RVars."""
     dims = stage._definition().schedule.dims
     rvars = [d.name for d in dims if not d.pure]
-    rest = [d.name for d in dims if d.pure and d.name not in (vec, outer)]
-    stage.reorder(rvars + [vec] + rest + [outer])
+    rest = [d.name for d in dims if d.pure and d.name not in (vec, outer, *inner)]
+    stage.reorder(rvars + [vec] + list(inner) + rest + [outer])
+
+
+def _invariant_heavy(f, pure, tiled, share=0.5):
+    """The untiled pure Vars of ``f`` (innermost first) that at most ``1 - share`` of its
+    arithmetic reads, such as the channel of a bilinear sample whose coordinates and weights
+    are per pixel: with its loop just outside the vector loop, LLVM computes the rest once per
+    vector (hoisted out of it), not once per channel."""
+    order = sym.toposort(list(f._definition().values))
+    ops = [n for n in order if hasattr(n, "prim")]
+    out = []
+    for name, extent in pure:
+        if name in tiled or extent < 2 or len(ops) < 8:
+            continue
+        reads: set = set()
+        for n in order:
+            if (getattr(n, "kind", None) == "hl.var" and n.key == name) or any(
+                    id(a) in reads for a in getattr(n, "args", ())):
+                reads.add(id(n))
+        if sum(id(n) not in reads for n in ops) >= share * len(ops):
+            out.append(name)
+    return out
 
 
 def _rvar_extents(ldef, values):
