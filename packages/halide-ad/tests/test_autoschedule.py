@@ -493,7 +493,7 @@ def test_channel_loop_of_a_bilinear_sample_sits_just_outside_the_vector_loop():
     assert nest[-2].strip().startswith("for c in"), nest
     _assert_close(_realize(warp, [n, n, ch]), want)
 
-    scale = hl.Func("scale")
-    scale[x, y, c] = hl.Buffer(img, name="img2")[x, y, c] * hl.f64(c + 1)
+    scale, img2 = hl.Func("scale"), hl.Buffer(img, name="img2")
+    scale[x, y, c] = img2[x, y, c] * hl.f64(c + 1)
     decided = hl.auto_schedule([scale], {scale: [n, n, ch]})
     assert not any("outside the vector loop" in s for s in decided.stages["scale"])
