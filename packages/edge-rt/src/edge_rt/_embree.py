@@ -69,9 +69,16 @@ define private void @setup(ptr %rh, i64 %i, ptr %o, i64 %so, ptr %d, i64 %sd, pt
   ret void
 }
 
-define i32 @edge_rt_embree_intersect(i64 %start, i64 %end, ptr %scene, ptr %fn, ptr %o,
-                                     i64 %so, ptr %d, i64 %sd, ptr %tmax, i64 %st,
-                                     ptr %out) {
+"""
+
+
+def _ray_loop(kind, result):
+    """``int32 edge_rt_embree_<kind>(start, end, scene, fn, o, so, d, sd, tmax, st, out)``:
+    rays start..end set up, traced by ``fn`` (rtcIntersect1 / rtcOccluded1), and ``result``
+    (IR reading the ray-hit ``%rh`` and storing entry ``%i`` of ``%out``)."""
+    return f"""
+define i32 @edge_rt_embree_{kind}(i64 %start, i64 %end, ptr %scene, ptr %fn, ptr %o,
+                                  i64 %so, ptr %d, i64 %sd, ptr %tmax, i64 %st, ptr %out) {{
 entry:
   %rh = alloca [128 x i8], align 64
   br label %cond
@@ -82,7 +89,16 @@ cond:
 body:
   call void @setup(ptr %rh, i64 %i, ptr %o, i64 %so, ptr %d, i64 %sd, ptr %tmax, i64 %st)
   call void %fn(ptr %scene, ptr %rh, ptr null)
-  %pg = getelementptr i8, ptr %rh, i64 72
+{result}  %next = add i64 %i, 1
+  br label %cond
+exit:
+  ret i32 0
+}}
+"""
+
+
+# closest hit: the primitive id, -1 for a miss (geomID -1)
+_IR += _ray_loop("intersect", """  %pg = getelementptr i8, ptr %rh, i64 72
   %g = load i32, ptr %pg
   %pp = getelementptr i8, ptr %rh, i64 68
   %p = load i32, ptr %pp
@@ -91,37 +107,15 @@ body:
   %r = select i1 %miss, i64 -1, i64 %p64
   %po = getelementptr i64, ptr %out, i64 %i
   store i64 %r, ptr %po
-  %next = add i64 %i, 1
-  br label %cond
-exit:
-  ret i32 0
-}
-
-define i32 @edge_rt_embree_occluded(i64 %start, i64 %end, ptr %scene, ptr %fn, ptr %o,
-                                    i64 %so, ptr %d, i64 %sd, ptr %tmax, i64 %st,
-                                    ptr %out) {
-entry:
-  %rh = alloca [128 x i8], align 64
-  br label %cond
-cond:
-  %i = phi i64 [%start, %entry], [%next, %body]
-  %more = icmp slt i64 %i, %end
-  br i1 %more, label %body, label %exit
-body:
-  call void @setup(ptr %rh, i64 %i, ptr %o, i64 %so, ptr %d, i64 %sd, ptr %tmax, i64 %st)
-  call void %fn(ptr %scene, ptr %rh, ptr null)
-  %pt = getelementptr i8, ptr %rh, i64 32
+""")
+# occlusion: Embree sets tfar to -inf when the ray is blocked
+_IR += _ray_loop("occluded", """  %pt = getelementptr i8, ptr %rh, i64 32
   %t = load float, ptr %pt
   %blocked = fcmp olt float %t, 0.0
   %b8 = zext i1 %blocked to i8
   %po = getelementptr i8, ptr %out, i64 %i
   store i8 %b8, ptr %po
-  %next = add i64 %i, 1
-  br label %cond
-exit:
-  ret i32 0
-}
-"""
+""")
 
 _KERNEL = ctypes.CFUNCTYPE(ctypes.c_int32, ctypes.c_int64, ctypes.c_int64, *[ctypes.c_void_p] * 3,
                            ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_void_p,
