@@ -629,7 +629,9 @@ def test_moving_scene_puts_time_first():
     assert not still.trace(u[:, 1:]).moving.any()
 
 
-@pytest.mark.parametrize("length, technique", [(3, NEE), (4, NEE)])
+@pytest.mark.parametrize("length, technique", [
+    (3, NEE), pytest.param(4, NEE, marks=pytest.mark.slow),  # 4: 20 s, same code paths
+])
 def test_log_f_derivatives_with_time_match_central_differences(length, technique):
     """AE-7 on paths touching the moving ball: gradient and Hessian of log f* with respect to
     time and the other coordinates (time enters through the ball's vertices, translated
