@@ -838,6 +838,44 @@ def test_c_semantics_float_to_int_is_defined_for_every_input():
     assert got == [0, 255, 0, 255, 0, 7, 0]
 
 
+@pytest.mark.parametrize("src", ["float32", "float64"])
+@pytest.mark.parametrize("dst", ["int32", "int64"])
+def test_c_semantics_vector_float_to_int_saturates_like_the_scalar_conversion(src, dst):
+    # the vector form is built from compares and selects (x86 scalarises llvm.fptosi.sat on
+    # vectors); it must give the scalar intrinsic's value in every lane
+    x = sym.var("x", src)
+    vals = np.array([np.nan, np.inf, -np.inf, 3e9, -3e9, 7.9, -2.5, 2147483520.0,
+                     -2147483648.0, 1e19, -1e19, 0.0, -0.0, 0.5, -0.99, 123456.7], src)
+    fty = ir.FloatType() if src == "float32" else ir.DoubleType()
+    ity = ir.IntType(np.dtype(dst).itemsize * 8)
+    m = ir.Module()
+    scalar = ir.Function(m, ir.FunctionType(ity, [fty]), "scalar")
+    b = ir.IRBuilder(scalar.append_basic_block())
+    b.ret(codegen.Emitter(b, c_semantics=True).emit(sym.astype(x, dst), {x: scalar.args[0]}))
+    vec_t = ir.VectorType(fty, 8)
+    vector = ir.Function(m, ir.FunctionType(ir.VoidType(), [vec_t.as_pointer(),
+                                                            ir.VectorType(ity, 8).as_pointer()]),
+                         "vector")
+    b = ir.IRBuilder(vector.append_basic_block())
+    v = b.load(vector.args[0], align=1)
+    b.store(codegen.Emitter(b, 8, c_semantics=True).emit(sym.astype(x, dst), {x: v}),
+            vector.args[1], align=1)
+    b.ret_void()
+    (fs, fv), _ = codegen.compile_ir(str(m), f"c_semantics_vec_fptosi_{src}_{dst}",
+                                     ["scalar", "vector"])
+    ct = ctypes.c_float if src == "float32" else ctypes.c_double
+    cit = ctypes.c_int32 if dst == "int32" else ctypes.c_int64
+    scalar_fn = ctypes.CFUNCTYPE(cit, ct)(fs)
+    want = np.array([scalar_fn(float(v)) for v in vals], dst)
+    vector_fn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p)(fv)
+    got = np.empty(len(vals), dst)
+    for k in range(0, len(vals), 8):
+        chunk, out = np.ascontiguousarray(vals[k:k + 8]), np.empty(8, dst)
+        vector_fn(chunk.ctypes.data, out.ctypes.data)
+        got[k:k + 8] = out
+    np.testing.assert_array_equal(got, want)
+    assert want[0] == 0 and want[1] == np.iinfo(dst).max and want[2] == np.iinfo(dst).min
+
 def test_floor_divide_and_mod_by_constants_match_numpy():
     # powers of two take the shift / mask path; the others the guarded sdiv path
     a, u = sym.var("a", "int32"), sym.var("u", "uint8")

@@ -497,3 +497,47 @@ def test_channel_loop_of_a_bilinear_sample_sits_just_outside_the_vector_loop():
     scale[x, y, c] = img2[x, y, c] * hl.f64(c + 1)
     decided = hl.auto_schedule([scale], {scale: [n, n, ch]})
     assert not any("outside the vector loop" in s for s in decided.stages["scale"])
+    assert any("fuse(c into the parallel tiles)" in s for s in decided.stages["scale"])
+    nest = hl.Pipeline([scale]).loop_nest()
+    assert "parallel x.y.t.c in" in nest, nest
+
+
+def test_plain_copy_keeps_its_channels_outside_the_tiles():
+    """A copy has no value arithmetic for the channel loop to share: its planes join the
+    parallel loop (each task one tile of one plane), they are not looped inside a tile."""
+    x, y, c, n = hl.Var("x"), hl.Var("y"), hl.Var("c"), hl.Var("n")
+    src = hl.Buffer(RNG.random((3, 4, 64, 97)), name="src")
+    copy = hl.Func("copy")
+    copy[x, y, c, n] = src[x + 1, y, c, n]
+    decided = hl.auto_schedule([copy], {copy: [96, 64, 4, 3]})
+    assert not any("outside the vector loop" in s for s in decided.stages["copy"])
+    assert any("fuse(c, n into the parallel tiles)" in s for s in decided.stages["copy"])
+    np.testing.assert_array_equal(_realize(copy, [96, 64, 4, 3]), src.numpy()[..., 1:])
+
+
+def test_scatter_over_few_images_splits_the_channels_for_parallelism():
+    """A bilinear scatter ``d(ix(x, y, n), iy(x, y, n), c, n) += ..`` over 2 images: the
+    channels not read by the coordinates stay innermost (coordinates once per pixel), and
+    half of them join the images in parallel (2 x 4 parallel iterations reach min_threads)."""
+    x, y, c, n = hl.Var("x"), hl.Var("y"), hl.Var("c"), hl.Var("n")
+    size, ch, imgs = 20, 8, 2
+    pos = RNG.uniform(0, size - 1, (imgs, 2, size, size))
+    vals = RNG.random((imgs, ch, size, size))
+    pb, vb = hl.Buffer(pos, name="pos"), hl.Buffer(vals, name="vals")
+    r = hl.RDom([(0, size), (0, size)], name="r")
+    ix = hl.clamp(hl.i32(pb[r.x, r.y, 0, n]), 0, size - 1)
+    iy = hl.clamp(hl.i32(pb[r.x, r.y, 1, n]), 0, size - 1)
+    d = hl.Func("d")
+    d[x, y, c, n] = hl.f64(0)
+    d[ix, iy, c, n] += vb[r.x, r.y, c, n]
+    decided = hl.auto_schedule([d], {d: [size, size, ch, imgs]})
+    stage = decided.stages["d.update(0)"]
+    assert any(s.startswith("split(c, 2)") for s in stage), stage
+    assert any("c.i innermost" in s for s in stage), stage
+    want = np.zeros((imgs, ch, size, size))
+    k = np.clip(pos.astype(int), 0, size - 1)
+    for b in range(imgs):
+        for yy in range(size):
+            for xx in range(size):
+                want[b, :, k[b, 1, yy, xx], k[b, 0, yy, xx]] += vals[b, :, yy, xx]
+    np.testing.assert_array_equal(_realize(d, [size, size, ch, imgs]), want)

@@ -171,3 +171,62 @@ def test_fused_loops_of_different_extents_are_guarded():
     b.compute_with(a, y)
     assert out.loop_nest().count("if lt(") == 2     # the fast path's test, then b's guard
     np.testing.assert_array_equal(np.asarray(out.realize([5, 3])), want)
+
+
+def test_fused_vector_loops_of_unequal_extents_are_versioned():
+    """Vector loops over two Funcs' regions (tails of different lengths) fuse where their
+    extents are equal at run time and run one after the other where not."""
+    img = hl.Buffer(RNG.integers(0, 9, (6, 9)).astype(np.float64), name="img")
+    x, y = hl.Var("x"), hl.Var("y")
+    a, b, out = hl.Func("a"), hl.Func("b"), hl.Func("out")
+    a[x, y] = img[x, y] * 2.0
+    b[x, y] = img[x, y] + 1.0
+    out[x, y] = a[x + 2, y + 1] + a[x, y] + b[x, y]   # a: 7 columns, b: 5
+    want = np.asarray(out.realize([5, 3])).copy()
+    a.compute_root().vectorize(x, 4)
+    b.compute_root().vectorize(x, 4)
+    b.compute_with(a, "x.v")
+    nest = out.loop_nest()
+    assert "(eq(minimum(4" in nest and nest.count("vectorized x.v") == 3, nest
+    np.testing.assert_array_equal(np.asarray(out.realize([5, 3])), want)
+    np.testing.assert_array_equal(np.asarray(out.realize([7, 2])), img.numpy()[1:3, 2:9] * 2.0
+                                  + img.numpy()[:2, :7] * 3.0 + 1.0)
+
+
+def test_versioned_fusion_shares_points_only_where_the_regions_are_equal():
+    """The fused version addresses the second Func's points as the first's (so their reads
+    are shared); regions of equal extents but other origins must take the unfused version."""
+    img = hl.Buffer(RNG.integers(0, 9, (8, 12)).astype(np.float64), name="img")
+    x, y = hl.Var("x"), hl.Var("y")
+    a, b, out = hl.Func("a"), hl.Func("b"), hl.Func("out")
+    a[x, y] = img[x, y] * 2.0
+    b[x, y] = img[x, y] + 1.0
+    out[x, y] = a[x + 1, y] + b[x, y + 1]   # equal extents, origins shifted
+    a.compute_root().vectorize(x, 4)
+    b.compute_root().vectorize(x, 4)
+    b.compute_with(a, "x.v")
+    i = img.numpy()
+    np.testing.assert_array_equal(np.asarray(out.realize([9, 5])),
+                                  i[:5, 1:10] * 2.0 + i[1:6, :9] + 1.0)
+
+
+def test_auto_schedule_fuses_tiled_reductions_of_two_funcs_innermost():
+    """Per-pixel sums over channels into two Funcs (the coordinate adjoints of a sampler),
+    tiled with tails: one body per channel iteration, sharing its loads, equal to the
+    unfused result."""
+    img = hl.Buffer(RNG.integers(-4, 5, (5, 150, 203)).astype(np.float64), name="img")
+    x, y = hl.Var("x"), hl.Var("y")
+    r, s = hl.RDom([(0, 5)], name="r"), hl.RDom([(0, 5)], name="s")
+    gx, gy = hl.Func("gx"), hl.Func("gy")
+    gx[x, y] = hl.f64(0)
+    gx[x, y] += img[x, y, r.x] * 2.0
+    gy[x, y] = hl.f64(0)
+    gy[x, y] += img[x, y, s.x] * img[x, y, s.x]
+    p = hl.Pipeline([gx, gy])
+    hl.auto_schedule([gx, gy], {gx: [203, 150], gy: [203, 150]}, fuse=False)
+    want = [np.asarray(v).copy() for v in p.realize([203, 150])]
+    res = hl.auto_schedule([gx, gy], {gx: [203, 150], gy: [203, 150]})
+    assert "compute_with(gx.update(0), r.x)" in res.stages["gy.update(0)"], res
+    got = [np.asarray(v) for v in p.realize([203, 150])]
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)

@@ -212,17 +212,23 @@ def _fuse_updates(outputs, result, regions, values):
 
 
 def _same_trips(a, b, n, env):
-    """The ``n`` outermost loops of the nests ``a`` and ``b`` run equal constant trip counts
-    at the estimated sizes ``env``."""
+    """The ``n`` outermost loops of the nests ``a`` and ``b`` run equal trip counts at the
+    estimated sizes ``env``: constant ones, or (tiles) the same function of the enclosing
+    loops once the sizes are substituted."""
     try:
         pairs = list(zip(_loop_chain(a, n, ""), _loop_chain(b, n, "")))
     except ScheduleError:  # fewer loops than n
         return False
+    sizes = {leaf: lo for leaf, (lo, _) in env.items()}
+    outer = {}  # b's loop variables -> a's
     for fa, fb in pairs:
         ia, ib = interval(fa.extent, env), interval(fb.extent, env)
         ends = [None if iv is None else const_value(iv[j]) for iv in (ia, ib) for j in (0, 1)]
         if None in ends or len(set(ends)) != 1:
-            return False
+            ea = sym.substitute(fa.extent, sizes)
+            if ea is not sym.substitute(fb.extent, {**sizes, **outer}):
+                return False
+        outer[fb.leaf] = fa.leaf
     return True
 
 
@@ -415,6 +421,17 @@ def _parallelize(stage, pure, opts):
     if inner:
         done.append(f"{', '.join(inner)} just outside the vector loop (most of the"
                     " arithmetic does not read it: computed once per vector)")
+    others = [n for n, _ in pure if n not in tiled and n not in inner]
+    if others:
+        # the other pure loops (channels, images) join the parallel loop outside the tiles:
+        # a task is one tile of one plane and the next task its neighbour, not the same tile
+        # of every plane (64 planes of a 16x16 tile stream nothing)
+        dims = [d.name for d in stage._definition().schedule.dims]
+        stage.reorder([d for d in dims if d not in others] + others)
+        for o in others:
+            stage.fuse(t, o, f"{t}.{o}")
+            t = f"{t}.{o}"
+        done.append(f"fuse({', '.join(others)} into the parallel tiles)")
     stage.parallel(t)
     return done
 
@@ -435,7 +452,8 @@ def _invariant_heavy(f, pure, tiled, share=0.5):
     are per pixel: with its loop just outside the vector loop, LLVM computes the rest once per
     vector (hoisted out of it), not once per channel."""
     order = sym.toposort(list(f._definition().values))
-    ops = [n for n in order if hasattr(n, "prim")]
+    # value arithmetic only: the index arithmetic of a plain copy reads no channel either
+    ops = [n for n in order if hasattr(n, "prim") and np.dtype(n.dtype).kind == "f"]
     out = []
     for name, extent in pure:
         if name in tiled or extent < 2 or len(ops) < 8:
@@ -575,8 +593,10 @@ def _scatter_order(stage, d, pure, opts):
     coordinates and everything else invariant in them are computed once for all of them (a
     bilateral-grid adjoint ``d_grid(x, y, fz(pixel), c, n) += ...`` loops over the channels
     ``c`` per pixel, as a hand-written kernel would); the other pure Vars are fused and
-    parallel (race-free: each writes its own slice). Returns the directives, or None when there
-    is no such Var or the outer Vars give fewer than ``min_threads`` parallel iterations."""
+    parallel (race-free: each writes its own slice). When the outer Vars give fewer than
+    ``min_threads`` parallel iterations (a spatial transformer's 4 images), the largest inner
+    Var is split and its outer part joins them. Returns the directives, or None when there is
+    no such Var or still too little parallelism."""
     names = d.func._pure_arg_names
     args = [a for k, a in enumerate(d.args) if not (E.is_var(a) and a.key == names[k])]
     if not args or not d.rvars():
@@ -584,16 +604,28 @@ def _scatter_order(stage, d, pure, opts):
     scattered = {v.key for a in args for v in sym.free_leaves(a) if E.is_var(v)}
     inner = [n for n, _ in pure if n not in scattered]
     outer = [(n, e) for n, e in pure if n in scattered]
-    if not inner or not outer or int(np.prod([e for _, e in outer])) < opts.min_threads:
+    if not inner or not outer:
         return None
-    rv = [dm.name for dm in stage._definition().schedule.dims if not dm.pure]
-    stage.reorder(inner + rv + [n for n, _ in outer])
+    done = []
     out = [n for n, _ in outer]
+    threads = int(np.prod([e for _, e in outer]))
+    if threads < opts.min_threads:
+        name, e = max(((n, e) for n, e in pure if n in inner), key=lambda p: p[1])
+        need = -(-opts.min_threads // threads)
+        parts = next((p for p in range(need, e + 1) if e % p == 0), need)  # exact if it can
+        if e // parts < 2:
+            return None
+        stage.split(name, name, f"{name}.i", -(-e // parts))
+        inner = [f"{name}.i" if n == name else n for n in inner]
+        out.insert(0, name)
+        done.append(f"split({name}, {-(-e // parts)}): {parts} parts in parallel")
+    rv = [dm.name for dm in stage._definition().schedule.dims if not dm.pure]
+    stage.reorder(inner + rv + out)
     for a, b in zip(out, out[1:]):
         stage.fuse(a, b, b)
     stage.parallel(out[-1])
-    return [f"reorder({', '.join(inner)} innermost: not read by the scattered coordinates)",
-            f"parallel({' * '.join(out)})"]
+    return done + [f"reorder({', '.join(inner)} innermost: not read by the scattered"
+                   " coordinates)", f"parallel({' * '.join(out)})"]
 
 
 def _rfactor_1d(f, k, rv, extent, opts):

@@ -27,6 +27,8 @@ variable plus a value independent of it; per-lane loads and stores otherwise); a
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 from core_ad import codegen, sym
 from llvmlite import ir
@@ -95,6 +97,10 @@ class _Ctx:
         self.env = env
         self.memo: dict = {}  # id(node) -> (node, value): coordinates shared by several reads
         self.em = None
+        # id(node) -> (node, leaf, value) of the lane-uniform values _scalarize emitted, when kept
+        # (None: each statement emits its own): hoisted values are then found again, by
+        # identity, in the expressions of the loop body that uses them
+        self.uniform: dict | None = None
 
     def emit_once(self, nodes):
         """Values of ``nodes``, each emitted once per statement: the taps of a stencil share
@@ -132,14 +138,20 @@ class _Ctx:
                         hoist[id(a)] = a
         if not hoist:
             return nodes, self.env
-        roots = list(hoist.values())
-        values = codegen.Emitter(self.b, c_semantics=True).emit(roots, scalar_env)
         env = dict(self.env)
         mapping = {}
+        kept = self.uniform if self.uniform is not None else {}
+        for k in [k for k in hoist if k in kept]:
+            a, (leaf, v) = hoist.pop(k), kept[k][1:]
+            env[leaf], mapping[a] = v, leaf
+        roots = list(hoist.values())
+        values = codegen.Emitter(self.b, c_semantics=True).emit(roots, scalar_env)
         for a, v in zip(roots, values):
             leaf = sym.leaf("hl.uniform", E.unique_name("u"), a.dtype)
             env[leaf] = v
             mapping[a] = leaf
+            if self.uniform is not None:
+                self.uniform[id(a)] = (a, leaf, v)
         return [sym.substitute(n, mapping) for n in nodes], env
 
 
@@ -575,6 +587,32 @@ class ModuleBuilder:
             self._provide(b, s.body, e, storage, vec, ctx)
 
     def _serial(self, b, s, env, storage, vec, lo, hi, emit_body=None):
+        body = s.body
+        if emit_body is None and isinstance(body, IfThen) and s.leaf not in \
+                sym.free_leaves(body.cond) and not sym.calls([body.cond], E.CALL):
+            # unswitched: a guard of fused stages tests the enclosing loops only, and each
+            # version's body can then have its loop-invariant part hoisted
+            scalars = {k: v for k, v in env.items() if not isinstance(v.type, ir.VectorType)}
+            cond = self._emit(b, body.cond, scalars, storage, None)
+            with b.if_else(cond) as (then, other):
+                with then:
+                    self._serial(b, dataclasses.replace(s, body=body.body), env, storage,
+                                 vec, lo, hi)
+                with other:
+                    if body.otherwise is not None:
+                        self._serial(b, dataclasses.replace(s, body=body.otherwise), env,
+                                     storage, vec, lo, hi)
+            return
+        hoist = self._invariants(s) if emit_body is None else None
+        if hoist is not None:
+            if not (isinstance(lo, ir.Constant) and isinstance(hi, ir.Constant)
+                    and hi.constant > lo.constant):
+                # hoisted reads must not run for an empty loop (their region may be empty)
+                with b.if_then(b.icmp_signed("<", lo, hi)):
+                    self._serial(b, s, env, storage, vec, lo, hi,
+                                 self._hoisted_body(b, env, storage, vec, *hoist))
+                return
+            emit_body = self._hoisted_body(b, env, storage, vec, *hoist)
         with codegen.loop(b, lo, hi, 1, s.name) as i:
             e = dict(env)
             e[s.leaf] = i
@@ -582,6 +620,44 @@ class ModuleBuilder:
                 self._stmt(b, s.body, e, storage, vec)
             else:
                 emit_body(e)
+
+    @staticmethod
+    def _invariants(s: For):
+        """``(body Provides, their loop-invariant subexpressions)`` of a loop whose body is
+        Provides only (a reduction's RVar inside the vector loop, say), or None: what the body
+        computes independently of the loop (a bilinear sample's coordinates, weights and
+        bounds tests around a channel loop) is then emitted once, before it. LLVM leaves most
+        of it in the loop: the reads sit behind branches."""
+        body = s.body.stmts if isinstance(s.body, Block) else [s.body]
+        if not all(isinstance(t, Provide) for t in body):
+            return None
+        written = {t.func.fid for t in body}
+        exprs = [e for t in body for e in (*t.args, *t.values)
+                 + ((t.predicate,) if t.predicate is not None else ())]
+        variant: set = set()
+        roots: dict = {}
+        for n in sym.toposort(exprs):
+            args = getattr(n, "args", ())
+            if n is s.leaf or (E.is_call(n) and n.params["fid"] in written) or any(
+                    id(a) in variant for a in args):
+                variant.add(id(n))
+                roots.update((id(a), a) for a in args
+                             if id(a) not in variant and hasattr(a, "prim"))
+        return (body, list(roots.values())) if roots else None
+
+    def _hoisted_body(self, b, env, storage, vec, body, roots):
+        """Emit ``roots`` here, before the loop; returns the loop body's emitter reusing them."""
+        ctx = self._context(b, env, storage, vec)
+        ctx.uniform = {}
+        ctx.emit_once(roots)
+
+        def emit(e):
+            ctx.env = e
+            for k, t in enumerate(body):
+                self._provide(b, t, e, storage, vec, ctx)
+                if k + 1 < len(body):
+                    _evict(ctx.memo, {t.func.fid})
+        return emit
 
     def _provide(self, b, s: Provide, env, storage, vec, ctx=None):
         st = storage[s.func.fid]

@@ -25,6 +25,7 @@ the region computed, ``("hl.store", ...)`` the region allocated; calls index sto
 
 from __future__ import annotations
 
+import collections
 import functools
 from dataclasses import dataclass, field
 
@@ -718,18 +719,26 @@ def _fuse_group(graph, members, stmts, depth):
     variables to the parent's. A shared loop whose members' extents are not provably equal
     (loops over different Funcs' regions) runs to the largest, and each member's body is
     guarded by its own extents (Halide's compute_with guards); the bodies of one level then
-    run unguarded, sharing their common subexpressions, in the iterations all cover."""
+    run unguarded, sharing their common subexpressions, in the iterations all cover. Vector
+    loops cannot be guarded lane by lane: where their extents are not provably equal (tiles of
+    two Funcs' regions) the nest is versioned, fused where they are equal at run time and
+    each member's own loops one after the other where not."""
     n_max = depth[0]
     root = _loop_chain(stmts[members[0]], n_max, _where(graph, members[0]))
     exts = [[f.extent] for f in root]
     maps, own, bodies = [{}], [[f.extent for f in root]], [root[-1].body]
+    # per versioned level: the members' run-time tests of equal extents there; and each
+    # member's own loops with its map to the parent's (for the unfused version)
+    versioned = collections.defaultdict(list)
+    chains, pairs = [root], [[]]
     for key, n in zip(members[1:], depth[1:]):
         where = _where(graph, key)
         if n > depth[len(maps) - 1]:
             raise ScheduleError(f"{where}.compute_with: an earlier stage of its group shares"
                                 " fewer loops with the parent; fuse it at that loop or deeper")
-        m, mine = {}, []
-        for k, (a, b) in enumerate(zip(_loop_chain(stmts[key], n, where), root)):
+        m, mine, same_region = {}, [], {}
+        chains.append(_loop_chain(stmts[key], n, where))
+        for k, (a, b) in enumerate(zip(chains[-1], root)):
             if (a.kind, a.factor) != (b.kind, b.factor):
                 raise ScheduleError(
                     f"{where}.compute_with: its loop {a.name} is {_kind(a)}, the parent's"
@@ -737,7 +746,21 @@ def _fuse_group(graph, members, stmts, depth):
             if a.kind.startswith("gpu"):
                 raise ScheduleError(f"{where}.compute_with: fusing GPU loops is not supported")
             ext = sym.substitute(a.extent, m)
-            if ext is not b.extent and a.kind in ("vectorized", "unrolled"):
+            if ext is not b.extent and a.kind == "vectorized" and None in (
+                    const_value(ext), const_value(b.extent)):
+                versioned[k].append(sym.eq(ext, b.extent))
+                ext = b.extent
+                pfid, fid = members[0][0], key[0]
+                if fid != pfid and graph.funcs[fid].dimensions() == \
+                        graph.funcs[pfid].dimensions():
+                    # where the two regions are equal, the fused body addresses the member's
+                    # points as the parent's: the same coordinates (and reads) are shared
+                    for d in range(graph.funcs[fid].dimensions()):
+                        for w in ("min", "extent"):
+                            mine_r, theirs = region_leaf(fid, d, w), region_leaf(pfid, d, w)
+                            versioned[k].append(sym.eq(mine_r, theirs))
+                            same_region[mine_r] = theirs
+            elif ext is not b.extent and a.kind in ("vectorized", "unrolled"):
                 raise ScheduleError(
                     f"{where}.compute_with: its {a.kind} loop {a.name} runs over [0,"
                     f" {sym.to_str(ext, limit=80)}), the parent's {b.name} over [0,"
@@ -748,12 +771,13 @@ def _fuse_group(graph, members, stmts, depth):
             mine.append(ext)
             m[a.leaf] = b.leaf
             last = a
+        pairs.append(list(m.items()))
         maps.append(m)
         own.append(mine)
-        bodies.append(_subst_stmt(last.body, m))
+        bodies.append(_subst_stmt(last.body, {**m, **same_region}))
 
-    def guard(j):
-        conds = [sym.lt(root[k].leaf, e) for k, e in enumerate(own[j]) if len(exts[k]) > 1]
+    def guard(j, n=None):
+        conds = [sym.lt(root[k].leaf, e) for k, e in enumerate(own[j][:n]) if len(exts[k]) > 1]
         return None if not conds else functools.reduce(sym.logical_and, conds)
 
     def level(n):
@@ -768,9 +792,18 @@ def _fuse_group(graph, members, stmts, depth):
         if n < n_max:
             f = root[n]
             ext = functools.reduce(sym.maximum, exts[n])
-            items.insert(0, For(f.name, f.leaf, ext, f.kind, f.factor, level(n + 1),
-                                f.split_extent if len(exts[n]) == 1 else None, f.pure,
-                                f.atomic))
+            loop = For(f.name, f.leaf, ext, f.kind, f.factor, level(n + 1),
+                       f.split_extent if len(exts[n]) == 1 else None, f.pure, f.atomic)
+            if versioned[n]:
+                alone = []
+                for j, d in enumerate(depth):
+                    if d > n:  # member j's own loops from level n, run alone
+                        s = _subst_stmt(chains[j][n], dict(pairs[j][:n]))
+                        g = guard(j, n)
+                        alone.append(s if g is None else IfThen(g, s))
+                loop = IfThen(functools.reduce(sym.logical_and, versioned[n]), loop,
+                              Block(alone))
+            items.insert(0, loop)
         return items[0] if len(items) == 1 else Block(items)
     return level(0), maps
 

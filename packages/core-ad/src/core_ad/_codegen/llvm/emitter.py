@@ -270,12 +270,22 @@ class Emitter:
         it = ir.IntType(bits)
         if self.vector:
             it = ir.VectorType(it, self.width)
+        lo, hi = -float(2 ** (bits - 1)), float(2 ** (bits - 1))
         if self.c_semantics:
             # saturating (NaN -> 0): defined for every input, so a clamp of the result bounds
             # it -- a plain fptosi would be poison out of range, and poison indices are UB
-            return b.call(intrinsic(b.module, "llvm.fptosi.sat", it, [v.type],
-                                    overloads=[it, v.type]), [v])
-        lo, hi = -float(2 ** (bits - 1)), float(2 ** (bits - 1))
+            if not self.vector:
+                return b.call(intrinsic(b.module, "llvm.fptosi.sat", it, [v.type],
+                                        overloads=[it, v.type]), [v])
+            # x86 scalarises the vector intrinsic (a compare and branch per lane); the same
+            # saturation from vector compares and selects stays in vector registers
+            above = b.fcmp_ordered(">=", v, self.const(hi, src))
+            inside = b.select(b.fcmp_ordered(">=", v, self.const(lo, src)), v,
+                              self.const(lo, src))  # NaN and -inf become lo here
+            r = b.fptosi(b.select(above, self.const(0.0, src), inside), it)
+            int_t = np.dtype(f"int{bits}")
+            r = b.select(above, self.const(2 ** (bits - 1) - 1, int_t), r)
+            return b.select(b.fcmp_unordered("uno", v, v), self.const(0, int_t), r)
         ok = b.and_(b.fcmp_ordered(">=", v, self.const(lo, src)),
                     b.fcmp_ordered("<", v, self.const(hi, src)))
         r = b.fptosi(v, it)
