@@ -14,8 +14,9 @@ Two modes, both writing JSON to stdout:
 * ``redner_driver.py SCENE.npz --spp 4 --max-bounces 2 --repeats 3``: one report with the
   forward and forward+backward times of every repeat, the forward image (H, W, 3) and the
   gradient of the loss w.r.t. the vertices of mesh ``--grad-mesh``.
-* ``--serve``: one JSON request a line on stdin (``{"op": "forward" | "fwd_bwd" | "report",
-  ...options}``), one JSON reply a line, so that a benchmark can interleave redner's runs with
+* ``--serve``: one JSON request a line on stdin (``{"op": "forward" | "fwd_bwd" | "result",
+  ...options}``: a time, a time, or one forward+backward's image and gradient), one JSON
+  reply a line, so that a benchmark can interleave redner's runs with
   its own (``redner_peer.RednerProcess``).
 
 The loss is ``mean((image - target)^2)`` against the npz's ``target`` (H, W, 3) when it has
@@ -193,7 +194,11 @@ def report(renderer, seed, repeats):
         fwd_bwd.append(t)
     return {"redner": redner_version(), "threads": redner_threads(), "first_call": first,
             "scene_build": build, "forward": forward, "fwd_bwd": fwd_bwd,
-            "image_shape": list(image.shape), "image": image.ravel().tolist(),
+            **_arrays_json(image, grad)}
+
+
+def _arrays_json(image, grad):
+    return {"image_shape": list(image.shape), "image": image.ravel().tolist(),
             "grad_shape": list(grad.shape), "grad_vertices": grad.ravel().tolist()}
 
 
@@ -212,7 +217,7 @@ def redner_threads():
 
 
 def serve(args):
-    """One request a line: {"op", "seed", "spp", "max_bounces", "primary_only", "repeats"}."""
+    """One request a line: {"op", "seed", "spp", "max_bounces", "primary_only"}."""
     renderers = {}
     for line in sys.stdin:
         req = json.loads(line)
@@ -226,8 +231,8 @@ def serve(args):
             out = {"seconds": _timed(r.forward, seed)[0]}
         elif req["op"] == "fwd_bwd":
             out = {"seconds": _timed(r.forward_backward, seed)[0]}
-        elif req["op"] == "report":
-            out = report(r, seed, req.get("repeats", args.repeats))
+        elif req["op"] == "result":
+            out = _arrays_json(*r.forward_backward(seed))
         else:
             out = {"error": "unknown op %r" % req["op"]}
         sys.stdout.write(json.dumps(out) + "\n")
