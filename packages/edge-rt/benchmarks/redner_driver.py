@@ -6,8 +6,8 @@ wheels), where pyredner's PyTorch front end cannot be imported (PyPI has CUDA-on
 What pyredner's ``render_pathtracing`` does by default, and this driver too: Sobol sampler,
 box pixel filter, forward and backward passes with independent seeds (seed, seed + 1000003),
 the scene (and its Embree BVH) rebuilt for every render, gradient buffers for every scene
-parameter, primary and secondary edge sampling (``--primary-only``: no secondary edges, what
-edge_rt samples). Materials are two-sided (edge_rt shades both sides), lights one-sided.
+parameter, primary and secondary edge sampling (``--edges primary``: no secondary edges, what
+edge_rt samples; ``--edges none``: the interior derivatives alone). Materials are two-sided (edge_rt shades both sides), lights one-sided.
 
 Two modes, both writing JSON to stdout:
 
@@ -38,6 +38,7 @@ except ImportError:  # ExportedScene's reading is numpy only: Python 3.11 tests 
     redner = None
 
 BACKWARD_SEED_OFFSET = 1000003  # pyredner's: decorrelates the backward pass's samples
+EDGES = ("primary+secondary", "primary", "none")  # which edges redner samples
 
 
 def _fp(a):
@@ -94,7 +95,7 @@ class ExportedScene:
             raise SystemExit("redner_driver: no mesh %r in the scene (%s)" % (name, names))
         return names.index(name)
 
-    def build(self, secondary_edges):
+    def build(self, edges):
         """A redner.Scene (Embree BVH and edge tables built here, as pyredner does per render)."""
         camera = redner.Camera(
             self.width, self.height, _fp(None), _fp(None), _fp(None),
@@ -116,8 +117,8 @@ class ExportedScene:
                 _texture3(m["diffuse"]), _texture3(m["specular"]), _texture1(m["roughness"]),
                 redner.TextureN([], [], [], 0, _fp(None)), redner.Texture3([], [], [], 0, _fp(None)),
                 specular, True, False))
-        return redner.Scene(camera, shapes, materials, lights, None, False, 0, True,
-                            secondary_edges)
+        return redner.Scene(camera, shapes, materials, lights, None, False, 0,
+                            edges != "none", edges == EDGES[0])
 
     def gradient_buffers(self):
         """Zeroed derivative buffers for every parameter (as pyredner allocates them) and the
@@ -142,9 +143,10 @@ class ExportedScene:
 
 
 class Renderer:
-    def __init__(self, scene, spp, max_bounces, primary_only, grad_mesh):
-        self.scene, self.spp, self.max_bounces = scene, spp, max_bounces
-        self.secondary = not primary_only
+    def __init__(self, scene, spp, max_bounces, edges, grad_mesh):
+        if edges not in EDGES:
+            raise SystemExit("redner_driver: edges must be one of %s, got %r" % (EDGES, edges))
+        self.scene, self.spp, self.max_bounces, self.edges = scene, spp, max_bounces, edges
         self.grad_mesh = scene.mesh_index(grad_mesh)
         self.target = scene.target
 
@@ -153,7 +155,7 @@ class Renderer:
                                     redner.SamplerType.sobol, False)
 
     def forward(self, seed, built=None):
-        built = built or self.scene.build(self.secondary)
+        built = built or self.scene.build(self.edges)
         image = np.zeros((self.scene.height, self.scene.width, 3), np.float32)
         redner.render(built, self._options(seed), _fp(image), _fp(None), None, _fp(None),
                       _fp(None))
@@ -162,7 +164,7 @@ class Renderer:
     def forward_backward(self, seed):
         """Forward render, then the backward pass of the loss: the gradient w.r.t. the vertices
         of the chosen mesh (redner computes every parameter's)."""
-        built = self.scene.build(self.secondary)
+        built = self.scene.build(self.edges)
         image = self.forward(seed, built)
         if self.scene.weights is not None:
             d_image = _f32(self.scene.weights / image.size)
@@ -186,7 +188,7 @@ def report(renderer, seed, repeats):
     """Times of ``repeats`` forward and forward+backward runs (the first call, Embree and
     thread start-up included, reported apart), the image and the vertex gradient."""
     first, _ = _timed(renderer.forward_backward, seed)
-    build = [_timed(renderer.scene.build, renderer.secondary)[0] for _ in range(repeats)]
+    build = [_timed(renderer.scene.build, renderer.edges)[0] for _ in range(repeats)]
     forward, fwd_bwd = [], []
     for _ in range(repeats):
         forward.append(_timed(renderer.forward, seed)[0])
@@ -217,12 +219,12 @@ def redner_threads():
 
 
 def serve(args):
-    """One request a line: {"op", "seed", "spp", "max_bounces", "primary_only"}."""
+    """One request a line: {"op", "seed", "spp", "max_bounces", "edges"}."""
     renderers = {}
     for line in sys.stdin:
         req = json.loads(line)
         key = (req.get("spp", args.spp), req.get("max_bounces", args.max_bounces),
-               req.get("primary_only", args.primary_only))
+               req.get("edges", args.edges))
         if key not in renderers:
             renderers[key] = Renderer(_SCENE, *key, args.grad_mesh)
         r = renderers[key]
@@ -249,15 +251,16 @@ def main(argv=None):
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--grad-mesh", default="short_box")
-    parser.add_argument("--primary-only", action="store_true",
-                        help="no secondary edge sampling (edge_rt samples primary edges only)")
+    parser.add_argument("--edges", choices=EDGES, default=EDGES[0],
+                        help="edge sampling: redner's default, primary edges only (what edge_rt "
+                             "samples), or none (interior derivatives only)")
     parser.add_argument("--serve", action="store_true")
     args = parser.parse_args(argv)
     _SCENE = ExportedScene(args.scene)
     if args.serve:
         serve(args)
         return
-    r = Renderer(_SCENE, args.spp, args.max_bounces, args.primary_only, args.grad_mesh)
+    r = Renderer(_SCENE, args.spp, args.max_bounces, args.edges, args.grad_mesh)
     json.dump(report(r, args.seed, args.repeats), sys.stdout)
     sys.stdout.write("\n")
 

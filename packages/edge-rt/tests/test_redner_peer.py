@@ -96,8 +96,7 @@ def test_driver_serves_requests(tmp_path, redner_python):
     npz = redner_peer.export_scene(scenes.cornell_box(resolution=(16, 16)), tmp_path / "cb.npz")
     with redner_peer.RednerProcess(redner_python, npz, threads=1, spp=1) as proc:
         assert proc.request("forward", seed=3)["seconds"] > 0
-        image, grad = redner_peer.report_arrays(proc.request("result", seed=3,
-                                                             primary_only=True))
+        image, grad = redner_peer.report_arrays(proc.request("result", seed=3, edges="primary"))
         assert np.isfinite(image).all() and np.isfinite(grad).all()
         with pytest.raises(RuntimeError, match="unknown op"):
             proc.request("nonsense")
