@@ -149,9 +149,9 @@ def redner_cases(python, size, spp, threads, workdir, notes):
                                    workdir / "cornell.npz")
     proc = redner_peer.RednerProcess(python, npz, threads=threads, spp=spp,
                                      max_bounces=MAX_DEPTH)
-    notes.append(f"redner 0.4.28 ({python}): {proc.cores} core(s) ({threads} asked; it starts "
-                 "one thread per machine core, pinned to these), Sobol sampler, max_bounces "
-                 f"{MAX_DEPTH}")
+    notes.append(f"redner 0.4.28 ({python}) on {proc.cores} core(s) ({threads} asked; it starts "
+                 "one thread per machine core, pinned to fewer cores when fewer are asked), "
+                 f"Sobol sampler, max_bounces {MAX_DEPTH}")
 
     def case(op, **options):
         return lambda: proc.request(op, seed=1, **options)
