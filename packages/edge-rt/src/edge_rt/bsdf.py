@@ -250,8 +250,8 @@ def dielectric_expressions(dtype: str):
     term ``F D G / (4 cos_i)`` where ``wo`` lies on the viewer's side, his transmission term
     ``|wi.h| |wo.h| (1 - F) D G / (cos_i (wi.h + eta wo.h)^2)`` (which includes the solid-angle
     Jacobian of refraction) where it lies on the other side. The side is the geometric
-    normal's, and the shading normal must agree (light leaks are rejected), as must the
-    viewer: zero where ``ng.wi <= 0`` or ``n.wi`` is grazing."""
+    normal's, and the shading normal must agree (light leaks are rejected); zero where
+    ``ng.wi <= 0``, and going to zero continuously as ``n.wi`` drops to 0 (G1's factor)."""
     v = {name: sym.var(name, dtype) for name in _DIELECTRIC_INPUTS}
     n = (v["nx"], v["ny"], v["nz"])
     ng = (v["gx"], v["gy"], v["gz"])
@@ -271,8 +271,12 @@ def dielectric_expressions(dtype: str):
     transmitted = (sym.abs(ih) * sym.abs(oh) * (1.0 - fresnel) * dg
                    / (safe_cos_i * sym.maximum(den * den, 1e-24)))
     same_side = sym.where(reflect, cos_o > 1e-4, cos_o < -1e-4)
+    # The viewer side is gated by the geometric normal only (as bsdf_expressions): where the
+    # shading normal turns away from the viewer, G1(wi) -> 0 over the clamped cos_i brings the
+    # value to zero continuously; a cut on cos_i would be a jump that moves with the normals,
+    # which no edge sampler accounts for (a bias in shading-normal gradients).
     valid = sym.logical_and(
-        sym.logical_and(_dot(ng, wi) > 0.0, cos_i > 1e-4),
+        _dot(ng, wi) > 0.0,
         sym.logical_and(sym.logical_and(same_side, sym.abs(go) > 1e-4),
                         sym.logical_and(exists, ih > 0.0)))
     return v, sym.where(valid, sym.where(reflect, reflected, transmitted), 0.0)
