@@ -9,6 +9,7 @@ import halide_ad as hl
 import numpy as np
 import pytest
 from core_ad import sym
+from halide_ad import _autoschedule
 from halide_ad import _expr as E
 from halide_ad._bounds import const_value, interval
 from halide_ad._derivative import _values
@@ -541,3 +542,69 @@ def test_scatter_over_few_images_splits_the_channels_for_parallelism():
             for xx in range(size):
                 want[b, :, k[b, 1, yy, xx], k[b, 0, yy, xx]] += vals[b, :, yy, xx]
     np.testing.assert_array_equal(_realize(d, [size, size, ch, imgs]), want)
+
+
+def _warp(n, ch, data_dependent, images=2):
+    """``out(x, y, c, b) = img(x + dx, y + dy, c, b)``, the offsets read from data (a flow
+    warp) or known from the loops (``(1, -1)``)."""
+    x, y, c, b = hl.Var("x"), hl.Var("y"), hl.Var("c"), hl.Var("b")
+    img = hl.Buffer(RNG.random((images, ch, n, n)), name="img")
+    off = hl.Buffer(RNG.integers(-n // 2, n // 2, (images, 2, n, n)).astype(np.float64),
+                    name="off")
+    src = hl.BoundaryConditions.repeat_edge(img)
+    out = hl.Func("out")
+    if data_dependent:
+        at = [hl.clamp(v + hl.i32(off[x, y, k, b]), 0, n - 1) for k, v in enumerate((x, y))]
+    else:
+        at = [x + 1, y - 1]
+    out[x, y, c, b] = src[at[0], at[1], c, b] * (hl.f64(x) * 0.5 + hl.f64(y) * 0.25 + 1.0)
+    return out, img
+
+
+@pytest.mark.parametrize("data_dependent", [True, False])
+def test_channels_gathered_at_data_dependent_positions_go_a_few_planes_at_a_time(
+        monkeypatch, data_dependent):
+    """Past ``CHANNEL_BYTES`` of planes read at data-dependent positions (a flow warp's random
+    offsets) the channel loop is split: a few planes per vector (and per pass of the scatter
+    of the adjoint), the rest in the parallel loop; the positions of a plain stencil are not
+    data: no split. Values match the unscheduled pipeline's."""
+    monkeypatch.setattr(_autoschedule, "CHANNEL_BYTES", 4 * 64 * 64 * 8)  # 4 planes
+    n, ch = 64, 12
+    out, img = _warp(n, ch, data_dependent)
+    d_img = hl.propagate_adjoints(out, np.ones((2, ch, n, n)))[img]
+    size = [n, n, ch, 2]
+    want = [_realize(out, size), _realize(d_img, size)]
+    decided = hl.auto_schedule([out, d_img], {out: size, d_img: size})
+    split = [s for stage in decided.stages.values() for s in stage if "planes" in s]
+    if data_dependent:
+        assert any(s.startswith("split(c, 4): 4 planes per vector") for s in
+                   decided.stages["out"]), decided
+        assert any(s.startswith("split(_d2, 4): 4 planes at a time") for s in split), decided
+    else:
+        assert not split, decided
+    np.testing.assert_array_equal(_realize(out, size), want[0])
+    np.testing.assert_array_equal(_realize(d_img, size), want[1])
+
+
+def test_reduction_over_planes_gathered_from_data_runs_in_passes(monkeypatch):
+    """A coordinate gradient summing over 12 channels read at data-dependent positions goes
+    over the image in passes of a few planes (the passes outside the parallel tiles); each
+    pixel sums in the same order, so the values are bit-identical."""
+    monkeypatch.setattr(_autoschedule, "CHANNEL_BYTES", 4 * 64 * 64 * 8)
+    n, ch = 64, 12
+    x, y = hl.Var("x"), hl.Var("y")
+    img = hl.Buffer(RNG.random((ch, n, n)), name="img")
+    pos = hl.Buffer(RNG.uniform(0, n - 1, (n, n)), name="pos")
+    r = hl.RDom([(0, ch)], name="r")
+    g = hl.Func("g")
+    i0 = hl.clamp(hl.i32(pos[x, y]), 0, n - 2)
+    g[x, y] = hl.f64(0)
+    g[x, y] += img[i0 + 1, y, r.x] - img[i0, y, r.x]
+    want = _realize(g, [n, n])
+    decided = hl.auto_schedule([g], {g: [n, n]})
+    assert any(s.startswith("split(r.x, 4): 4 planes per pass") for s in
+               decided.stages["g.update(0)"]), decided
+    lines = [ln.strip() for ln in hl.Pipeline([g]).loop_nest().splitlines()]
+    k = next(i for i, ln in enumerate(lines) if ln.startswith("for r.x in"))
+    assert lines[k + 1].startswith("parallel"), lines
+    np.testing.assert_array_equal(_realize(g, [n, n]), want)

@@ -149,6 +149,10 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
         names = ", ".join(E.PARAMS[p.key].name() for p in missing if p.key in E.PARAMS)
         raise FuncError(f"auto_schedule: set the Params {names} first (bounds need them)")
     regions = root_regions(graph, _output_regions(outputs, estimates), values)
+    sizes = {fid: ([e for _, e in regions[fid]], np.dtype(f.types()[0].dtype).itemsize)
+             for fid, f in graph.funcs.items() if fid in regions}
+    sizes.update({fid: (list(reversed(b.numpy().shape)), b.numpy().itemsize)
+                  for fid, b in graph.buffers.items() if not b.on_device})
 
     result = AutoSchedule()
     inlined = _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, result)
@@ -167,9 +171,10 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
             for k, ldef in enumerate(graph.defs[fid][1:]):
                 _gpu_schedule_update(f, k, ldef, ext, values, opts, result)
             continue
-        result.stages[result.key(f)] = _parallelize(f, pure, opts) or []
+        reads = (_def_nodes(f._definition()), sizes)
+        result.stages[result.key(f)] = _parallelize(f, pure, opts, reads=reads) or []
         for k, ldef in enumerate(graph.defs[fid][1:]):
-            _schedule_update(f, k, ldef, ext, values, opts, result)
+            _schedule_update(f, k, ldef, ext, values, opts, result, sizes)
     if fuse and not gpu:  # GPU loops do not fuse (each definition is one kernel)
         _fuse_updates(outputs, result, regions, values)
     return result
@@ -394,11 +399,12 @@ def _tiling(pure, opts):
     return None
 
 
-def _parallelize(stage, pure, opts, rvars=()):
+def _parallelize(stage, pure, opts, rvars=(), reads=None):
     """Apply the tiling of ``pure`` to ``stage`` (a Func or an update Stage): parallel over
     tiles (outermost), the inner tile row vectorised and innermost (an update's RVars
-    ``rvars`` [(RVar, extent)] inside it). Returns the directives, or None when the domain is
-    too small to tile."""
+    ``rvars`` [(RVar, extent)] inside it); ``reads``: (its expressions, the sizes of what
+    they read) for ``_gather_plane``. Returns the directives, or None when the domain is too
+    small to tile."""
     plan = _tiling(pure, opts)
     if plan is None:
         return None
@@ -418,7 +424,8 @@ def _parallelize(stage, pure, opts, rvars=()):
     done.append(f"vectorize({wi}, {v})")
     tiled = {w, wi} | ({h, hi} if plan[0] == "2d" else set())
     inner = [] if isinstance(stage, Stage) else _invariant_heavy(stage, pure, tiled)
-    inner, chunked = _chunk_planes(stage, inner, pure, tiled)
+    plane = 0 if reads is None else _gather_plane(*reads, {n for n in tiled if n in dict(pure)})
+    inner, chunked = _chunk_planes(stage, inner, pure, plane)
     done += chunked
     _order(stage, f"{wi}.v", t, inner)
     if inner:
@@ -436,29 +443,26 @@ def _parallelize(stage, pure, opts, rvars=()):
             t = f"{t}.{o}"
         done.append(f"fuse({', '.join(others)} into the parallel tiles)")
     stage.parallel(t)
-    done += _chunk_reduction(stage, rvars, pure, tiled)
+    done += _chunk_reduction(stage, rvars, plane)
     return done
 
 
-def _chunk_reduction(stage, rvars, pure, tiled):
-    """An update reducing over planes inside its vector loop (a sampler's coordinate gradient
-    summing over channels) reads ``CHANNEL_BYTES`` worth of planes per pass over the image:
-    the outermost RVar's outer part goes outside the parallel tiles (each pixel still sums in
-    the same order). Returns the directives."""
-    if not rvars:
+def _chunk_reduction(stage, rvars, plane):
+    """An update reducing over planes it gathers from at data-dependent positions (a sampler's
+    coordinate gradient summing over channels) reads ``CHANNEL_BYTES`` worth of planes per pass
+    over the image: the outermost RVar's outer part goes outside the parallel tiles (each
+    pixel still sums in the same order). Returns the directives."""
+    if not rvars or not plane:
         return []
     rv, extent = rvars[-1]
-    ext = dict(pure)
-    plane = int(np.prod([ext[n] for n in tiled if n in ext])) * \
-        np.dtype(stage._definition().func.types()[0].dtype).itemsize
-    per = CHANNEL_BYTES // max(plane, 1)
+    per = CHANNEL_BYTES // plane
     if extent <= per or per < 2:
         return []
-    name = rv.name()
-    stage.split(name, name, f"{name}.i", per)
+    name, size = rv.name(), _chunk(extent, per)
+    stage.split(name, name, f"{name}.i", size)
     dims = [dm.name for dm in stage._definition().schedule.dims]
     stage.reorder([dm for dm in dims if dm != name] + [name])
-    return [f"split({name}, {per}): {per} planes per pass, the passes outside the tiles"]
+    return [f"split({name}, {size}): {size} planes per pass, the passes outside the tiles"]
 
 
 # Bytes of the planes a channel loop just outside the vector loop visits per vector: a gather
@@ -469,26 +473,51 @@ def _chunk_reduction(stage, rvars, pure, tiled):
 CHANNEL_BYTES = 8 << 20
 
 
-def _chunk_planes(stage, inner, pure, tiled):
-    """``inner`` with each Var whose planes exceed ``CHANNEL_BYTES`` split: the inner part of
-    ``CHANNEL_BYTES`` worth of planes stays just outside the vector loop, the outer part
-    joins the other pure loops (or the whole Var does, if one plane is already that large).
-    Returns (the new inner Vars, the directives)."""
-    if not inner:
+def _chunk_planes(stage, inner, pure, plane):
+    """``inner`` with each Var whose planes (``plane`` bytes each, gathered at data-dependent
+    positions) exceed ``CHANNEL_BYTES`` split: the inner part of ``CHANNEL_BYTES`` worth of
+    planes stays just outside the vector loop, the outer part joins the other pure loops (or
+    the whole Var does, if one plane is already that large). Returns (the new inner Vars,
+    the directives)."""
+    if not inner or not plane:
         return inner, []
     ext = dict(pure)
-    plane = int(np.prod([ext[n] for n in tiled if n in ext])) * \
-        np.dtype(stage.types()[0].dtype).itemsize
-    per = CHANNEL_BYTES // max(plane, 1)
+    per = CHANNEL_BYTES // plane
     out, done = [], []
     for name in inner:
         if ext[name] <= per:
             out.append(name)
         elif per >= 2:
-            stage.split(name, name, f"{name}.i", per)
+            size = _chunk(ext[name], per)
+            stage.split(name, name, f"{name}.i", size)
             out.append(f"{name}.i")
-            done.append(f"split({name}, {per}): {per} planes per vector at a time")
+            done.append(f"split({name}, {size}): {size} planes per vector at a time")
     return out, done
+
+
+def _chunk(extent, most):
+    """A chunk size of at most ``most`` for a loop of ``extent``: the largest divisor if it is
+    at least half of ``most`` (no ragged last chunk), else chunks of balanced size."""
+    div = max(k for k in range(1, most + 1) if extent % k == 0)
+    return div if 2 * div >= most else -(-extent // -(-extent // most))
+
+
+def _gather_plane(nodes, sizes, tiled):
+    """Bytes per plane of the largest read among ``nodes`` at data-dependent positions: the
+    product of the extents of the dimensions whose coordinate reads data or a ``tiled`` Var
+    (a flow warp's image: both; a bilateral grid's lookup: the depth bin only), times the
+    element size; 0 when no read is data-dependent. ``sizes``: fid -> (extents, bytes)."""
+    plane = 0
+    for c in sym.calls(nodes, E.CALL):
+        fid = c.params["fid"]
+        if not any(sym.calls([a], E.CALL) for a in c.args):
+            continue
+        dims = [k for k, a in enumerate(c.args) if sym.calls([a], E.CALL) or any(
+            E.is_var(v) and v.key in tiled for v in sym.free_leaves(a))]
+        if fid in sizes:
+            ext, item = sizes[fid]
+            plane = max(plane, int(np.prod([ext[k] for k in dims])) * item)
+    return plane
 
 
 def _order(stage, vec, outer, inner=()):
@@ -539,7 +568,7 @@ def _rvar_extents(ldef, values):
     return out
 
 
-def _schedule_update(f, k, ldef, ext, values, opts, result):
+def _schedule_update(f, k, ldef, ext, values, opts, result, sizes=None):
     where = f"{result.key(f)}.update({k})"
     d = ldef.source
     pure = [(n, ext[n]) for n in d.pure_var_names()]
@@ -565,7 +594,7 @@ def _schedule_update(f, k, ldef, ext, values, opts, result):
             _schedule_intermediate(f, intm, new_dims, pure, opts, result)
         result.stages[where] = done
         stage = f.update(k)
-    done = _parallelize(stage, pure, opts, rvars)
+    done = _parallelize(stage, pure, opts, rvars, (list(d.values), sizes or {}))
     if done is None and pure:  # too small to tile: one parallel loop over the pure Vars
         names = [n for n, _ in pure]
         for a, b in zip(names, names[1:]):
@@ -667,21 +696,21 @@ def _scatter_order(stage, d, pure, func_ext, opts):
     out = [n for n, _ in outer]
     threads = int(np.prod([e for _, e in outer]))
     ext = dict(pure)
-    plane = int(np.prod([func_ext[names[k]] for k, a in enumerate(d.args)
-                         if not (E.is_var(a) and a.key == names[k])])) * \
+    dims = [k for k, a in enumerate(d.args) if sym.calls([a], E.CALL)]
+    plane = int(np.prod([func_ext[names[k]] for k in dims])) * \
         np.dtype(d.func.types()[0].dtype).itemsize
-    per = CHANNEL_BYTES // max(plane, 1)
-    wide = [n for n in inner if ext[n] > per]
+    per = CHANNEL_BYTES // plane
+    wide = [n for n in inner if ext[n] > per] if dims else []
     if wide:  # scattered at data-dependent points: a few planes at a time stay in the caches
         name = max(wide, key=ext.get)
         if per < 2:
             return None
-        parts = -(-ext[name] // per)
-        stage.split(name, name, f"{name}.i", per)
+        size = _chunk(ext[name], per)
+        stage.split(name, name, f"{name}.i", size)
         inner = [f"{name}.i" if n == name else n for n in inner]
         out.insert(0, name)
-        threads *= parts
-        done.append(f"split({name}, {per}): {per} planes at a time")
+        threads *= -(-ext[name] // size)
+        done.append(f"split({name}, {size}): {size} planes at a time")
     if threads < opts.min_threads and not wide:
         name, e = max(((n, e) for n, e in pure if n in inner), key=lambda p: p[1])
         need = -(-opts.min_threads // threads)
