@@ -675,3 +675,156 @@ def test_static_paths_have_no_time_column():
     all_static = ~p.moving.any(1) & (p.f_star > 0)
     _, gk, Hk = ps.log_f_star_derivatives(u, p)
     assert (gk[all_static, 0] == 0).all() and (Hk[all_static, 0] == 0).all()
+
+
+# ---------------------------------------------------------------------------- lens perturbation
+def _lens_states(ps, length, technique, rng, n):
+    """States in the modified coordinates of ``(length, technique)`` that allow a lens
+    perturbation: up to half of them reconnecting after a near-specular vertex (j = 2)."""
+    w, t = _modified_states(ps, length, technique, rng, 8 * n)
+    coords = np.full(len(w), t)
+    j = ps.lens_vertex(ps.trace(w, coords=coords), coords)
+    after = np.flatnonzero(j == 2)[:n // 2]
+    order = np.concatenate([after, np.flatnonzero(j == 1)[:n - len(after)]])
+    return w[order], t, j[order]
+
+
+def _traced_lens_score(ps, w, t, j, anchor, screen):
+    """lensScore of the lens proposals to ``screen``, from the *traced* proposal: its f*_w
+    times ``|cos theta_{j+1}| / (d^2 2 pi^2 sin phi_j)`` computed here in numpy, and the
+    proposal's paths."""
+    coords = np.full(len(w), t)
+    lanes = np.arange(len(w))
+    y = ps.lens_move(w, ps.trace(w, coords=coords), coords, j, anchor, lanes, screen)
+    py = ps.trace(y, coords=coords)
+    _, res = ps._run("positions", y, *ps.techniques[t], py)
+    pos = np.full((len(w), 3 * (ps.techniques[t][0] - 1)), np.nan)
+    pos[py.structure[ps.techniques[t]][0]] = np.stack(res, 1)
+    pos = pos.reshape(len(w), -1, 3)
+    x_j, x_next = pos[lanes, j - 1], pos[lanes, j]
+    nv = len(ps._vertex_names)
+    params = ps._lane_params(py, coords)
+    corners = np.stack([params[i, j[i] * nv:j[i] * nv + 9] for i in lanes]).reshape(-1, 3, 3)
+    n = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+    n /= np.linalg.norm(n, axis=1, keepdims=True)
+    d = x_next - x_j
+    d2 = (d * d).sum(1)
+    cos = np.abs((n * d).sum(1)) / np.sqrt(d2)
+    phi = np.pi * np.array([y[i, ps.bsdf_dims[j[i] - 1][2]] for i in lanes])
+    score = py.scores_w[:, t] * cos / (d2 * 2 * np.pi ** 2 * np.sin(phi))
+    return score, y, py
+
+
+@pytest.mark.parametrize("length, technique, n", [(3, NEE, 30), (4, NEE, 30), (3, HIT, 20)])
+def test_lens_score_derivatives_match_central_differences(length, technique, n):
+    """Spec 5.3: value, gradient and Hessian of log lensScore in the 2D screen position
+    (compiled lens kernels, the fixed vertex j + 1 as a parameter) on the glossy Cornell box
+    (threshold 0.05: reconnections from the walls and the glossy sphere, j = 1, and through
+    the near-specular tall box, j = 2). The value equals the target of the lens variables
+    computed from the traced path (f*_w |cos theta_{j+1}| / (d^2 2 pi^2 sin phi_j)) to 1e-9;
+    the gradient matches Richardson-extrapolated float64 central differences of that traced
+    value and the Hessian those of the kernel's gradient, relative 1e-4."""
+    ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy",
+                   roughness_threshold=0.05)
+    w, t, j = _lens_states(ps, length, technique, np.random.default_rng(5), n)
+    assert len(w) == n and (j > 0).all()
+    coords = np.full(len(w), t)
+    p = ps.trace(w, coords=coords)
+    anchor = ps.lens_anchor(w, p, coords, j)
+    lf, g, H = ps.lens_derivatives(w, p, coords, j, anchor)
+    screen = w[:, :2]
+    score, y, _ = _traced_lens_score(ps, w, t, j, anchor, screen)
+    np.testing.assert_allclose(y, w, atol=1e-12)  # aiming at the fixed vertex: w itself
+    np.testing.assert_allclose(lf, np.log(score), rtol=1e-9)
+    np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
+    h = _steps(H)
+    ok = np.ones(len(w), bool)
+    est = []
+    for step in (2 * h, h):
+        gfd, Hfd = np.zeros((len(w), 2)), np.zeros((len(w), 2, 2))
+        for a in range(2):
+            vals, grads = [], []
+            for s in (1.0, -1.0):
+                sp = screen.copy()
+                sp[:, a] += s * step
+                val, yp, pp = _traced_lens_score(ps, w, t, j, anchor, sp)
+                ok &= (p.same_structure(pp, length, technique)
+                       & (ps.branches(yp, length, technique, pp)
+                          == ps.branches(w, length, technique, p)).all(1))
+                vals.append(np.log(val))
+                wp = w.copy()
+                wp[:, :2] = sp
+                grads.append(ps.lens_derivatives(wp, p, coords, j, anchor)[1])
+            gfd[:, a] = (vals[0] - vals[1]) / (2 * step)
+            Hfd[:, :, a] = (grads[0] - grads[1]) / (2 * step)[:, None]
+        est.append((gfd, Hfd))
+    (g2, H2), (g1, H1) = est
+    gfd, Hfd = (4 * g1 - g2) / 3, (4 * H1 - H2) / 3
+    assert ok.sum() >= 0.6 * n, ok.sum()
+    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
+    if length == 4:  # both reconnection kinds are exercised (j <= length - 2)
+        assert (j[ok] == 2).sum() >= 3 and (j[ok] == 1).sum() >= 3, np.bincount(j[ok])
+
+
+def test_lens_move_keeps_the_rest_of_the_path():
+    """A lens proposal moves the screen position and aims vertex j at the fixed vertex j + 1:
+    the traced proposal reaches it (lens_reached: the same point to rounding) unless an
+    occluder or another structure before j intervenes, and every later coordinate (so every
+    later vertex and the light sample) stays where it was."""
+    length = 4
+    ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy",
+                   roughness_threshold=0.05)
+    rng = np.random.default_rng(6)
+    w, t, j = _lens_states(ps, length, NEE, rng, 40)
+    coords = np.full(len(w), t)
+    p = ps.trace(w, coords=coords)
+    anchor = ps.lens_anchor(w, p, coords, j)
+    screen = w[:, :2] + 1e-3 * rng.standard_normal((len(w), 2))
+    y = ps.lens_move(w, p, coords, j, anchor, np.arange(len(w)), screen)
+    py = ps.trace(y, coords=coords)
+    reached = ps.lens_reached(y, py, coords, j, anchor)
+    assert reached.mean() > 0.8, reached.mean()
+    assert not reached[~py.valid[:, t]].any()
+    # the misses: an occluder, or another triangle before j (the aim was computed on w's)
+    missed = ~reached & py.valid[:, t]
+    x_next = ps.lens_anchor(y, py, coords, j)
+    assert (np.linalg.norm(x_next - anchor, axis=1)[missed] > 1e-6).all()
+    assert not p.same_structure(py, length, NEE)[missed].any()
+    keep = np.ones(ps.dim, bool)
+    keep[:2] = False
+    for i in np.unique(j):  # vertex j's direction numbers change, nothing else
+        keep_i = keep.copy()
+        keep_i[ps.bsdf_dims[i - 1][1:]] = False
+        np.testing.assert_array_equal(y[j == i][:, keep_i], w[j == i][:, keep_i])
+    np.testing.assert_array_equal(y[:, :2], screen)
+
+
+def test_lens_vertex_rules():
+    """lens_vertex: j = the first absolute vertex, provided vertex j + 1 is a surface vertex
+    with a fixed outgoing direction (absolute, or the next-event vertex); 0 otherwise (the
+    structures whose lensScore is 0), checked lane by lane against the kernel parameters'
+    flags; PSS-only path spaces have no lens perturbation."""
+    length = 4
+    ps = PathSpace(_glossy_box(), max_length=length, min_length=3, backend="numpy",
+                   roughness_threshold=0.05)
+    rng = np.random.default_rng(7)
+    u = rng.random((3000, ps.dim))
+    pu = ps.trace(u)
+    t = np.argmax(pu.scores > 0, 1)
+    lit = pu.scores[np.arange(len(u)), t] > 0
+    w = ps.to_modified(u, pu, t, rng)
+    pw = ps.trace(w, coords=t)
+    j = ps.lens_vertex(pw, t)
+    nv, col = len(ps._vertex_names), ps._vertex_names.index("absolute")
+    params = ps._lane_params(pw, t)
+    for i in np.flatnonzero(lit):
+        k, s = ps.techniques[t[i]]
+        flags = [params[i, v * nv + col] > 0.5 for v in range(k - 1)]
+        first = next((v + 1 for v in range(k - 2) if flags[v]), 0)
+        fixed = first and (flags[first] or (s == NEE and first + 1 == k - 1))
+        assert j[i] == (first if fixed else 0), (i, k, s, flags, j[i])
+    assert (j[lit] == 0).any() and (j[lit] == 1).any() and (j[lit] == 2).any()
+    assert (j[~lit & ~pw.valid[np.arange(len(u)), t]] == 0).all()
+    with pytest.raises(PathSpaceError, match="roughness_threshold"):
+        PathSpace(_glossy_box(), max_length=3, backend="numpy").lens_vertex(pw, t)

@@ -113,6 +113,10 @@ def luminance(rgb):
     return rgb @ np.asarray(LUMINANCE)
 
 
+# A lens proposal's traced fixed vertex may differ from the aimed-at point by the rounding of
+# the direction through spherical coordinates (~1e-15 / sin phi relative), far below this.
+LENS_REACH_TOL = 1e-8
+
 HIT, NEE = 0, 1  # techniques by their number of light-subpath vertices s (spec 1.4)
 
 
@@ -594,8 +598,13 @@ class PathSpace:
         u, params, rgb = self._expressions(length, technique)[:3]
         return u, params, rgb
 
-    def _expressions(self, length, technique):
-        """:meth:`expressions` and the technique's MIS weight (an expression)."""
+    def _expressions(self, length, technique, lens=None):
+        """:meth:`expressions`, the technique's MIS weight, ``|det du/dw|``, the sampled
+        directions and the surface vertices (expressions). ``lens`` (a vertex index ``j``):
+        the lens perturbation's path (spec 5.3), whose vertex ``j`` sends its direction to
+        the fixed point ``anchor`` (three more parameters, last) on vertex ``j + 1``'s
+        triangle; vertex ``j``'s factor of the Jacobian is then ``p_bsdf(omega_j) |cos
+        theta_{j+1}| / d^2`` (:meth:`lens_derivatives`)."""
         k, s = self._check_technique(length, technique)
         cam = self.scene.camera
         u = [sym.var(f"pss{j}") for j in range(len(self.dims(k, s)))]
@@ -619,8 +628,13 @@ class PathSpace:
         throughput = (1.0, 1.0, 1.0)
         jacobian = 1.0
         directions = []  # the direction leaving each vertex whose direction is sampled
+        positions = []
+        anchor = tuple(sym.var(f"anchor{a}") for a in "xyz") if lens else None
         for i, vp in enumerate(verts):
             p, ng, ns = self._hit(o, d, vp, time)
+            positions.extend(p)
+            if lens is not None and i == lens:  # the area measure at the fixed vertex
+                jacobian = jacobian * sym.abs(_dot(ng, d))
             wi = tuple(-x for x in d)
             mat = {nm: vp[nm] for nm in ("kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")}
             glass = vp["eta"] > 0.0
@@ -628,7 +642,15 @@ class PathSpace:
             # eta = 1 refraction degenerates to wo = -wi, whose branches flip on rounding)
             glass_mat = {"eta": sym.where(glass, vp["eta"], 1.5), "rough": vp["rough"]}
             last = i == k - 2
-            if not last or s == HIT:
+            if lens is not None and i + 1 == lens:  # reconnect to the fixed vertex j + 1
+                to_anchor = _sub(anchor, p)
+                dist2 = _dot(to_anchor, to_anchor)
+                wo = tuple(x * sym.rsqrt(dist2) for x in to_anchor)
+                pdf = self._pdf_of(wo, ns, wi, mat, glass, glass_mat, (p_out, p_in),
+                                   (pd_out, pd_in) if self._dielectric else None)
+                jacobian = jacobian * pdf / dist2
+                directions.extend(wo)
+            elif not last or s == HIT:
                 du = u[self._screen + 2 + 3 * i: self._screen + 5 + 3 * i]
                 env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "u0", "u1", "u2"),
                                (*ns, *wi, *du)))
@@ -659,15 +681,9 @@ class PathSpace:
                 cos_l = -_dot(nl, wo)
                 p_light = light["pmf"] * dist2 / (area * sym.maximum(cos_l, 1e-300))
                 if s == NEE:  # the light sample's pdf against the BSDF's for its direction
-                    env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
-                                   (*ns, *wi, *wo)))
-                    p_bsdf = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name))
-                                                      for v in p_in})[0]
-                    if self._dielectric:  # reflect / refract probabilities included
-                        p_glass = sym.substitute(
-                            [pd_out], {v: env.get(v.name, glass_mat.get(v.name))
-                                       for v in pd_in})[0]
-                        p_bsdf = sym.where(glass, p_glass, p_bsdf)
+                    # (a dielectric's reflect / refract probabilities included)
+                    p_bsdf = self._pdf_of(wo, ns, wi, mat, glass, glass_mat, (p_out, p_in),
+                                          (pd_out, pd_in) if self._dielectric else None)
                     a, b, pdf = p_light, p_bsdf, p_light
                 else:  # the BSDF sample's pdf against the light's for the hit point
                     a, b = pdf, p_light
@@ -684,13 +700,27 @@ class PathSpace:
             throughput = tuple(throughput[c] * weight[c] for c in range(3))
             o, d = p, wo
         params = ([vp[nm] for vp in verts for nm in self._vertex_names]
-                  + [light[nm] for nm in _LIGHT])
+                  + [light[nm] for nm in _LIGHT] + list(anchor or ()))
         if self.roughness_threshold is not None:  # the contribution in w (spec 5.2)
             throughput = tuple(x * jacobian for x in throughput)
-        return u, params, list(throughput), mis, jacobian, directions
+        return u, params, list(throughput), mis, jacobian, directions, positions
 
     @staticmethod
-    def _absolute(vp, du, wo, pdf, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf):
+    def _pdf_of(omega, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf):
+        """edge_rt's (mixture) pdf of the direction ``omega`` (the dielectric's on glass)."""
+        env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
+                       (*ns, *wi, *omega)))
+        p_out, p_in = opaque_pdf
+        pdf = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name)) for v in p_in})[0]
+        if glass_pdf is not None:
+            pd_out, pd_in = glass_pdf
+            p_glass = sym.substitute([pd_out], {v: env.get(v.name, glass_mat.get(v.name))
+                                                for v in pd_in})[0]
+            pdf = sym.where(glass, p_glass, pdf)
+        return pdf
+
+    @classmethod
+    def _absolute(cls, vp, du, wo, pdf, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf):
         """The direction, its pdf and the vertex's factor of ``|det du/dw|`` (spec 5.2): on
         vertices flagged ``absolute``, ``omega`` from spherical coordinates ``du[1:]``, edge_rt's
         (mixture) pdf of it and ``p_bsdf |d omega/dw| = p_bsdf 2 pi^2 sin phi``; elsewhere the
@@ -698,15 +728,7 @@ class PathSpace:
         theta, phi = 2.0 * np.pi * du[1], np.pi * du[2]
         sin_phi = sym.sin(phi)
         omega = (sin_phi * sym.cos(theta), sin_phi * sym.sin(theta), sym.cos(phi))
-        env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
-                       (*ns, *wi, *omega)))
-        p_out, p_in = opaque_pdf
-        p_abs = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name)) for v in p_in})[0]
-        if glass_pdf is not None:
-            pd_out, pd_in = glass_pdf
-            p_glass = sym.substitute([pd_out], {v: env.get(v.name, glass_mat.get(v.name))
-                                                for v in pd_in})[0]
-            p_abs = sym.where(glass, p_glass, p_abs)
+        p_abs = cls._pdf_of(omega, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf)
         absolute = vp["absolute"] > 0.5
         return (tuple(sym.where(absolute, a, b) for a, b in zip(omega, wo)),
                 sym.where(absolute, p_abs, pdf),
@@ -780,13 +802,16 @@ class PathSpace:
     def _kernel(self, kind, length, technique):
         key = (kind, *self._check_technique(length, technique))
         if key not in self._kernels:
-            u, params, rgb, mis, jacobian, directions = self._expressions(length, technique)
+            u, params, rgb, mis, jacobian, directions, positions = self._expressions(
+                length, technique)
             if kind == "value":  # with the modified parameterisation, also |det du/dw|
                 outs = rgb + ([jacobian] if self.roughness_threshold is not None else [])
             elif kind == "mis":
                 outs = [mis]
             elif kind == "directions":
                 outs = directions
+            elif kind == "positions":
+                outs = positions
             elif kind == "branch":
                 preds = {}
                 for node in sym.toposort(rgb):
@@ -833,6 +858,144 @@ class PathSpace:
         if len(lanes):
             out[lanes] = res[0]
         return out
+
+    # ------------------------------------------------------------------ lens perturbation
+    def _lane_params(self, paths, coords):
+        """Each lane's kernel parameters for technique ``techniques[coords[i]]``, (B, P)
+        padded with NaN (and all NaN where the lane has no such path)."""
+        nv = len(self._vertex_names)
+        out = np.full((len(paths.xy), (self.max_length - 1) * nv + len(_LIGHT)), np.nan)
+        coords = np.asarray(coords, np.int64)
+        for t in np.unique(coords[coords >= 0]):
+            key = self.techniques[t]
+            if key not in paths.structure:
+                continue
+            lanes_k, params = paths.structure[key]
+            sel = coords[lanes_k] == t
+            out[lanes_k[sel], :len(params)] = np.stack(params, 1)[sel]
+        return out
+
+    def lens_vertex(self, paths, coords):
+        """The lens perturbation's reconnection vertex (spec 5.3) per lane of ``paths``
+        (traced in the modified coordinates of techniques ``coords``), (B,) int64: the first
+        vertex ``j`` in absolute coordinates (rougher than the threshold; the near-specular
+        vertices before it are followed with their primary samples, as Veach's lens
+        perturbation follows specular bounces), provided vertex ``j + 1`` is a surface vertex
+        whose own outgoing direction is fixed in world space (absolute coordinates, or the
+        next-event vertex: its light sample is a point). 0 where the structure allows no lens
+        perturbation (the reference renderer's lensScore = 0)."""
+        self._need_modified()
+        nv, col = len(self._vertex_names), self._vertex_names.index("absolute")
+        params = self._lane_params(paths, coords)
+        out = np.zeros(len(params), np.int64)
+        coords = np.asarray(coords, np.int64)
+        for t, (k, s) in enumerate(self.techniques):
+            lanes = np.flatnonzero((coords == t) & np.isfinite(params[:, 0]))
+            if k < 3 or not len(lanes):
+                continue
+            absolute = params[np.ix_(lanes, col + nv * np.arange(k - 1))] > 0.5
+            first = np.argmax(absolute[:, :k - 2], 1)  # 0-based; vertex first + 2 exists
+            fixed_next = absolute[np.arange(len(lanes)), first + 1] | (
+                (s == NEE) & (first + 1 == k - 2))
+            ok = absolute[:, :k - 2].any(1) & fixed_next
+            out[lanes[ok]] = first[ok] + 1
+        return out
+
+    def _lens_kernel(self, kind, length, technique, j):
+        key = (kind, length, technique, j)
+        if key not in self._kernels:
+            u, params, rgb, _, _, directions, _ = self._expressions(length, technique, lens=j)
+            if kind == "lens_direction":
+                outs = directions[3 * (j - 1):3 * j]
+            else:  # "lens_hessian": log lensScore and its derivatives in the screen position
+                screen = u[self._screen:self._screen + 2]
+                logf = sym.log(sum(w * c for w, c in zip(LUMINANCE, rgb)))
+                grad = sym.grad(logf, screen)
+                hess = sym.hessian(logf, screen)
+                outs = [logf, *grad, hess[0][0], hess[1][0], hess[1][1]]
+            self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
+        return self._kernels[key]
+
+    def _run_lens(self, kind, u, paths, coords, j, anchor, lanes):
+        """``[(lanes, outputs)]`` of a lens kernel per (technique, j) group of ``lanes``
+        (with ``j > 0``), on ``paths``' structure and ``u``'s coordinates."""
+        out = []
+        lanes = np.asarray(lanes, np.int64)
+        lanes = lanes[j[lanes] > 0]
+        for t, jj in {(int(a), int(b)) for a, b in zip(coords[lanes], j[lanes])}:
+            key = self.techniques[t]
+            group = lanes[(coords[lanes] == t) & (j[lanes] == jj)]
+            lanes_k, params = paths.structure[key]
+            keep = np.isin(lanes_k, group)
+            lanes_k = lanes_k[keep]
+            cols = ([np.ascontiguousarray(u[lanes_k, c]) for c in self.dims(*key)]
+                    + [c[keep] for c in params]
+                    + [np.ascontiguousarray(anchor[lanes_k, a]) for a in range(3)])
+            with np.errstate(all="ignore"):
+                res = [np.broadcast_to(np.asarray(r), (len(lanes_k),))
+                       for r in self._lens_kernel(kind, *key, jj)(*cols)]
+            out.append((lanes_k, res))
+        return out
+
+    def lens_anchor(self, u, paths, coords, j):
+        """Position of each lane's vertex ``j + 1`` (the lens perturbation's fixed vertex), as
+        its path kernel evaluates it, (B, 3); NaN where ``j == 0``."""
+        out = np.full((len(u), 3), np.nan)
+        coords = np.asarray(coords, np.int64)
+        for t in np.unique(coords[j > 0]):
+            lanes, res = self._run("positions", u, *self.techniques[t], paths,
+                                   np.flatnonzero((coords == t) & (j > 0)))
+            pos = np.stack(res, 1).reshape(len(lanes), -1, 3)
+            out[lanes] = pos[np.arange(len(lanes)), j[lanes]]
+        return out
+
+    def lens_reached(self, u, paths, coords, j, anchor):
+        """Lanes whose traced vertex ``j + 1`` is the fixed vertex ``anchor`` (to rounding: a
+        lens proposal ``u`` traced as ``paths`` that reached it, not an occluder, and kept the
+        structure before vertex ``j``, on which its aim was computed), (B,) bool."""
+        x = self.lens_anchor(u, paths, coords, j)
+        with np.errstate(invalid="ignore"):
+            return (np.linalg.norm(x - anchor, axis=1)
+                    <= LENS_REACH_TOL * (1.0 + np.linalg.norm(anchor, axis=1)))
+
+    def lens_move(self, w, paths, coords, j, anchor, lanes, screen):
+        """The lens perturbation's proposal (spec 5.3): states ``w`` with lanes ``lanes``
+        moved to screen positions ``screen`` (len(lanes), 2) and their vertex ``j``'s
+        spherical coordinates aimed from its new position (``paths``' structure held) at the
+        fixed vertex ``anchor``; every other coordinate kept, so the path after vertex
+        ``j + 1`` stays where it was. A copy of ``w``."""
+        y = np.array(w, dtype=np.float64)
+        y[lanes, self._screen:self._screen + 2] = screen
+        for lanes_k, res in self._run_lens("lens_direction", y, paths, coords, j, anchor,
+                                           lanes):
+            for jj in np.unique(j[lanes_k]):
+                sel = j[lanes_k] == jj
+                omega = np.stack(res, 1)[sel]
+                y[np.ix_(lanes_k[sel], self.bsdf_dims[jj - 1][1:])] = spherical_coordinates(
+                    omega / np.linalg.norm(omega, axis=1, keepdims=True))
+        return y
+
+    def lens_derivatives(self, u, paths, coords, j, anchor, lanes=None):
+        """Value, gradient and Hessian of ``log lensScore`` in the screen position (spec 5.3)
+        per lane: ``(log (B,), grad (B, 2), hess (B, 2, 2))``; -inf and zeros where ``j == 0``
+        (or outside ``lanes``). lensScore is the target of the lens perturbation's variables
+        (screen position, vertex ``j + 1`` by area, the other coordinates of ``u``):
+        ``f*_w |d omega_j / d A_{j+1}| = f*_w |cos theta_{j+1}| / (d^2 2 pi^2 sin phi_j)``,
+        i.e. ``f*_PSS`` with vertex ``j``'s factor ``p_bsdf(omega_j) |cos theta_{j+1}| / d^2``.
+        It is the whole path's luminance, the fixed part's factors included (the luminance
+        of an RGB product does not factor)."""
+        coords = np.asarray(coords, np.int64)
+        B = len(u)
+        logf, grad, hess = np.full(B, -np.inf), np.zeros((B, 2)), np.zeros((B, 2, 2))
+        lanes = np.arange(B) if lanes is None else lanes
+        for lanes_k, res in self._run_lens("lens_hessian", u, paths, coords, j, anchor, lanes):
+            ok = np.isfinite(res[0])
+            lanes_k = lanes_k[ok]
+            logf[lanes_k] = res[0][ok]
+            grad[lanes_k] = np.stack(res[1:3], 1)[ok]
+            hess[lanes_k, 0, 0], hess[lanes_k, 1, 1] = res[3][ok], res[5][ok]
+            hess[lanes_k, 0, 1] = hess[lanes_k, 1, 0] = res[4][ok]
+        return logf, grad, hess
 
     # ------------------------------------------------------------------ derivatives
     def log_f_derivatives(self, u, length, technique=None, *, paths=None, lanes=None):

@@ -169,7 +169,7 @@ def main(argv=None):
     h, w = image.shape[:2]
     small, large = METHODS[args.method]
     labels = {"large": f"large ({large})", "small": small,
-              "isotropic": "kelemen (uniform mixing)"}
+              "isotropic": "kelemen (uniform mixing)", "lens": "h2 lens"}
     print(f"{stem} {w}x{h}, {args.method}, paths of 3..{args.max_length} segments, "
           f"{rounds} round(s)")
     for name, s in stats.items():
