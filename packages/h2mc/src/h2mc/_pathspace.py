@@ -945,6 +945,8 @@ class PathSpace:
         for t in np.unique(coords[j > 0]):
             lanes, res = self._run("positions", u, *self.techniques[t], paths,
                                    np.flatnonzero((coords == t) & (j > 0)))
+            if not len(lanes):  # no lane has a path of that technique
+                continue
             pos = np.stack(res, 1).reshape(len(lanes), -1, 3)
             out[lanes] = pos[np.arange(len(lanes)), j[lanes]]
         return out
