@@ -547,7 +547,7 @@ def test_jacobian_matches_finite_differences_of_the_map(kind):
 
 @pytest.mark.parametrize("scene, length, technique, n", [
     ("glossy", 3, NEE, 30), pytest.param("glossy", 4, NEE, 30, marks=pytest.mark.slow),
-    ("glossy", 3, HIT, 20), ("torus", 4, NEE, 20),
+    ("glossy", 3, HIT, 20), ("torus", 4, NEE, 20), ("light", 3, HIT, 20), ("light", 4, HIT, 20),
 ])
 def test_log_f_w_derivatives_match_central_differences(scene, length, technique, n):
     """AE-7 in the modified coordinates: value, gradient and Hessian of log f*_w (the
@@ -556,10 +556,12 @@ def test_log_f_w_derivatives_match_central_differences(scene, length, technique,
     float64 central differences of the traced f*_w, relative 1e-4, on the glossy Cornell box
     (threshold 0.05: Kelemen's coordinates on the roughness-0.02 box, absolute elsewhere) and
     through the torus scene's rough glass (threshold 0.001: absolute on the glass too). The
-    unused lobe numbers of absolute vertices have no derivative."""
-    if scene == "glossy":
+    unused lobe numbers of absolute vertices have no derivative. ``light``: the glossy box
+    with light coordinates (spec 5.1 (ii)) on the last bounce of paths that hit the light, the
+    Jacobian p_bsdf |cos theta_light| area / (d^2 pmf) inside the expression."""
+    if scene in ("glossy", "light"):
         ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy",
-                       roughness_threshold=0.05)
+                       roughness_threshold=0.05, light_coordinates=scene == "light")
     else:
         ps = PathSpace(scenes.torus_glass_cube((12, 12)), max_length=length,
                        min_length=length, backend="numpy", roughness_threshold=0.001)
@@ -580,6 +582,100 @@ def test_log_f_w_derivatives_match_central_differences(scene, length, technique,
     g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
     assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
     assert (p.jacobian[:, t] != 1).mean() >= 0.3  # lanes with an absolute vertex
+
+
+def test_light_coordinates_reproduce_the_pss_paths():
+    """u -> w -> path with light coordinates (spec 5.1 (ii)): on the techniques that hit the
+    light, the last bounce's numbers become the light sample of the hit point and tracing w
+    gives u's path (same structure, f*_PSS to 1e-9), its vertex flagged ``lightcoord``; NEE
+    techniques are unchanged. A w whose light sample is blocked (here: aimed from behind the
+    light's plane) has no path, not a NaN."""
+    ps = PathSpace(_glossy_box(), max_length=4, min_length=3, backend="numpy",
+                   roughness_threshold=0.05, light_coordinates=True)
+    plain = PathSpace(_glossy_box(), max_length=4, min_length=3, backend="numpy",
+                      roughness_threshold=0.05)
+    rng = np.random.default_rng(11)
+    u = rng.random((16384, ps.dim))
+    pu = ps.trace(u)
+    lc = ps._vertex_names.index("lightcoord")
+    nv = len(ps._vertex_names)
+    for t, (k, s) in enumerate(ps.techniques):
+        coords = np.full(len(u), t)
+        w = ps.to_modified(u, pu, coords, np.random.default_rng(t))
+        pw = ps.trace(w, coords=coords)
+        v = pu.valid[:, t]
+        assert v.sum() >= 40
+        assert (pw.valid[:, t] >= v).all()  # other lanes: w aims at the light anyway
+        np.testing.assert_allclose(pw.scores[v, t], pu.scores[v, t], rtol=1e-9, atol=1e-300)
+        assert np.isfinite(pw.contrib).all()
+        flags = ps._lane_params(pw, coords)[v][:, lc + nv * np.arange(k - 1)]
+        np.testing.assert_array_equal(flags[:, -1], s == HIT)
+        assert not flags[:, :-1].any()
+        w_plain = plain.to_modified(u, plain.trace(u), coords, np.random.default_rng(t))
+        if s == NEE:  # the same coordinates and Jacobian as without light coordinates
+            np.testing.assert_array_equal(w, w_plain)
+            np.testing.assert_allclose(pw.jacobian[v, t], plain.trace(
+                w_plain, coords=coords).jacobian[v, t], rtol=1e-12)
+        else:
+            last = ps.bsdf_dims[k - 2]
+            cdf = ps.geometry.light_cdf.numpy()
+            assert ((w[v][:, last[0]] > 0) & (w[v][:, last[0]] < cdf[-1])).all()
+            unused = np.setdiff1d(np.arange(ps.dim), last)
+            np.testing.assert_array_equal(w[:, unused], w_plain[:, unused])
+
+
+@pytest.mark.parametrize("kind", ["diffuse", "glossy"])
+def test_light_coordinate_jacobian_matches_finite_differences_of_the_map(kind):
+    """The factor p_bsdf |cos theta_light| / d^2 / p_shape (p_shape = pmf / area) of spec 5.1
+    (ii) is |det du/dw|: on a single-lobe BSDF the map (u1, u2) -> direction (edge_rt's
+    sampling) -> hit point on a light triangle -> its light sample numbers (w1, w2) has, by
+    float64 central differences (h = 1e-6), |det dw/du| = p_shape / (p_bsdf |cos| / d^2) to
+    1e-5 relative (the pick number's factor 1 / pmf is the width of the triangle's bin)."""
+    from edge_rt import bsdf
+    rng = np.random.default_rng(9)
+    n_lanes = 200
+    normal = np.tile([0.0, 1.0, 0.0], (n_lanes, 1))
+    p = np.concatenate([rng.uniform(-0.3, 0.3, (n_lanes, 1)), np.zeros((n_lanes, 1)),
+                        rng.uniform(-0.3, 0.3, (n_lanes, 1))], 1)
+    wi = normal + 0.5 * rng.normal(size=(n_lanes, 3))
+    wi /= np.linalg.norm(wi, axis=1, keepdims=True)
+    wi *= np.sign((wi * normal).sum(1))[:, None]
+    v = np.array([[-2.0, 0.6, -2.0], [2.0, 0.6, -2.0], [0.0, 0.8, 2.0]])  # facing down
+    area = 0.5 * np.linalg.norm(np.cross(v[1] - v[0], v[2] - v[0]))
+    nl = np.cross(v[1] - v[0], v[2] - v[0])
+    nl /= np.linalg.norm(nl)
+    kd, ks = ((0.7, 0.0), (0.0, 0.7))[kind == "glossy"]
+    kd, ks = torch.full((n_lanes, 3), kd, dtype=torch.float64), torch.full(
+        (n_lanes, 3), ks, dtype=torch.float64)
+    rough = torch.full((n_lanes,), 0.3, dtype=torch.float64)
+    nt, wit = torch.as_tensor(normal), torch.as_tensor(wi)
+
+    def w_of(uu):
+        wo, pdf = bsdf.sample(nt, wit, kd, ks, rough, torch.as_tensor(uu))
+        d = wo.numpy()
+        e1, e2 = v[1] - v[0], v[2] - v[0]
+        pvec, tvec = np.cross(d, e2), p - v[0]
+        inv = 1.0 / (pvec @ e1)
+        b1 = (tvec * pvec).sum(1) * inv
+        b2 = (d * np.cross(tvec, e1)).sum(1) * inv
+        t = (np.cross(tvec, e1) @ e2) * inv
+        su = b1 + b2
+        return np.stack([su * su, b1 / su], 1), pdf.numpy(), d, t, b1, b2
+
+    u = np.concatenate([np.full((n_lanes, 1), 0.5), 0.05 + 0.9 * rng.random((n_lanes, 2))], 1)
+    _, pdf, d, t, b1, b2 = w_of(u)
+    h = 1e-6
+    J = np.zeros((n_lanes, 2, 2))
+    for j in (1, 2):
+        up, um = u.copy(), u.copy()
+        up[:, j] += h
+        um[:, j] -= h
+        J[:, :, j - 1] = (w_of(up)[0] - w_of(um)[0]) / (2 * h)
+    ok = (pdf > 0) & (t > 0) & (b1 > 0.01) & (b2 > 0.01) & (b1 + b2 < 0.99)
+    assert ok.sum() > 50, ok.sum()
+    cos = np.abs(d[ok] @ nl)
+    expected = (1.0 / area) / (pdf[ok] * cos / t[ok] ** 2)  # |d omega| = cos dA / d^2, d = t
+    np.testing.assert_allclose(np.abs(np.linalg.det(J))[ok], expected, rtol=1e-5)
 
 
 def test_modified_coordinates_wrong_side_directions_are_zero_not_nan():

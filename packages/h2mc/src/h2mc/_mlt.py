@@ -224,7 +224,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                bootstrap_samples=1 << 16, direct_spp=16, seed=0, checkpoints=(),
                path_space=None, progress=None, parameterization="kelemen",
                roughness_threshold=0.03, time_mode="hessian", lens_perturb_prob=0.3,
-               lens_sigma2=1e-4):
+               lens_sigma2=1e-4, light_coordinates=None):
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
@@ -245,7 +245,10 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     meshes only); ``lens_perturb_prob``: within an H2MC small step in the modified
     coordinates, the probability of the H2 lens perturbation (module docstring; spec 1.6:
     0.3, 0 disables; ignored with Kelemen coordinates, which have no absolute vertex) with
-    prior variance ``lens_sigma2`` in screen units (spec: sigma 0.01).
+    prior variance ``lens_sigma2`` in screen units (spec: sigma 0.01);
+    ``light_coordinates``: in the modified coordinates, the last direction of a path that hits
+    the light as a point on it (spec 5.1 (ii), PathSpace's ``light_coordinates``); None: the
+    given path_space's choice, or True (the spec's default) when render_mlt builds it.
     """
     if method not in METHODS:
         raise MLTError(f"render_mlt: method must be one of {tuple(METHODS)}, got {method!r}")
@@ -281,14 +284,22 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     if modified and large_step == "uniform":
         raise MLTError("render_mlt: the modified parameterization needs a multiplexed state "
                        "(large_step 'mmlt' or 'resample'): its coordinates are a technique's")
-    ps = path_space or PathSpace(scene, max_length=max_length, min_length=min_length,
-                                 roughness_threshold=roughness_threshold if modified else None)
+    if light_coordinates and not modified:
+        raise MLTError("render_mlt: light_coordinates are part of the modified "
+                       "parameterization (parameterization='modified')")
+    ps = path_space or PathSpace(
+        scene, max_length=max_length, min_length=min_length,
+        roughness_threshold=roughness_threshold if modified else None,
+        light_coordinates=modified and light_coordinates in (None, True))
     if path_space is not None and path_space.scene is not scene:
         raise MLTError("render_mlt: path_space was built for another scene")
     if scene.moving_meshes and direct_spp and ps.min_length > 2:
         raise MLTError("render_mlt: edge_rt's path tracer renders no motion blur, so the direct "
                        "lighting of a scene with moving meshes needs min_length=2 (or "
                        "direct_spp=0)")
+    if light_coordinates is not None and ps.light_coordinates != bool(light_coordinates):
+        raise MLTError(f"render_mlt: path_space has light_coordinates "
+                       f"{ps.light_coordinates}, not {light_coordinates}")
     if modified and ps.roughness_threshold != roughness_threshold:
         raise MLTError(f"render_mlt: path_space has roughness_threshold "
                        f"{ps.roughness_threshold!r}, not {roughness_threshold!r}")
@@ -352,17 +363,22 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         pending = gauss.propose(state, h2, y, rng) if h2.any() else []
         lens_pending = lens.propose(state, on_lens, y, rng) if on_lens.any() else None
         resampled = large if large_step == "resample" else np.zeros(C, bool)
+        lost = np.zeros(0, np.int64)
         if modified and large.any():  # large steps: sample u, pick t, go to t's coordinates
             lanes = lanes_all[large]
             pu = ps.trace(y[lanes])
             if large_step == "resample":
                 ty[lanes] = _pick(pu.scores, rng)
             y[lanes] = ps.to_modified(y[lanes], pu, ty[lanes], rng)
+            # u without a path of t is rejected, as in PSS: its w (a light coordinate aims at
+            # the light) may have one, of another proposal density
+            lost = lanes[pu.scores[np.arange(len(lanes)), ty[lanes]] <= 0]
         py = ps.trace(y, coords=ty if modified else None)
         nonfinite += int(py.nonfinite.sum())
         if resampled.any() and not modified:
             ty[resampled] = _pick(py.scores[resampled], rng)
         rgb_y, fy, fwy = _target(py, ty if multiplexed else None)
+        fy[lost], fwy[lost] = 0.0, 0.0
         S_y = py.f_star
         with np.errstate(divide="ignore", invalid="ignore"):
             # small steps: f*_w (= f*_PSS in PSS coordinates); large steps: f*_PSS

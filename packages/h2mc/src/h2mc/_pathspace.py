@@ -58,6 +58,18 @@ probabilities included, so ``f*_PSS`` is a function of the path alone); its targ
 derivative kernels differentiate ``log f*_w`` in one expression. Directions on the wrong side of
 a vertex (or of zero pdf) end the path: zero contribution, never NaN.
 
+Light coordinates (spec 5.1 (ii), ``light_coordinates=True`` with a threshold): on a lane in
+the coordinates of a technique whose BSDF sample hits the light (``s = 0``), the last bounce's
+three numbers are a light sample instead (edge_rt's Geometry.sample_light: triangle pick and
+two area coordinates, flag ``lightcoord``); the direction aims at that point, and the ray
+must reach it. Its factor of ``|det du/dw|`` is ``p_bsdf |cos theta_light| / d^2 / p_shape``
+with ``p_shape = pmf / area`` (the pick number is a branch: no derivative).
+
+The lens perturbation (spec 5.3; :meth:`PathSpace.lens_vertex`, :meth:`lens_derivatives`,
+:meth:`lens_move`): kernels per ``(length, s, j)`` evaluate the path whose vertex ``j`` aims
+at a fixed point of vertex ``j + 1``'s triangle, with ``log lensScore`` and its gradient and
+Hessian in the screen position.
+
 Textured materials are looked up at the traced hit and held constant in the derivatives (the
 texture's variation over the surface is not differentiated).
 
@@ -264,7 +276,7 @@ class PathSpace:
     """
 
     def __init__(self, scene, max_length=3, min_length=3, backend=None,
-                 roughness_threshold=None):
+                 roughness_threshold=None, light_coordinates=False):
         if not 2 <= int(min_length) <= int(max_length):
             raise PathSpaceError(f"PathSpace: need 2 <= min_length <= max_length, got "
                                  f"{min_length}, {max_length}")
@@ -273,11 +285,16 @@ class PathSpace:
             raise PathSpaceError(f"PathSpace: roughness_threshold must be >= 0 (or None for "
                                  f"PSS coordinates only), got {roughness_threshold!r}")
         self.roughness_threshold = roughness_threshold
+        if light_coordinates and roughness_threshold is None:
+            raise PathSpaceError("PathSpace: light_coordinates are part of the modified "
+                                 "parameterisation: give a roughness_threshold too")
+        self.light_coordinates = bool(light_coordinates)
         # time, the first coordinate, exists only where meshes move (spec 5.1)
         self.time_dim = 0 if scene.moving_meshes else None
         self._screen = 0 if self.time_dim is None else 1  # index of screen x in u
         self._vertex_names = (_VERTEX + (("absolute",) if roughness_threshold is not None
                                          else ())
+                              + (("lightcoord",) if self.light_coordinates else ())
                               + (_VELOCITY if self.time_dim is not None else ()))
         if scene.camera.kind != "pinhole":
             raise PathSpaceError(f"PathSpace: only pinhole cameras, got {scene.camera.kind!r}")
@@ -373,6 +390,17 @@ class PathSpace:
         used = np.array([k - 1 if s == HIT else k - 2 for k, s in self.techniques] + [0])
         return used[t]
 
+    def light_coordinate_vertex(self, technique_index):
+        """The vertex whose direction numbers are light coordinates (spec 5.1 (ii): the last
+        bounce of a technique whose BSDF sample hits the light, ``k - 1``) per entry of
+        ``technique_index``; 0 where none (NEE techniques, PSS lanes, no light
+        coordinates)."""
+        t = np.asarray(technique_index, np.int64)
+        if not self.light_coordinates:
+            return np.zeros(t.shape, np.int64)
+        vertex = np.array([k - 1 if s == HIT else 0 for k, s in self.techniques] + [0])
+        return vertex[t]
+
     def to_modified(self, u, paths, technique_index, rng):
         """The modified coordinates ``w`` of PSS states ``u`` traced as ``paths``
         (``trace(u)``), lane ``i`` for technique ``techniques[technique_index[i]]``: on the
@@ -404,7 +432,41 @@ class PathSpace:
             lanes = lanes[sel]
             w[lanes, self.bsdf_dims[i - 1][0]] = rng.random(len(lanes))
             w[np.ix_(lanes, self.bsdf_dims[i - 1][1:])] = spherical_coordinates(wo[sel])
+        if self.light_coordinates:
+            self._to_light_coordinates(u, w, paths, tech, rng)
         return w
+
+    def _to_light_coordinates(self, u, w, paths, tech, rng):
+        """On lanes of techniques that hit the light, the last bounce's numbers become the
+        light sample of the point it hits (spec 5.1 (ii)): a fresh uniform within the hit
+        triangle's share of edge_rt's light-pick cdf, and the inverse of its triangle
+        sampling (so the proposal density in ``w`` is the Jacobian ``p_bsdf |cos| / d^2 /
+        p_shape``, spec 5.2)."""
+        g, nv = self.geometry, len(self._vertex_names)
+        light_tris = g.light_tris.numpy()
+        corners = g.tri_verts.detach().numpy()[light_tris].reshape(-1, 9)
+        cdf_hi, pmf = g.light_cdf.numpy(), g.light_pmf.numpy()[light_tris]
+        params = self._lane_params(paths, tech)
+        for t in np.unique(tech[tech >= 0]):
+            k, s = self.techniques[t]
+            lanes, pos = self._run("positions", u, k, s, paths, np.flatnonzero(tech == t))
+            if s != HIT or not len(lanes):
+                continue
+            _, out = self._run("directions", u, k, s, paths, lanes)
+            p = np.stack(pos[3 * (k - 2):], 1)  # the last bounce and its direction
+            d = np.stack(out[3 * (k - 2):], 1)
+            v = params[lanes, (k - 1) * nv:(k - 1) * nv + 9].reshape(-1, 3, 3)
+            e1, e2 = v[:, 1] - v[:, 0], v[:, 2] - v[:, 0]  # Moller-Trumbore barycentrics
+            pvec, tvec = np.cross(d, e2), p - v[:, 0]
+            inv_det = 1.0 / (e1 * pvec).sum(1)
+            b1 = (tvec * pvec).sum(1) * inv_det
+            b2 = (d * np.cross(tvec, e1)).sum(1) * inv_det
+            su = b1 + b2  # edge_rt: b0 = 1 - sqrt(u1), b1 = u2 sqrt(u1)
+            k_light = np.argmax((corners[None] == v.reshape(-1, 1, 9)).all(2), 1)
+            top = np.nextafter(1.0, 0.0)
+            w[np.ix_(lanes, self.bsdf_dims[k - 2])] = np.clip(np.stack(
+                [cdf_hi[k_light] - pmf[k_light] * rng.random(len(lanes)), su * su, b1 / su],
+                1), 0.0, top)
 
     def _need_modified(self):
         if self.roughness_threshold is None:
@@ -415,9 +477,11 @@ class PathSpace:
         """Trace states ``u`` (B, dim) with edge_rt (Embree, BSDF and light sampling) and
         evaluate each technique's contribution with its compiled kernel: :class:`Paths`.
         ``coords`` (B,) technique indices: lane ``i`` is in the modified coordinates of
-        technique ``techniques[coords[i]]`` (-1: PSS); None: all lanes in PSS."""
+        technique ``techniques[coords[i]]`` (-1: PSS; light coordinates included where the
+        path space has them); None: all lanes in PSS."""
         u = self._check_u(u)
         B = u.shape[0]
+        light_vertex = np.zeros(B, np.int64)  # the vertex in light coordinates (0: none)
         if coords is None:
             n_abs = np.zeros(B, np.int64)
         else:
@@ -426,6 +490,7 @@ class PathSpace:
                 raise PathSpaceError(f"PathSpace.trace: coords must have shape ({B},), got "
                                      f"{np.shape(coords)}")
             n_abs = self.modified_vertices(coords)
+            light_vertex = self.light_coordinate_vertex(coords)
         directions = []
         g, cam, dt = self.geometry, self.scene.camera, torch.float64
         ut = torch.as_tensor(u)
@@ -442,15 +507,18 @@ class PathSpace:
         with torch.no_grad(), torch_single_thread():
             o, d, _ = cam.rays(torch.as_tensor(xy), dt)
             lanes = torch.arange(B)
+            # the light triangle and point a light-coordinate ray aims at (-1: none)
+            aimed, aimed_y = torch.full((B,), -1), torch.zeros((B, 3), dtype=dt)
             for i in range(1, self.max_length + 1):
                 time = None if times is None else times[lanes]
                 tri = g.intersect(o, d, time=time)
                 keep = torch.nonzero(tri >= 0).flatten()
                 lanes, o, d, tri = lanes[keep], o[keep], d[keep], tri[keep]
+                aimed, aimed_y = aimed[keep], aimed_y[keep]
                 if len(lanes) == 0:
                     break
                 if i >= max(2, self.min_length):  # the BSDF sample at vertex i - 1 hit x_i
-                    ends[i, HIT] = self._emitter_hits(tri, d, lanes)
+                    ends[i, HIT] = self._emitter_hits(tri, o, d, lanes, aimed, aimed_y)
                 if i == self.max_length:
                     break
                 time = None if times is None else times[lanes]
@@ -458,19 +526,33 @@ class PathSpace:
                 kd, ks, rough = g.material(si)
                 eta = _relative_eta(g, si)
                 glass = eta > 0
+                lightc = torch.as_tensor(light_vertex[lanes.numpy()] == i)
                 absolute = (torch.as_tensor(n_abs[lanes.numpy()] >= i)
-                            & (rough > (self.roughness_threshold or 0.0)))
+                            & (rough > (self.roughness_threshold or 0.0)) & ~lightc)
                 verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough, eta,
-                                                                 absolute)))
+                                                                 absolute, lightc)))
                 if i + 1 >= self.min_length:
                     ends[i + 1, NEE] = self._connect(si, glass,
                                                      ut[lanes][:, self.light_dims[i + 1]],
                                                      lanes, time)
-                wo, pdf = self._sample(si, -d, kd, ks, rough, eta,
-                                       ut[lanes][:, self.bsdf_dims[i - 1]], absolute)
+                u_b = ut[lanes][:, self.bsdf_dims[i - 1]]
+                wo, pdf = self._sample(si, -d, kd, ks, rough, eta, u_b, absolute)
+                aimed, aimed_y = torch.full((len(lanes),), -1), torch.zeros((len(lanes), 3),
+                                                                            dtype=dt)
+                sel = torch.nonzero(lightc).flatten()
+                if len(sel):  # spec 5.1 (ii): towards a point on a light
+                    aimed_tri, y, _, _, _ = g.sample_light(u_b[sel])
+                    to_light = y - si.p[sel]
+                    wo_l = to_light / to_light.norm(dim=1, keepdim=True)
+                    wo = wo.index_copy(0, sel, wo_l)
+                    pdf = pdf.index_copy(0, sel, self._pdf_given(si, -d, kd, ks, rough, eta,
+                                                                 sel, wo_l))
+                    aimed = aimed.index_copy(0, sel, aimed_tri)
+                    aimed_y = aimed_y.index_copy(0, sel, y)
                 directions.append((lanes.numpy(), wo.numpy(), rough.numpy()))
                 ok = torch.nonzero((pdf > 0) & _sides_ok(si, wo, glass)).flatten()
                 o, d, lanes = g.spawn(si, wo)[ok], wo[ok], lanes[ok]
+                aimed, aimed_y = aimed[ok], aimed_y[ok]
         structure = {}
         for t, key in enumerate(self.techniques):
             lanes_k, light_params = ends.get(key, (np.zeros(0, np.int64), None))
@@ -527,16 +609,23 @@ class PathSpace:
         fixed = torch.nonzero(absolute).flatten() if absolute is not None else []
         if len(fixed):
             wo_a = torch.as_tensor(spherical_direction(u[fixed, 1:].numpy()))
-            pdf_a = bsdf.pdf(si.ns[fixed], wi[fixed], wo_a, kd[fixed], ks[fixed], rough[fixed])
-            g = torch.nonzero(eta[fixed] > 0).flatten()
-            if len(g):
-                f = fixed[g]
-                pdf_a = pdf_a.index_copy(0, g, bsdf.pdf_dielectric(si.ns[f], wi[f], wo_a[g],
-                                                                    eta[f], rough[f]))
+            pdf_a = PathSpace._pdf_given(si, wi, kd, ks, rough, eta, fixed, wo_a)
             wo, pdf = wo.index_copy(0, fixed, wo_a), pdf.index_copy(0, fixed, pdf_a)
         return wo, pdf
 
-    def _vertex_params(self, si, kd, ks, rough, eta, absolute):
+    @staticmethod
+    def _pdf_given(si, wi, kd, ks, rough, eta, lanes, wo):
+        """edge_rt's (mixture; the dielectric's on lanes with ``eta > 0``) pdf of the given
+        directions ``wo`` at the interactions ``lanes``."""
+        pdf = bsdf.pdf(si.ns[lanes], wi[lanes], wo, kd[lanes], ks[lanes], rough[lanes])
+        g = torch.nonzero(eta[lanes] > 0).flatten()
+        if len(g):
+            f = lanes[g]
+            pdf = pdf.index_copy(0, g, bsdf.pdf_dielectric(si.ns[f], wi[f], wo[g], eta[f],
+                                                           rough[f]))
+        return pdf
+
+    def _vertex_params(self, si, kd, ks, rough, eta, absolute, lightc):
         tri = si.tri.numpy()
         v = self.geometry.tri_verts.detach().numpy()[tri].reshape(-1, 9)
         side = np.where(si.front.numpy(), 1.0, -1.0)[:, None]
@@ -545,6 +634,8 @@ class PathSpace:
                 eta.numpy()[:, None]]
         if self.roughness_threshold is not None:
             cols.append(absolute.numpy().astype(np.float64)[:, None])
+        if self.light_coordinates:
+            cols.append(lightc.numpy().astype(np.float64)[:, None])
         if self.time_dim is not None:
             cols.append(self.geometry.tri_velocity[si.tri].numpy())
         return np.concatenate(cols, 1)
@@ -554,13 +645,24 @@ class PathSpace:
         return np.concatenate([g.tri_verts.detach().numpy()[tri].reshape(-1, 9),
                                self._emission[g.mesh_of.numpy()[tri]], pmf[:, None]], 1)
 
-    def _emitter_hits(self, tri, d, lanes):
+    def _emitter_hits(self, tri, o, d, lanes, aimed, aimed_y):
         """Lanes whose ray hit the front (emitting) side of a light triangle, and their light
-        parameters (as a light sample's, so both techniques price the same point)."""
+        parameters (as a light sample's, so both techniques price the same point). A ray in
+        light coordinates must reach the point ``aimed_y`` of the triangle it ``aimed`` at: a
+        neighbouring light triangle hit there counts as it (the ray leaves from the spawn
+        offset, so it passes up to ~1e-4 beside the point and may cross a shared edge; the
+        tolerance is the one of edge_rt's shadow rays, 1e-3 of the distance)."""
+        other = torch.nonzero((aimed >= 0) & (aimed != tri)).flatten()
+        if len(other):
+            p = self.geometry.interact(tri[other], o[other], d[other]).p
+            reach = (aimed_y[other] - o[other]).norm(dim=1)
+            there = (p - aimed_y[other]).norm(dim=1) <= 1e-3 * reach
+            tri = tri.index_copy(0, other[there], aimed[other[there]])
         t = tri.numpy()
         pmf = self.geometry.light_pmf.numpy()[t]
         front = np.einsum("ij,ij->i", self._winding_normals[t], d.numpy()) < 0
-        sel = np.flatnonzero(front & (pmf > 0))
+        aimed = aimed.numpy()
+        sel = np.flatnonzero(front & (pmf > 0) & ((aimed < 0) | (aimed == t)))
         return lanes.numpy()[sel], self._light_params(t[sel], pmf[sel])
 
     def _connect(self, si, glass, u_light, lanes, time):
@@ -662,9 +764,13 @@ class PathSpace:
                     wo = [sym.where(glass, a, b) for a, b in zip(wo_d, wo)]
                 wo, pdf = tuple(wo[:3]), wo[3]
                 if self.roughness_threshold is not None:
+                    pdfs = ((p_out, p_in), (pd_out, pd_in) if self._dielectric else None)
                     wo, pdf, jac = self._absolute(vp, du, wo, pdf, ns, wi, mat, glass,
-                                                  glass_mat, (p_out, p_in),
-                                                  (pd_out, pd_in) if self._dielectric else None)
+                                                  glass_mat, *pdfs)
+                    if last and self.light_coordinates:  # s = HIT
+                        wo, pdf, jac = self._light_coordinates(vp, du, p, wo, pdf, jac, light,
+                                                               ns, wi, mat, glass, glass_mat,
+                                                               *pdfs)
                     jacobian = jacobian * jac
                 directions.extend(wo)
             if last and s == NEE:
@@ -733,6 +839,24 @@ class PathSpace:
         return (tuple(sym.where(absolute, a, b) for a, b in zip(omega, wo)),
                 sym.where(absolute, p_abs, pdf),
                 sym.where(absolute, p_abs * (2.0 * np.pi ** 2) * sin_phi, 1.0))
+
+    @classmethod
+    def _light_coordinates(cls, vp, du, p, wo, pdf, jac, light, ns, wi, mat, glass, glass_mat,
+                           opaque_pdf, glass_pdf):
+        """Spec 5.1 (ii): on vertices flagged ``lightcoord`` (the last bounce of a path that
+        hits the light), the direction towards the point of the hit light triangle at area
+        coordinates ``du[1:]`` (edge_rt's triangle sampling; ``du[0]`` picked the triangle),
+        its pdf and the vertex's factor of ``|det du/dw|``, ``p_bsdf |cos theta_light| / d^2 /
+        p_shape`` with ``p_shape = pmf / area``; elsewhere ``wo``, ``pdf`` and ``jac``."""
+        y, nl, area = cls._light_point(light, du[1], du[2])
+        to_light = _sub(y, p)
+        dist2 = _dot(to_light, to_light)
+        omega = tuple(x * sym.rsqrt(dist2) for x in to_light)
+        p_l = cls._pdf_of(omega, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf)
+        jac_l = p_l * sym.abs(_dot(nl, omega)) * area / (dist2 * light["pmf"])
+        lightc = vp["lightcoord"] > 0.5
+        return (tuple(sym.where(lightc, a, b) for a, b in zip(omega, wo)),
+                sym.where(lightc, p_l, pdf), sym.where(lightc, jac_l, jac))
 
     @staticmethod
     def _plane_point(o, d, v0, v1, v2):
@@ -882,8 +1006,8 @@ class PathSpace:
         vertices before it are followed with their primary samples, as Veach's lens
         perturbation follows specular bounces), provided vertex ``j + 1`` is a surface vertex
         whose own outgoing direction is fixed in world space (absolute coordinates, or the
-        next-event vertex: its light sample is a point). 0 where the structure allows no lens
-        perturbation (the reference renderer's lensScore = 0)."""
+        next-event vertex or light coordinates: its light sample is a point). 0 where the
+        structure allows no lens perturbation (the reference renderer's lensScore = 0)."""
         self._need_modified()
         nv, col = len(self._vertex_names), self._vertex_names.index("absolute")
         params = self._lane_params(paths, coords)
@@ -897,6 +1021,9 @@ class PathSpace:
             first = np.argmax(absolute[:, :k - 2], 1)  # 0-based; vertex first + 2 exists
             fixed_next = absolute[np.arange(len(lanes)), first + 1] | (
                 (s == NEE) & (first + 1 == k - 2))
+            if self.light_coordinates:  # aimed at a point of the light
+                lc = self._vertex_names.index("lightcoord")
+                fixed_next |= params[lanes, lc + nv * (first + 1)] > 0.5
             ok = absolute[:, :k - 2].any(1) & fixed_next
             out[lanes[ok]] = first[ok] + 1
         return out
