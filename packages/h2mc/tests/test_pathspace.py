@@ -608,7 +608,7 @@ def test_light_coordinates_reproduce_the_pss_paths():
         assert (pw.valid[:, t] >= v).all()  # other lanes: w aims at the light anyway
         np.testing.assert_allclose(pw.scores[v, t], pu.scores[v, t], rtol=1e-9, atol=1e-300)
         assert np.isfinite(pw.contrib).all()
-        flags = ps._lane_params(pw, coords)[v][:, lc + nv * np.arange(k - 1)]
+        flags = ps.lane_params(pw, coords)[v][:, lc + nv * np.arange(k - 1)]
         np.testing.assert_array_equal(flags[:, -1], s == HIT)
         assert not flags[:, :-1].any()
         w_plain = plain.to_modified(u, plain.trace(u), coords, np.random.default_rng(t))
@@ -799,7 +799,7 @@ def _traced_lens_score(ps, w, t, j, anchor, screen):
     pos = pos.reshape(len(w), -1, 3)
     x_j, x_next = pos[lanes, j - 1], pos[lanes, j]
     nv = len(ps._vertex_names)
-    params = ps._lane_params(py, coords)
+    params = ps.lane_params(py, coords)
     corners = np.stack([params[i, j[i] * nv:j[i] * nv + 9] for i in lanes]).reshape(-1, 3, 3)
     n = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
     n /= np.linalg.norm(n, axis=1, keepdims=True)
@@ -913,7 +913,7 @@ def test_lens_vertex_rules():
     pw = ps.trace(w, coords=t)
     j = ps.lens_vertex(pw, t)
     nv, col = len(ps._vertex_names), ps._vertex_names.index("absolute")
-    params = ps._lane_params(pw, t)
+    params = ps.lane_params(pw, t)
     for i in np.flatnonzero(lit):
         k, s = ps.techniques[t[i]]
         flags = [params[i, v * nv + col] > 0.5 for v in range(k - 1)]

@@ -421,7 +421,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
             if moved.size:  # large / isotropic / lens moves: derivatives at the new state
                 gauss.update(y, py, moved, ty)
         if lens is not None:
-            lens.accept(accept, j_y, lens_pending)
+            lens.accept(accept, py, ty, j_y, lens_pending)
         if progress is not None:
             progress(step * C)
         if step in checkpoints:
@@ -529,13 +529,15 @@ class _Gaussians:
 
 class _Lens:
     """The H2 lens perturbation of the chains (spec 5.3; module docstring): per chain its
-    reconnection vertex ``j`` (0: lensScore = 0) and, while the chain moves by lens steps
-    only, the cached fixed vertex, ``log lensScore`` and Gaussian at its state."""
+    reconnection vertex ``j`` (0: lensScore = 0), its state's discrete structure (kernel
+    parameters) and, while the chain moves by lens steps only, the cached fixed vertex,
+    ``log lensScore`` and Gaussian at its state."""
 
     def __init__(self, ps, paths, t, sigma2, prob):
         self.ps, self.sigma2, self.prob = ps, sigma2, prob
         C = len(t)
         self.j = ps.lens_vertex(paths, t)
+        self.params = ps.lane_params(paths, t)
         self.anchor = np.full((C, 3), np.nan)
         self.log_f = np.full(C, -np.inf)
         self.gauss = isotropic_proposal(C, 2, sigma2)
@@ -546,10 +548,10 @@ class _Lens:
 
     def propose(self, state, on_lens, y, rng):
         """Write lens proposals of chains ``on_lens`` into ``y``; ``(lanes, j, anchor, Gaussian
-        at x, offset z)``. The current states are re-traced (their structure aims vertex j)."""
+        at x, offset z)``, on the current states' structure (which aims vertex j)."""
         ps, lanes = self.ps, np.flatnonzero(on_lens)
         x, t, j = state.x[lanes], state.t[lanes], self.j[lanes]
-        px = ps.trace(x, coords=t)
+        px = ps.structure_of(self.params[lanes], t)
         todo = ~self.cached[lanes]
         if todo.any():
             anchor = ps.lens_anchor(x, px, t, j)
@@ -584,10 +586,11 @@ class _Lens:
                 -np.inf)
         self._proposed = (lanes, log_f[lanes], gy)
 
-    def accept(self, accept, j_y, pending):
+    def accept(self, accept, py, ty, j_y, pending):
         """Chains that accepted a lens step keep its fixed vertex and Gaussian at the new
         state; any other accepted move clears their cache."""
         self.j[accept] = j_y[accept]
+        self.params[accept] = self.ps.lane_params(py, ty)[accept]
         self.cached[accept] = False
         if pending is not None:
             lanes, log_f, gy = self._proposed

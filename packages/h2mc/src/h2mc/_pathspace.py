@@ -446,7 +446,7 @@ class PathSpace:
         light_tris = g.light_tris.numpy()
         corners = g.tri_verts.detach().numpy()[light_tris].reshape(-1, 9)
         cdf_hi, pmf = g.light_cdf.numpy(), g.light_pmf.numpy()[light_tris]
-        params = self._lane_params(paths, tech)
+        params = self.lane_params(paths, tech)
         for t in np.unique(tech[tech >= 0]):
             k, s = self.techniques[t]
             lanes, pos = self._run("positions", u, k, s, paths, np.flatnonzero(tech == t))
@@ -984,7 +984,7 @@ class PathSpace:
         return out
 
     # ------------------------------------------------------------------ lens perturbation
-    def _lane_params(self, paths, coords):
+    def lane_params(self, paths, coords):
         """Each lane's kernel parameters for technique ``techniques[coords[i]]``, (B, P)
         padded with NaN (and all NaN where the lane has no such path)."""
         nv = len(self._vertex_names)
@@ -999,6 +999,24 @@ class PathSpace:
             out[lanes_k[sel], :len(params)] = np.stack(params, 1)[sel]
         return out
 
+    def structure_of(self, params, coords):
+        """A :class:`Paths` holding only the discrete structure given by per-lane kernel
+        parameters ``params`` (rows of :meth:`lane_params`, NaN rows: no path) for techniques
+        ``coords``, for the kernels (its contributions are zeros): a chain keeps its state's
+        structure so that a lens step need not trace the state again."""
+        n, nv = len(params), len(self._vertex_names)
+        structure = {}
+        for t, key in enumerate(self.techniques):
+            lanes = np.flatnonzero((coords == t) & np.isfinite(params[:, 0]))
+            if len(lanes):
+                width = (key[0] - 1) * nv + len(_LIGHT)
+                structure[key] = (lanes, [np.ascontiguousarray(params[lanes, c])
+                                          for c in range(width)])
+        T = len(self.techniques)
+        return Paths(np.zeros((n, 2)), np.zeros(n, np.int64), np.zeros((n, T, 3)),
+                     np.zeros((n, T), bool), np.zeros(n, bool), structure,
+                     list(self.techniques))
+
     def lens_vertex(self, paths, coords):
         """The lens perturbation's reconnection vertex (spec 5.3) per lane of ``paths``
         (traced in the modified coordinates of techniques ``coords``), (B,) int64: the first
@@ -1010,7 +1028,7 @@ class PathSpace:
         structure allows no lens perturbation (the reference renderer's lensScore = 0)."""
         self._need_modified()
         nv, col = len(self._vertex_names), self._vertex_names.index("absolute")
-        params = self._lane_params(paths, coords)
+        params = self.lane_params(paths, coords)
         out = np.zeros(len(params), np.int64)
         coords = np.asarray(coords, np.int64)
         for t, (k, s) in enumerate(self.techniques):
