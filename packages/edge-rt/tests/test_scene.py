@@ -103,6 +103,49 @@ def test_scene_from_dict_and_mesh_files(tmp_path):
 TRI = np.array([[0.0, 0.0, 2.0], [1.0, 0.0, 2.0], [0.0, 1.0, 2.0]])
 
 
+def _moving_scene(tmp_path, velocity, file=False):
+    mesh = {"material": {"diffuse": (0.5, 0.5, 0.5)}, "velocity": velocity}
+    if file:
+        trimesh.creation.box(extents=(1.0, 1.0, 1.0)).export(tmp_path / "box.obj")
+        mesh["file"] = str(tmp_path / "box.obj")
+    else:
+        mesh.update(vertices=TRI.tolist(), faces=[[0, 1, 2]])
+    return edge_rt.from_dict({"camera": {"position": (0, 0, 0), "target": (0, 0, 1),
+                                         "resolution": (8, 8)}, "meshes": [mesh]})
+
+
+@pytest.mark.parametrize("file", [False, True])
+def test_from_dict_mesh_velocity(tmp_path, file):
+    scene = _moving_scene(tmp_path, [0.1, -0.2, 0.0], file)
+    assert scene.meshes[0].velocity.tolist() == [0.1, -0.2, 0.0]
+    assert scene.moving_meshes == [scene.meshes[0]]
+    assert _moving_scene(tmp_path, None, file).moving_meshes == []
+
+
+@pytest.mark.parametrize("file", [False, True])
+@pytest.mark.parametrize("velocity, message", [
+    ([0.1, 0.2], r"velocity must be a translation \(3,\).*got shape \(2,\)"),
+    ([[0.1, 0.2, 0.3]], r"velocity must be a translation \(3,\)"),
+    ([0.1, float("nan"), 0.0], "velocity: contains NaN or infinity"),
+    ([0.1, float("inf"), 0.0], "velocity: contains NaN or infinity"),
+    ("fast", "mesh 0: velocity: must be numbers"),
+    ([0.1, [0.2], 0.3], "mesh 0: velocity: must be numbers"),
+])
+def test_from_dict_bad_velocity_names_the_problem(tmp_path, file, velocity, message):
+    with pytest.raises(SceneError, match=message):
+        _moving_scene(tmp_path, velocity, file)
+
+
+def test_from_dict_moving_light_refused(tmp_path):
+    tri = {"vertices": TRI.tolist(), "faces": [[0, 1, 2]], "emission": [1, 1, 1],
+           "velocity": [0, 0.1, 0]}
+    with pytest.raises(SceneError, match="moving lights are not supported"):
+        edge_rt.from_dict({"camera": {"position": (0, 0, 0), "target": (0, 0, 1)},
+                           "meshes": [tri]})
+
+
+
+
 def cam():
     return Camera(look_at((0, 0, 0), (0, 0, 1)), resolution=(8, 8))
 

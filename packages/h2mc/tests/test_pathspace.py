@@ -547,7 +547,7 @@ def test_jacobian_matches_finite_differences_of_the_map(kind):
 
 @pytest.mark.parametrize("scene, length, technique, n", [
     ("glossy", 3, NEE, 30), pytest.param("glossy", 4, NEE, 30, marks=pytest.mark.slow),
-    ("glossy", 3, HIT, 20), ("torus", 4, NEE, 20),
+    ("glossy", 3, HIT, 20), ("torus", 4, NEE, 20), ("light", 3, HIT, 20), ("light", 4, HIT, 20),
 ])
 def test_log_f_w_derivatives_match_central_differences(scene, length, technique, n):
     """AE-7 in the modified coordinates: value, gradient and Hessian of log f*_w (the
@@ -556,10 +556,12 @@ def test_log_f_w_derivatives_match_central_differences(scene, length, technique,
     float64 central differences of the traced f*_w, relative 1e-4, on the glossy Cornell box
     (threshold 0.05: Kelemen's coordinates on the roughness-0.02 box, absolute elsewhere) and
     through the torus scene's rough glass (threshold 0.001: absolute on the glass too). The
-    unused lobe numbers of absolute vertices have no derivative."""
-    if scene == "glossy":
+    unused lobe numbers of absolute vertices have no derivative. ``light``: the glossy box
+    with light coordinates (spec 5.1 (ii)) on the last bounce of paths that hit the light, the
+    Jacobian p_bsdf |cos theta_light| area / (d^2 pmf) inside the expression."""
+    if scene in ("glossy", "light"):
         ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy",
-                       roughness_threshold=0.05)
+                       roughness_threshold=0.05, light_coordinates=scene == "light")
     else:
         ps = PathSpace(scenes.torus_glass_cube((12, 12)), max_length=length,
                        min_length=length, backend="numpy", roughness_threshold=0.001)
@@ -580,6 +582,100 @@ def test_log_f_w_derivatives_match_central_differences(scene, length, technique,
     g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
     assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
     assert (p.jacobian[:, t] != 1).mean() >= 0.3  # lanes with an absolute vertex
+
+
+def test_light_coordinates_reproduce_the_pss_paths():
+    """u -> w -> path with light coordinates (spec 5.1 (ii)): on the techniques that hit the
+    light, the last bounce's numbers become the light sample of the hit point and tracing w
+    gives u's path (same structure, f*_PSS to 1e-9), its vertex flagged ``lightcoord``; NEE
+    techniques are unchanged. A w whose light sample is blocked (here: aimed from behind the
+    light's plane) has no path, not a NaN."""
+    ps = PathSpace(_glossy_box(), max_length=4, min_length=3, backend="numpy",
+                   roughness_threshold=0.05, light_coordinates=True)
+    plain = PathSpace(_glossy_box(), max_length=4, min_length=3, backend="numpy",
+                      roughness_threshold=0.05)
+    rng = np.random.default_rng(11)
+    u = rng.random((16384, ps.dim))
+    pu = ps.trace(u)
+    lc = ps._vertex_names.index("lightcoord")
+    nv = len(ps._vertex_names)
+    for t, (k, s) in enumerate(ps.techniques):
+        coords = np.full(len(u), t)
+        w = ps.to_modified(u, pu, coords, np.random.default_rng(t))
+        pw = ps.trace(w, coords=coords)
+        v = pu.valid[:, t]
+        assert v.sum() >= 40
+        assert (pw.valid[:, t] >= v).all()  # other lanes: w aims at the light anyway
+        np.testing.assert_allclose(pw.scores[v, t], pu.scores[v, t], rtol=1e-9, atol=1e-300)
+        assert np.isfinite(pw.contrib).all()
+        flags = ps.lane_params(pw, coords)[v][:, lc + nv * np.arange(k - 1)]
+        np.testing.assert_array_equal(flags[:, -1], s == HIT)
+        assert not flags[:, :-1].any()
+        w_plain = plain.to_modified(u, plain.trace(u), coords, np.random.default_rng(t))
+        if s == NEE:  # the same coordinates and Jacobian as without light coordinates
+            np.testing.assert_array_equal(w, w_plain)
+            np.testing.assert_allclose(pw.jacobian[v, t], plain.trace(
+                w_plain, coords=coords).jacobian[v, t], rtol=1e-12)
+        else:
+            last = ps.bsdf_dims[k - 2]
+            cdf = ps.geometry.light_cdf.numpy()
+            assert ((w[v][:, last[0]] > 0) & (w[v][:, last[0]] < cdf[-1])).all()
+            unused = np.setdiff1d(np.arange(ps.dim), last)
+            np.testing.assert_array_equal(w[:, unused], w_plain[:, unused])
+
+
+@pytest.mark.parametrize("kind", ["diffuse", "glossy"])
+def test_light_coordinate_jacobian_matches_finite_differences_of_the_map(kind):
+    """The factor p_bsdf |cos theta_light| / d^2 / p_shape (p_shape = pmf / area) of spec 5.1
+    (ii) is |det du/dw|: on a single-lobe BSDF the map (u1, u2) -> direction (edge_rt's
+    sampling) -> hit point on a light triangle -> its light sample numbers (w1, w2) has, by
+    float64 central differences (h = 1e-6), |det dw/du| = p_shape / (p_bsdf |cos| / d^2) to
+    1e-5 relative (the pick number's factor 1 / pmf is the width of the triangle's bin)."""
+    from edge_rt import bsdf
+    rng = np.random.default_rng(9)
+    n_lanes = 200
+    normal = np.tile([0.0, 1.0, 0.0], (n_lanes, 1))
+    p = np.concatenate([rng.uniform(-0.3, 0.3, (n_lanes, 1)), np.zeros((n_lanes, 1)),
+                        rng.uniform(-0.3, 0.3, (n_lanes, 1))], 1)
+    wi = normal + 0.5 * rng.normal(size=(n_lanes, 3))
+    wi /= np.linalg.norm(wi, axis=1, keepdims=True)
+    wi *= np.sign((wi * normal).sum(1))[:, None]
+    v = np.array([[-2.0, 0.6, -2.0], [2.0, 0.6, -2.0], [0.0, 0.8, 2.0]])  # facing down
+    area = 0.5 * np.linalg.norm(np.cross(v[1] - v[0], v[2] - v[0]))
+    nl = np.cross(v[1] - v[0], v[2] - v[0])
+    nl /= np.linalg.norm(nl)
+    kd, ks = ((0.7, 0.0), (0.0, 0.7))[kind == "glossy"]
+    kd, ks = torch.full((n_lanes, 3), kd, dtype=torch.float64), torch.full(
+        (n_lanes, 3), ks, dtype=torch.float64)
+    rough = torch.full((n_lanes,), 0.3, dtype=torch.float64)
+    nt, wit = torch.as_tensor(normal), torch.as_tensor(wi)
+
+    def w_of(uu):
+        wo, pdf = bsdf.sample(nt, wit, kd, ks, rough, torch.as_tensor(uu))
+        d = wo.numpy()
+        e1, e2 = v[1] - v[0], v[2] - v[0]
+        pvec, tvec = np.cross(d, e2), p - v[0]
+        inv = 1.0 / (pvec @ e1)
+        b1 = (tvec * pvec).sum(1) * inv
+        b2 = (d * np.cross(tvec, e1)).sum(1) * inv
+        t = (np.cross(tvec, e1) @ e2) * inv
+        su = b1 + b2
+        return np.stack([su * su, b1 / su], 1), pdf.numpy(), d, t, b1, b2
+
+    u = np.concatenate([np.full((n_lanes, 1), 0.5), 0.05 + 0.9 * rng.random((n_lanes, 2))], 1)
+    _, pdf, d, t, b1, b2 = w_of(u)
+    h = 1e-6
+    J = np.zeros((n_lanes, 2, 2))
+    for j in (1, 2):
+        up, um = u.copy(), u.copy()
+        up[:, j] += h
+        um[:, j] -= h
+        J[:, :, j - 1] = (w_of(up)[0] - w_of(um)[0]) / (2 * h)
+    ok = (pdf > 0) & (t > 0) & (b1 > 0.01) & (b2 > 0.01) & (b1 + b2 < 0.99)
+    assert ok.sum() > 50, ok.sum()
+    cos = np.abs(d[ok] @ nl)
+    expected = (1.0 / area) / (pdf[ok] * cos / t[ok] ** 2)  # |d omega| = cos dA / d^2, d = t
+    np.testing.assert_allclose(np.abs(np.linalg.det(J))[ok], expected, rtol=1e-5)
 
 
 def test_modified_coordinates_wrong_side_directions_are_zero_not_nan():
@@ -675,3 +771,156 @@ def test_static_paths_have_no_time_column():
     all_static = ~p.moving.any(1) & (p.f_star > 0)
     _, gk, Hk = ps.log_f_star_derivatives(u, p)
     assert (gk[all_static, 0] == 0).all() and (Hk[all_static, 0] == 0).all()
+
+
+# ---------------------------------------------------------------------------- lens perturbation
+def _lens_states(ps, length, technique, rng, n):
+    """States in the modified coordinates of ``(length, technique)`` that allow a lens
+    perturbation: up to half of them reconnecting after a near-specular vertex (j = 2)."""
+    w, t = _modified_states(ps, length, technique, rng, 8 * n)
+    coords = np.full(len(w), t)
+    j = ps.lens_vertex(ps.trace(w, coords=coords), coords)
+    after = np.flatnonzero(j == 2)[:n // 2]
+    order = np.concatenate([after, np.flatnonzero(j == 1)[:n - len(after)]])
+    return w[order], t, j[order]
+
+
+def _traced_lens_score(ps, w, t, j, anchor, screen):
+    """lensScore of the lens proposals to ``screen``, from the *traced* proposal: its f*_w
+    times ``|cos theta_{j+1}| / (d^2 2 pi^2 sin phi_j)`` computed here in numpy, and the
+    proposal's paths."""
+    coords = np.full(len(w), t)
+    lanes = np.arange(len(w))
+    y = ps.lens_move(w, ps.trace(w, coords=coords), coords, j, anchor, lanes, screen)
+    py = ps.trace(y, coords=coords)
+    _, res = ps._run("positions", y, *ps.techniques[t], py)
+    pos = np.full((len(w), 3 * (ps.techniques[t][0] - 1)), np.nan)
+    pos[py.structure[ps.techniques[t]][0]] = np.stack(res, 1)
+    pos = pos.reshape(len(w), -1, 3)
+    x_j, x_next = pos[lanes, j - 1], pos[lanes, j]
+    nv = len(ps._vertex_names)
+    params = ps.lane_params(py, coords)
+    corners = np.stack([params[i, j[i] * nv:j[i] * nv + 9] for i in lanes]).reshape(-1, 3, 3)
+    n = np.cross(corners[:, 1] - corners[:, 0], corners[:, 2] - corners[:, 0])
+    n /= np.linalg.norm(n, axis=1, keepdims=True)
+    d = x_next - x_j
+    d2 = (d * d).sum(1)
+    cos = np.abs((n * d).sum(1)) / np.sqrt(d2)
+    phi = np.pi * np.array([y[i, ps.bsdf_dims[j[i] - 1][2]] for i in lanes])
+    score = py.scores_w[:, t] * cos / (d2 * 2 * np.pi ** 2 * np.sin(phi))
+    return score, y, py
+
+
+@pytest.mark.parametrize("length, technique, n", [(3, NEE, 30), (4, NEE, 30), (3, HIT, 20)])
+def test_lens_score_derivatives_match_central_differences(length, technique, n):
+    """Spec 5.3: value, gradient and Hessian of log lensScore in the 2D screen position
+    (compiled lens kernels, the fixed vertex j + 1 as a parameter) on the glossy Cornell box
+    (threshold 0.05: reconnections from the walls and the glossy sphere, j = 1, and through
+    the near-specular tall box, j = 2). The value equals the target of the lens variables
+    computed from the traced path (f*_w |cos theta_{j+1}| / (d^2 2 pi^2 sin phi_j)) to 1e-9;
+    the gradient matches Richardson-extrapolated float64 central differences of that traced
+    value and the Hessian those of the kernel's gradient, relative 1e-4."""
+    ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy",
+                   roughness_threshold=0.05)
+    w, t, j = _lens_states(ps, length, technique, np.random.default_rng(5), n)
+    assert len(w) == n and (j > 0).all()
+    coords = np.full(len(w), t)
+    p = ps.trace(w, coords=coords)
+    anchor = ps.lens_anchor(w, p, coords, j)
+    lf, g, H = ps.lens_derivatives(w, p, coords, j, anchor)
+    screen = w[:, :2]
+    score, y, _ = _traced_lens_score(ps, w, t, j, anchor, screen)
+    np.testing.assert_allclose(y, w, atol=1e-12)  # aiming at the fixed vertex: w itself
+    np.testing.assert_allclose(lf, np.log(score), rtol=1e-9)
+    np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
+    h = _steps(H)
+    ok = np.ones(len(w), bool)
+    est = []
+    for step in (2 * h, h):
+        gfd, Hfd = np.zeros((len(w), 2)), np.zeros((len(w), 2, 2))
+        for a in range(2):
+            vals, grads = [], []
+            for s in (1.0, -1.0):
+                sp = screen.copy()
+                sp[:, a] += s * step
+                val, yp, pp = _traced_lens_score(ps, w, t, j, anchor, sp)
+                ok &= (p.same_structure(pp, length, technique)
+                       & (ps.branches(yp, length, technique, pp)
+                          == ps.branches(w, length, technique, p)).all(1))
+                vals.append(np.log(val))
+                wp = w.copy()
+                wp[:, :2] = sp
+                grads.append(ps.lens_derivatives(wp, p, coords, j, anchor)[1])
+            gfd[:, a] = (vals[0] - vals[1]) / (2 * step)
+            Hfd[:, :, a] = (grads[0] - grads[1]) / (2 * step)[:, None]
+        est.append((gfd, Hfd))
+    (g2, H2), (g1, H1) = est
+    gfd, Hfd = (4 * g1 - g2) / 3, (4 * H1 - H2) / 3
+    assert ok.sum() >= 0.6 * n, ok.sum()
+    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
+    if length == 4:  # both reconnection kinds are exercised (j <= length - 2)
+        assert (j[ok] == 2).sum() >= 3 and (j[ok] == 1).sum() >= 3, np.bincount(j[ok])
+
+
+def test_lens_move_keeps_the_rest_of_the_path():
+    """A lens proposal moves the screen position and aims vertex j at the fixed vertex j + 1:
+    the traced proposal reaches it (lens_reached: the same point to rounding) unless an
+    occluder or another structure before j intervenes, and every later coordinate (so every
+    later vertex and the light sample) stays where it was."""
+    length = 4
+    ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy",
+                   roughness_threshold=0.05)
+    rng = np.random.default_rng(6)
+    w, t, j = _lens_states(ps, length, NEE, rng, 40)
+    coords = np.full(len(w), t)
+    p = ps.trace(w, coords=coords)
+    anchor = ps.lens_anchor(w, p, coords, j)
+    screen = w[:, :2] + 1e-3 * rng.standard_normal((len(w), 2))
+    y = ps.lens_move(w, p, coords, j, anchor, np.arange(len(w)), screen)
+    py = ps.trace(y, coords=coords)
+    reached = ps.lens_reached(y, py, coords, j, anchor)
+    assert reached.mean() > 0.8, reached.mean()
+    assert not reached[~py.valid[:, t]].any()
+    # the misses: an occluder, or another triangle before j (the aim was computed on w's)
+    missed = ~reached & py.valid[:, t]
+    x_next = ps.lens_anchor(y, py, coords, j)
+    assert (np.linalg.norm(x_next - anchor, axis=1)[missed] > 1e-6).all()
+    assert not p.same_structure(py, length, NEE)[missed].any()
+    keep = np.ones(ps.dim, bool)
+    keep[:2] = False
+    for i in np.unique(j):  # vertex j's direction numbers change, nothing else
+        keep_i = keep.copy()
+        keep_i[ps.bsdf_dims[i - 1][1:]] = False
+        np.testing.assert_array_equal(y[j == i][:, keep_i], w[j == i][:, keep_i])
+    np.testing.assert_array_equal(y[:, :2], screen)
+
+
+def test_lens_vertex_rules():
+    """lens_vertex: j = the first absolute vertex, provided vertex j + 1 is a surface vertex
+    with a fixed outgoing direction (absolute, or the next-event vertex); 0 otherwise (the
+    structures whose lensScore is 0), checked lane by lane against the kernel parameters'
+    flags; PSS-only path spaces have no lens perturbation."""
+    length = 4
+    ps = PathSpace(_glossy_box(), max_length=length, min_length=3, backend="numpy",
+                   roughness_threshold=0.05)
+    rng = np.random.default_rng(7)
+    u = rng.random((3000, ps.dim))
+    pu = ps.trace(u)
+    t = np.argmax(pu.scores > 0, 1)
+    lit = pu.scores[np.arange(len(u)), t] > 0
+    w = ps.to_modified(u, pu, t, rng)
+    pw = ps.trace(w, coords=t)
+    j = ps.lens_vertex(pw, t)
+    nv, col = len(ps._vertex_names), ps._vertex_names.index("absolute")
+    params = ps.lane_params(pw, t)
+    for i in np.flatnonzero(lit):
+        k, s = ps.techniques[t[i]]
+        flags = [params[i, v * nv + col] > 0.5 for v in range(k - 1)]
+        first = next((v + 1 for v in range(k - 2) if flags[v]), 0)
+        fixed = first and (flags[first] or (s == NEE and first + 1 == k - 1))
+        assert j[i] == (first if fixed else 0), (i, k, s, flags, j[i])
+    assert (j[lit] == 0).any() and (j[lit] == 1).any() and (j[lit] == 2).any()
+    assert (j[~lit & ~pw.valid[np.arange(len(u)), t]] == 0).all()
+    with pytest.raises(PathSpaceError, match="roughness_threshold"):
+        PathSpace(_glossy_box(), max_length=3, backend="numpy").lens_vertex(pw, t)

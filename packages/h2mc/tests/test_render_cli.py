@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import edge_rt
-from h2mc import read_png_size
+from h2mc import read_png_size, render_mlt
 from h2mc.render import main
 
 
@@ -89,6 +89,8 @@ def test_json_scene_with_size(tmp_path, capsys):
     (["textured_sphere", "--method", "h2mc"], "environment maps are not supported"),
     (["DARK", "--method", "pssmlt"], "the scene has no light"),
     (["BROKEN", "--method", "pssmlt"], "bad scene file"),
+    (["cornell_box", "--method", "h2mc", "--time-mode", "joint"],
+     "argument --time-mode: invalid choice: 'joint'"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
     (tmp_path / "broken.json").write_text("{not json")
@@ -99,6 +101,24 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
     assert rc == 2
     assert err.count("\n") == 1 and err.startswith("h2mc-render: error: ") and message in err
     assert not list(tmp_path.glob("*.png"))
+
+
+@pytest.mark.parametrize("time_mode", ["hessian", "independent"])
+def test_time_mode_reaches_render_mlt(tmp_path, capsys, monkeypatch, time_mode):
+    import h2mc.render as cli
+
+    seen = []
+
+    def spy(*args, **kw):
+        seen.append(kw["time_mode"])
+        return render_mlt(*args, **kw)
+
+    monkeypatch.setattr(cli, "render_mlt", spy)
+    rc, _, err = _run(capsys, "cornell_box", "--method", "pssmlt", "--size", 8, 6,
+                      "--mutations", 1, "--chains", 16, "--direct-spp", 0,
+                      "--time-mode", time_mode, "--out", tmp_path)
+    assert rc == 0, err
+    assert seen == [time_mode]
 
 
 def test_module_entry_point_exit_status():

@@ -348,6 +348,14 @@ def load_mesh(path, material=None, name=None):
                 normals=normals, name=name or str(path))
 
 
+def _numbers(x, name):
+    """``x`` as a float64 array, or a SceneError naming ``name`` (ragged lists, strings)."""
+    try:
+        return np.asarray(x, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise SceneError(f"{name}: must be numbers, got {x!r}") from None
+
+
 def from_dict(d):
     """Build a Scene from a plain dict::
 
@@ -355,8 +363,12 @@ def from_dict(d):
                     "clip_near": ..., "kind": ...} or {"cam_to_world": 4x4, ...},
          "meshes": [{"vertices": ..., "faces": ..., "uvs": ..., "normals": ...,
                      "material": {"diffuse": ..., "specular": ..., "roughness": ...},
-                     "emission": ..., "file": "path.obj", "name": ...}, ...],
+                     "emission": ..., "velocity": (3,), "file": "path.obj", "name": ...},
+                    ...],
          "envmap": radiance (H, W, 3) or (3,)}
+
+    ``velocity``: the mesh's translation over the shutter (Mesh.velocity), on inline and file
+    meshes alike.
     """
     if "camera" not in d:
         raise SceneError("from_dict: missing 'camera'")
@@ -369,10 +381,13 @@ def from_dict(d):
     for k, md in enumerate(d.get("meshes", [])):
         md = dict(md)
         mat = Material(**md.pop("material", {}))
+        if md.get("velocity") is not None:
+            md["velocity"] = _numbers(md["velocity"], f"from_dict: mesh {k}: velocity")
         if "file" in md:
             mesh = load_mesh(md.pop("file"), mat, md.pop("name", None))
-            if "emission" in md:
-                mesh.emission = torch.as_tensor(md.pop("emission"), dtype=torch.float64)
+            # replace re-runs Mesh's checks (shape, finite, no moving light) on the extras
+            mesh = dataclasses.replace(mesh, emission=md.pop("emission", None),
+                                       velocity=md.pop("velocity", None))
         else:
             md.setdefault("name", f"mesh{k}")
             mesh = Mesh(material=mat, **md)

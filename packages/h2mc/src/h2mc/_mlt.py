@@ -64,6 +64,22 @@ by the prior's isotropic kick alone; PSSMLT / MMLT treat it as one more primary 
 lighting in a moving scene needs ``min_length=2`` (edge_rt's path tracer renders no motion
 blur): the emitters seen directly are then traced here at random shutter times.
 
+The H2 lens perturbation (spec 1.3, 5.3; H2MC small steps in the modified coordinates, with
+probability ``lens_perturb_prob`` within the H2MC step): Veach's lens perturbation with the
+2D screen position as the H2MC variable. The chain's reconnection vertex ``j`` is its first
+vertex in absolute coordinates (``PathSpace.lens_vertex``; 0, lensScore = 0, where vertex
+``j + 1``'s own direction is not fixed in world space: the step then is the ordinary small
+step, counted as ``skipped``). The step keeps vertex ``j + 1`` (by area) and every other
+coordinate fixed and moves the screen position by the H2MC Gaussian of ``log lensScore``
+(prior variance ``lens_sigma2``), aiming vertex ``j`` at the fixed vertex; lensScore is the
+target in those variables, ``f*_w |d omega_j / dA_{j+1}|`` (``PathSpace.lens_derivatives``:
+the reconnection BSDF, its pdf and the ``cos / d^2`` geometry term change with the screen
+position), so the acceptance is ``min(1, lensScore_y Phi_y(-z) / (lensScore_x Phi_x(z)))``;
+a proposal whose traced path misses the fixed vertex (an occluder, another structure before
+``j``) or loses its reconnection vertex is rejected. Because the small step
+is picked with probability ``1 - p [lensScore > 0]``, its acceptance carries that
+probability's ratio between ``y`` and ``x`` (the reference renderer leaves it out).
+
 A non-finite contribution is a counted rejection (PathSpace voids the state; ``nonfinite``
 counts it), never a NaN pixel.
 """
@@ -80,7 +96,7 @@ import edge_rt
 
 from ._kernels import _wrap
 from ._pathspace import PathSpace
-from ._proposal import GaussianProposal, h2mc_proposal
+from ._proposal import GaussianProposal, h2mc_proposal, isotropic_proposal
 
 SMALL_STEPS = ("kelemen", "isotropic", "h2mc")
 TIME_MODES = ("hessian", "independent")
@@ -166,8 +182,12 @@ def bootstrap(path_space, n, rng, batch=8192):
 
 @dataclass
 class MutationStats:
+    """``skipped``: steps that picked this mutation but could not attempt it (the lens
+    perturbation on a state whose lensScore is 0; they took the H2MC small step)."""
+
     proposed: int = 0
     accepted: int = 0
+    skipped: int = 0
 
     @property
     def acceptance(self):
@@ -180,7 +200,8 @@ class MLTResult:
     float64; ``snapshots``: mutations per pixel -> indirect image at that point; ``seconds``:
     wall time of the bootstrap and the chains (not of the direct lighting); ``nonfinite``:
     proposals rejected because their contribution was NaN / inf; ``stats``: per mutation type
-    ("large", "small" and, with H2MC small steps, "isotropic" for the uniform mixing)."""
+    ("large", "small" and, with H2MC small steps, "isotropic" for the uniform mixing and, with
+    the lens perturbation, "lens")."""
 
     image: np.ndarray
     indirect: np.ndarray
@@ -202,7 +223,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                s1=1.0 / 1024, s2=1.0 / 64, sigma2=1e-4, uniform_mixing=0.2,
                bootstrap_samples=1 << 16, direct_spp=16, seed=0, checkpoints=(),
                path_space=None, progress=None, parameterization="kelemen",
-               roughness_threshold=0.03, time_mode="hessian"):
+               roughness_threshold=0.03, time_mode="hessian", lens_perturb_prob=0.3,
+               lens_sigma2=1e-4, light_coordinates=None):
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
@@ -220,7 +242,13 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     uses the modified one, the default stays PSS), with ``roughness_threshold`` (spec 1.6:
     0.03, 0.01 on the torus scene; a given ``path_space`` must have been built with it);
     ``time_mode``: ``"hessian"`` or ``"independent"`` (module docstring; scenes with moving
-    meshes only).
+    meshes only); ``lens_perturb_prob``: within an H2MC small step in the modified
+    coordinates, the probability of the H2 lens perturbation (module docstring; spec 1.6:
+    0.3, 0 disables; ignored with Kelemen coordinates, which have no absolute vertex) with
+    prior variance ``lens_sigma2`` in screen units (spec: sigma 0.01);
+    ``light_coordinates``: in the modified coordinates, the last direction of a path that hits
+    the light as a point on it (spec 5.1 (ii), PathSpace's ``light_coordinates``); None: the
+    given path_space's choice, or True (the spec's default) when render_mlt builds it.
     """
     if method not in METHODS:
         raise MLTError(f"render_mlt: method must be one of {tuple(METHODS)}, got {method!r}")
@@ -243,6 +271,12 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                        f"got {parameterization!r}")
     if time_mode not in TIME_MODES:
         raise MLTError(f"render_mlt: time_mode must be one of {TIME_MODES}, got {time_mode!r}")
+    if not 0.0 <= lens_perturb_prob <= 1.0:
+        raise MLTError(f"render_mlt: lens_perturb_prob must be in [0, 1], got "
+                       f"{lens_perturb_prob!r}")
+    if not 0.0 < lens_sigma2 < np.inf:
+        raise MLTError(f"render_mlt: lens_sigma2 (a variance) must be positive and finite, got "
+                       f"{lens_sigma2!r}")
     if not roughness_threshold >= 0.0:
         raise MLTError(f"render_mlt: roughness_threshold must be >= 0, got "
                        f"{roughness_threshold!r}")
@@ -250,14 +284,22 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     if modified and large_step == "uniform":
         raise MLTError("render_mlt: the modified parameterization needs a multiplexed state "
                        "(large_step 'mmlt' or 'resample'): its coordinates are a technique's")
-    ps = path_space or PathSpace(scene, max_length=max_length, min_length=min_length,
-                                 roughness_threshold=roughness_threshold if modified else None)
+    if light_coordinates and not modified:
+        raise MLTError("render_mlt: light_coordinates are part of the modified "
+                       "parameterization (parameterization='modified')")
+    ps = path_space or PathSpace(
+        scene, max_length=max_length, min_length=min_length,
+        roughness_threshold=roughness_threshold if modified else None,
+        light_coordinates=modified and light_coordinates in (None, True))
     if path_space is not None and path_space.scene is not scene:
         raise MLTError("render_mlt: path_space was built for another scene")
     if scene.moving_meshes and direct_spp and ps.min_length > 2:
         raise MLTError("render_mlt: edge_rt's path tracer renders no motion blur, so the direct "
                        "lighting of a scene with moving meshes needs min_length=2 (or "
                        "direct_spp=0)")
+    if light_coordinates is not None and ps.light_coordinates != bool(light_coordinates):
+        raise MLTError(f"render_mlt: path_space has light_coordinates "
+                       f"{ps.light_coordinates}, not {light_coordinates}")
     if modified and ps.roughness_threshold != roughness_threshold:
         raise MLTError(f"render_mlt: path_space has roughness_threshold "
                        f"{ps.roughness_threshold!r}, not {roughness_threshold!r}")
@@ -290,6 +332,10 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     stats = {"large": MutationStats(), "small": MutationStats()}
     if use_h2mc:
         stats["isotropic"] = MutationStats()
+    lens = _Lens(ps, px, t, lens_sigma2, lens_perturb_prob) if (
+        use_h2mc and modified and lens_perturb_prob > 0) else None
+    if lens is not None:
+        stats["lens"] = MutationStats()
     accum = np.zeros((npix, 3))
     nonfinite = 0
     snapshots = {}
@@ -298,6 +344,12 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         large = rng.random(C) < large_step_prob
         iso = ~large & (rng.random(C) < uniform_mixing) if use_h2mc else ~large
         h2 = ~large & ~iso
+        on_lens = np.zeros(C, bool)
+        if lens is not None:  # within the H2MC step: the lens perturbation if lensScore > 0
+            chose = h2 & (rng.random(C) < lens.prob)
+            on_lens = chose & (lens.j > 0)
+            stats["lens"].skipped += int((chose & ~on_lens).sum())
+            h2 &= ~on_lens
         y = state.x.copy()  # an H2MC step on a technique moves only that technique's dims
         y[large] = rng.random((int(large.sum()), ps.dim))
         if small_step == "isotropic":
@@ -309,18 +361,24 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         if pmf is not None:
             ty[large] = rng.choice(len(pmf), size=int(large.sum()), p=pmf)
         pending = gauss.propose(state, h2, y, rng) if h2.any() else []
+        lens_pending = lens.propose(state, on_lens, y, rng) if on_lens.any() else None
         resampled = large if large_step == "resample" else np.zeros(C, bool)
+        lost = np.zeros(0, np.int64)
         if modified and large.any():  # large steps: sample u, pick t, go to t's coordinates
             lanes = lanes_all[large]
             pu = ps.trace(y[lanes])
             if large_step == "resample":
                 ty[lanes] = _pick(pu.scores, rng)
             y[lanes] = ps.to_modified(y[lanes], pu, ty[lanes], rng)
+            # u without a path of t is rejected, as in PSS: its w (a light coordinate aims at
+            # the light) may have one, of another proposal density
+            lost = lanes[pu.scores[np.arange(len(lanes)), ty[lanes]] <= 0]
         py = ps.trace(y, coords=ty if modified else None)
         nonfinite += int(py.nonfinite.sum())
         if resampled.any() and not modified:
             ty[resampled] = _pick(py.scores[resampled], rng)
         rgb_y, fy, fwy = _target(py, ty if multiplexed else None)
+        fy[lost], fwy[lost] = 0.0, 0.0
         S_y = py.f_star
         with np.errstate(divide="ignore", invalid="ignore"):
             # small steps: f*_w (= f*_PSS in PSS coordinates); large steps: f*_PSS
@@ -330,6 +388,15 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                 log_a[large] += np.log(pmf[state.t[large]] / pmf[ty[large]])
             log_a[resampled] = np.log(S_y[resampled]) - np.log(state.S[resampled])
         gy = [gauss.at_proposal(y, py, g, sel, z, gx, log_a) for g, sel, gx, z in pending]
+        if lens is not None:
+            j_y = ps.lens_vertex(py, ty)
+            # the small step is picked with probability 1 - p [lensScore > 0]: its ratio
+            # between y and x keeps the mixture detailed-balanced
+            with np.errstate(divide="ignore"):
+                log_a[h2] += (np.log1p(-lens.prob * (j_y[h2] > 0))
+                              - np.log1p(-lens.prob * (lens.j[h2] > 0)))
+            if lens_pending is not None:
+                lens.at_proposal(y, py, ty, j_y, lens_pending, log_a)
         a = np.where((fy > 0) & (fwy > 0), np.exp(np.minimum(log_a, 0.0)), 0.0)
         _splat(accum, state.pixel, (1.0 - a) / state.f, state.rgb)
         # a resampling large step's proposal: the expectation over its technique choice
@@ -339,7 +406,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         _splat(accum, py.pixel[live], a[live] / prop_f[live], prop_rgb[live])
         accept = rng.random(C) < a
         for name, sel in (("large", large), ("small", h2 if use_h2mc else iso),
-                          ("isotropic", iso if use_h2mc else None)):
+                          ("isotropic", iso if use_h2mc else None),
+                          ("lens", on_lens if lens is not None else None)):
             if sel is not None:
                 stats[name].proposed += int(sel.sum())
                 stats[name].accepted += int((accept & sel).sum())
@@ -350,8 +418,10 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
             for (g, sel, _, _), gp in zip(pending, gy):
                 gauss.put(g, sel[accept[sel]], gp.take(accept[sel]))
             moved = lanes_all[accept & ~h2]
-            if moved.size:  # large / isotropic moves: derivatives at the new state
+            if moved.size:  # large / isotropic / lens moves: derivatives at the new state
                 gauss.update(y, py, moved, ty)
+        if lens is not None:
+            lens.accept(accept, py, ty, j_y, lens_pending)
         if progress is not None:
             progress(step * C)
         if step in checkpoints:
@@ -455,6 +525,79 @@ class _Gaussians:
         gy = self.compute(g, y, py, sel)
         log_a[sel] += gy.log_density(-z) - gx.log_density(z)
         return gy
+
+
+class _Lens:
+    """The H2 lens perturbation of the chains (spec 5.3; module docstring): per chain its
+    reconnection vertex ``j`` (0: lensScore = 0), its state's discrete structure (kernel
+    parameters) and, while the chain moves by lens steps only, the cached fixed vertex,
+    ``log lensScore`` and Gaussian at its state."""
+
+    def __init__(self, ps, paths, t, sigma2, prob):
+        self.ps, self.sigma2, self.prob = ps, sigma2, prob
+        C = len(t)
+        self.j = ps.lens_vertex(paths, t)
+        self.params = ps.lane_params(paths, t)
+        self.anchor = np.full((C, 3), np.nan)
+        self.log_f = np.full(C, -np.inf)
+        self.gauss = isotropic_proposal(C, 2, sigma2)
+        self.cached = np.zeros(C, bool)
+
+    def _gaussian(self, log_f, grad, hess):
+        return h2mc_proposal(grad, hess, self.sigma2, log_f=log_f)
+
+    def propose(self, state, on_lens, y, rng):
+        """Write lens proposals of chains ``on_lens`` into ``y``; ``(lanes, j, anchor, Gaussian
+        at x, offset z)``, on the current states' structure (which aims vertex j)."""
+        ps, lanes = self.ps, np.flatnonzero(on_lens)
+        x, t, j = state.x[lanes], state.t[lanes], self.j[lanes]
+        px = ps.structure_of(self.params[lanes], t)
+        todo = ~self.cached[lanes]
+        if todo.any():
+            anchor = ps.lens_anchor(x, px, t, j)
+            log_f, grad, hess = ps.lens_derivatives(x, px, t, j, anchor)
+            sel = lanes[todo]
+            self.anchor[sel], self.log_f[sel] = anchor[todo], log_f[todo]
+            self.gauss.put(sel, self._gaussian(log_f, grad, hess).take(todo))
+        anchor = self.anchor[lanes]
+        gx = self.gauss.take(lanes)
+        z = gx.sample(xi=rng.standard_normal((len(lanes), 2)))
+        screen = _wrap(x[:, ps._screen:ps._screen + 2] + z)
+        y[lanes] = ps.lens_move(x, px, t, j, anchor, np.arange(len(lanes)), screen)
+        return lanes, j, anchor, gx, z
+
+    def at_proposal(self, y, py, ty, j_y, pending, log_a):
+        """``log_a`` of the lens proposals: ``log lensScore_y + log Phi_y(-z) - log
+        lensScore_x - log Phi_x(z)``, -inf where the proposal did not reach the fixed vertex
+        or lost its reconnection structure; keeps the Gaussians at the proposals."""
+        lanes, j, anchor, gx, z = pending
+        B = len(y)
+        full_j, full_anchor = np.zeros(B, np.int64), np.full((B, 3), np.nan)
+        full_j[lanes], full_anchor[lanes] = j, anchor
+        reached = (j_y[lanes] == j) & self.ps.lens_reached(y, py, ty, full_j,
+                                                             full_anchor)[lanes]
+        full_j[lanes[~reached]] = 0
+        log_f, grad, hess = self.ps.lens_derivatives(y, py, ty, full_j, full_anchor, lanes)
+        gy = self._gaussian(log_f[lanes], grad[lanes], hess[lanes])
+        with np.errstate(invalid="ignore"):
+            log_a[lanes] = np.where(
+                reached & np.isfinite(log_f[lanes]),
+                log_f[lanes] - self.log_f[lanes] + gy.log_density(-z) - gx.log_density(z),
+                -np.inf)
+        self._proposed = (lanes, log_f[lanes], gy)
+
+    def accept(self, accept, py, ty, j_y, pending):
+        """Chains that accepted a lens step keep its fixed vertex and Gaussian at the new
+        state; any other accepted move clears their cache."""
+        self.j[accept] = j_y[accept]
+        self.params[accept] = self.ps.lane_params(py, ty)[accept]
+        self.cached[accept] = False
+        if pending is not None:
+            lanes, log_f, gy = self._proposed
+            keep = accept[lanes]
+            self.log_f[lanes[keep]] = log_f[keep]
+            self.gauss.put(lanes[keep], gy.take(keep))
+            self.cached[lanes[keep]] = True
 
 
 def _emitters_seen(ps, spp, rng):

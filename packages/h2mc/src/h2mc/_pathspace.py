@@ -58,6 +58,18 @@ probabilities included, so ``f*_PSS`` is a function of the path alone); its targ
 derivative kernels differentiate ``log f*_w`` in one expression. Directions on the wrong side of
 a vertex (or of zero pdf) end the path: zero contribution, never NaN.
 
+Light coordinates (spec 5.1 (ii), ``light_coordinates=True`` with a threshold): on a lane in
+the coordinates of a technique whose BSDF sample hits the light (``s = 0``), the last bounce's
+three numbers are a light sample instead (edge_rt's Geometry.sample_light: triangle pick and
+two area coordinates, flag ``lightcoord``); the direction aims at that point, and the ray
+must reach it. Its factor of ``|det du/dw|`` is ``p_bsdf |cos theta_light| / d^2 / p_shape``
+with ``p_shape = pmf / area`` (the pick number is a branch: no derivative).
+
+The lens perturbation (spec 5.3; :meth:`PathSpace.lens_vertex`, :meth:`lens_derivatives`,
+:meth:`lens_move`): kernels per ``(length, s, j)`` evaluate the path whose vertex ``j`` aims
+at a fixed point of vertex ``j + 1``'s triangle, with ``log lensScore`` and its gradient and
+Hessian in the screen position.
+
 Textured materials are looked up at the traced hit and held constant in the derivatives (the
 texture's variation over the surface is not differentiated).
 
@@ -112,6 +124,10 @@ def luminance(rgb):
     rgb = np.asarray(rgb, dtype=np.float64)
     return rgb @ np.asarray(LUMINANCE)
 
+
+# A lens proposal's traced fixed vertex may differ from the aimed-at point by the rounding of
+# the direction through spherical coordinates (~1e-15 / sin phi relative), far below this.
+LENS_REACH_TOL = 1e-8
 
 HIT, NEE = 0, 1  # techniques by their number of light-subpath vertices s (spec 1.4)
 
@@ -260,7 +276,7 @@ class PathSpace:
     """
 
     def __init__(self, scene, max_length=3, min_length=3, backend=None,
-                 roughness_threshold=None):
+                 roughness_threshold=None, light_coordinates=False):
         if not 2 <= int(min_length) <= int(max_length):
             raise PathSpaceError(f"PathSpace: need 2 <= min_length <= max_length, got "
                                  f"{min_length}, {max_length}")
@@ -269,11 +285,16 @@ class PathSpace:
             raise PathSpaceError(f"PathSpace: roughness_threshold must be >= 0 (or None for "
                                  f"PSS coordinates only), got {roughness_threshold!r}")
         self.roughness_threshold = roughness_threshold
+        if light_coordinates and roughness_threshold is None:
+            raise PathSpaceError("PathSpace: light_coordinates are part of the modified "
+                                 "parameterisation: give a roughness_threshold too")
+        self.light_coordinates = bool(light_coordinates)
         # time, the first coordinate, exists only where meshes move (spec 5.1)
         self.time_dim = 0 if scene.moving_meshes else None
         self._screen = 0 if self.time_dim is None else 1  # index of screen x in u
         self._vertex_names = (_VERTEX + (("absolute",) if roughness_threshold is not None
                                          else ())
+                              + (("lightcoord",) if self.light_coordinates else ())
                               + (_VELOCITY if self.time_dim is not None else ()))
         if scene.camera.kind != "pinhole":
             raise PathSpaceError(f"PathSpace: only pinhole cameras, got {scene.camera.kind!r}")
@@ -369,6 +390,17 @@ class PathSpace:
         used = np.array([k - 1 if s == HIT else k - 2 for k, s in self.techniques] + [0])
         return used[t]
 
+    def light_coordinate_vertex(self, technique_index):
+        """The vertex whose direction numbers are light coordinates (spec 5.1 (ii): the last
+        bounce of a technique whose BSDF sample hits the light, ``k - 1``) per entry of
+        ``technique_index``; 0 where none (NEE techniques, PSS lanes, no light
+        coordinates)."""
+        t = np.asarray(technique_index, np.int64)
+        if not self.light_coordinates:
+            return np.zeros(t.shape, np.int64)
+        vertex = np.array([k - 1 if s == HIT else 0 for k, s in self.techniques] + [0])
+        return vertex[t]
+
     def to_modified(self, u, paths, technique_index, rng):
         """The modified coordinates ``w`` of PSS states ``u`` traced as ``paths``
         (``trace(u)``), lane ``i`` for technique ``techniques[technique_index[i]]``: on the
@@ -400,7 +432,41 @@ class PathSpace:
             lanes = lanes[sel]
             w[lanes, self.bsdf_dims[i - 1][0]] = rng.random(len(lanes))
             w[np.ix_(lanes, self.bsdf_dims[i - 1][1:])] = spherical_coordinates(wo[sel])
+        if self.light_coordinates:
+            self._to_light_coordinates(u, w, paths, tech, rng)
         return w
+
+    def _to_light_coordinates(self, u, w, paths, tech, rng):
+        """On lanes of techniques that hit the light, the last bounce's numbers become the
+        light sample of the point it hits (spec 5.1 (ii)): a fresh uniform within the hit
+        triangle's share of edge_rt's light-pick cdf, and the inverse of its triangle
+        sampling (so the proposal density in ``w`` is the Jacobian ``p_bsdf |cos| / d^2 /
+        p_shape``, spec 5.2)."""
+        g, nv = self.geometry, len(self._vertex_names)
+        light_tris = g.light_tris.numpy()
+        corners = g.tri_verts.detach().numpy()[light_tris].reshape(-1, 9)
+        cdf_hi, pmf = g.light_cdf.numpy(), g.light_pmf.numpy()[light_tris]
+        params = self.lane_params(paths, tech)
+        for t in np.unique(tech[tech >= 0]):
+            k, s = self.techniques[t]
+            lanes, pos = self._run("positions", u, k, s, paths, np.flatnonzero(tech == t))
+            if s != HIT or not len(lanes):
+                continue
+            _, out = self._run("directions", u, k, s, paths, lanes)
+            p = np.stack(pos[3 * (k - 2):], 1)  # the last bounce and its direction
+            d = np.stack(out[3 * (k - 2):], 1)
+            v = params[lanes, (k - 1) * nv:(k - 1) * nv + 9].reshape(-1, 3, 3)
+            e1, e2 = v[:, 1] - v[:, 0], v[:, 2] - v[:, 0]  # Moller-Trumbore barycentrics
+            pvec, tvec = np.cross(d, e2), p - v[:, 0]
+            inv_det = 1.0 / (e1 * pvec).sum(1)
+            b1 = (tvec * pvec).sum(1) * inv_det
+            b2 = (d * np.cross(tvec, e1)).sum(1) * inv_det
+            su = b1 + b2  # edge_rt: b0 = 1 - sqrt(u1), b1 = u2 sqrt(u1)
+            k_light = np.argmax((corners[None] == v.reshape(-1, 1, 9)).all(2), 1)
+            top = np.nextafter(1.0, 0.0)
+            w[np.ix_(lanes, self.bsdf_dims[k - 2])] = np.clip(np.stack(
+                [cdf_hi[k_light] - pmf[k_light] * rng.random(len(lanes)), su * su, b1 / su],
+                1), 0.0, top)
 
     def _need_modified(self):
         if self.roughness_threshold is None:
@@ -411,9 +477,11 @@ class PathSpace:
         """Trace states ``u`` (B, dim) with edge_rt (Embree, BSDF and light sampling) and
         evaluate each technique's contribution with its compiled kernel: :class:`Paths`.
         ``coords`` (B,) technique indices: lane ``i`` is in the modified coordinates of
-        technique ``techniques[coords[i]]`` (-1: PSS); None: all lanes in PSS."""
+        technique ``techniques[coords[i]]`` (-1: PSS; light coordinates included where the
+        path space has them); None: all lanes in PSS."""
         u = self._check_u(u)
         B = u.shape[0]
+        light_vertex = np.zeros(B, np.int64)  # the vertex in light coordinates (0: none)
         if coords is None:
             n_abs = np.zeros(B, np.int64)
         else:
@@ -422,6 +490,7 @@ class PathSpace:
                 raise PathSpaceError(f"PathSpace.trace: coords must have shape ({B},), got "
                                      f"{np.shape(coords)}")
             n_abs = self.modified_vertices(coords)
+            light_vertex = self.light_coordinate_vertex(coords)
         directions = []
         g, cam, dt = self.geometry, self.scene.camera, torch.float64
         ut = torch.as_tensor(u)
@@ -438,15 +507,18 @@ class PathSpace:
         with torch.no_grad(), torch_single_thread():
             o, d, _ = cam.rays(torch.as_tensor(xy), dt)
             lanes = torch.arange(B)
+            # the light triangle and point a light-coordinate ray aims at (-1: none)
+            aimed, aimed_y = torch.full((B,), -1), torch.zeros((B, 3), dtype=dt)
             for i in range(1, self.max_length + 1):
                 time = None if times is None else times[lanes]
                 tri = g.intersect(o, d, time=time)
                 keep = torch.nonzero(tri >= 0).flatten()
                 lanes, o, d, tri = lanes[keep], o[keep], d[keep], tri[keep]
+                aimed, aimed_y = aimed[keep], aimed_y[keep]
                 if len(lanes) == 0:
                     break
                 if i >= max(2, self.min_length):  # the BSDF sample at vertex i - 1 hit x_i
-                    ends[i, HIT] = self._emitter_hits(tri, d, lanes)
+                    ends[i, HIT] = self._emitter_hits(tri, o, d, lanes, aimed, aimed_y)
                 if i == self.max_length:
                     break
                 time = None if times is None else times[lanes]
@@ -454,19 +526,33 @@ class PathSpace:
                 kd, ks, rough = g.material(si)
                 eta = _relative_eta(g, si)
                 glass = eta > 0
+                lightc = torch.as_tensor(light_vertex[lanes.numpy()] == i)
                 absolute = (torch.as_tensor(n_abs[lanes.numpy()] >= i)
-                            & (rough > (self.roughness_threshold or 0.0)))
+                            & (rough > (self.roughness_threshold or 0.0)) & ~lightc)
                 verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough, eta,
-                                                                 absolute)))
+                                                                 absolute, lightc)))
                 if i + 1 >= self.min_length:
                     ends[i + 1, NEE] = self._connect(si, glass,
                                                      ut[lanes][:, self.light_dims[i + 1]],
                                                      lanes, time)
-                wo, pdf = self._sample(si, -d, kd, ks, rough, eta,
-                                       ut[lanes][:, self.bsdf_dims[i - 1]], absolute)
+                u_b = ut[lanes][:, self.bsdf_dims[i - 1]]
+                wo, pdf = self._sample(si, -d, kd, ks, rough, eta, u_b, absolute)
+                aimed, aimed_y = torch.full((len(lanes),), -1), torch.zeros((len(lanes), 3),
+                                                                            dtype=dt)
+                sel = torch.nonzero(lightc).flatten()
+                if len(sel):  # spec 5.1 (ii): towards a point on a light
+                    aimed_tri, y, _, _, _ = g.sample_light(u_b[sel])
+                    to_light = y - si.p[sel]
+                    wo_l = to_light / to_light.norm(dim=1, keepdim=True)
+                    wo = wo.index_copy(0, sel, wo_l)
+                    pdf = pdf.index_copy(0, sel, self._pdf_given(si, -d, kd, ks, rough, eta,
+                                                                 sel, wo_l))
+                    aimed = aimed.index_copy(0, sel, aimed_tri)
+                    aimed_y = aimed_y.index_copy(0, sel, y)
                 directions.append((lanes.numpy(), wo.numpy(), rough.numpy()))
                 ok = torch.nonzero((pdf > 0) & _sides_ok(si, wo, glass)).flatten()
                 o, d, lanes = g.spawn(si, wo)[ok], wo[ok], lanes[ok]
+                aimed, aimed_y = aimed[ok], aimed_y[ok]
         structure = {}
         for t, key in enumerate(self.techniques):
             lanes_k, light_params = ends.get(key, (np.zeros(0, np.int64), None))
@@ -523,16 +609,23 @@ class PathSpace:
         fixed = torch.nonzero(absolute).flatten() if absolute is not None else []
         if len(fixed):
             wo_a = torch.as_tensor(spherical_direction(u[fixed, 1:].numpy()))
-            pdf_a = bsdf.pdf(si.ns[fixed], wi[fixed], wo_a, kd[fixed], ks[fixed], rough[fixed])
-            g = torch.nonzero(eta[fixed] > 0).flatten()
-            if len(g):
-                f = fixed[g]
-                pdf_a = pdf_a.index_copy(0, g, bsdf.pdf_dielectric(si.ns[f], wi[f], wo_a[g],
-                                                                    eta[f], rough[f]))
+            pdf_a = PathSpace._pdf_given(si, wi, kd, ks, rough, eta, fixed, wo_a)
             wo, pdf = wo.index_copy(0, fixed, wo_a), pdf.index_copy(0, fixed, pdf_a)
         return wo, pdf
 
-    def _vertex_params(self, si, kd, ks, rough, eta, absolute):
+    @staticmethod
+    def _pdf_given(si, wi, kd, ks, rough, eta, lanes, wo):
+        """edge_rt's (mixture; the dielectric's on lanes with ``eta > 0``) pdf of the given
+        directions ``wo`` at the interactions ``lanes``."""
+        pdf = bsdf.pdf(si.ns[lanes], wi[lanes], wo, kd[lanes], ks[lanes], rough[lanes])
+        g = torch.nonzero(eta[lanes] > 0).flatten()
+        if len(g):
+            f = lanes[g]
+            pdf = pdf.index_copy(0, g, bsdf.pdf_dielectric(si.ns[f], wi[f], wo[g], eta[f],
+                                                           rough[f]))
+        return pdf
+
+    def _vertex_params(self, si, kd, ks, rough, eta, absolute, lightc):
         tri = si.tri.numpy()
         v = self.geometry.tri_verts.detach().numpy()[tri].reshape(-1, 9)
         side = np.where(si.front.numpy(), 1.0, -1.0)[:, None]
@@ -541,6 +634,8 @@ class PathSpace:
                 eta.numpy()[:, None]]
         if self.roughness_threshold is not None:
             cols.append(absolute.numpy().astype(np.float64)[:, None])
+        if self.light_coordinates:
+            cols.append(lightc.numpy().astype(np.float64)[:, None])
         if self.time_dim is not None:
             cols.append(self.geometry.tri_velocity[si.tri].numpy())
         return np.concatenate(cols, 1)
@@ -550,13 +645,24 @@ class PathSpace:
         return np.concatenate([g.tri_verts.detach().numpy()[tri].reshape(-1, 9),
                                self._emission[g.mesh_of.numpy()[tri]], pmf[:, None]], 1)
 
-    def _emitter_hits(self, tri, d, lanes):
+    def _emitter_hits(self, tri, o, d, lanes, aimed, aimed_y):
         """Lanes whose ray hit the front (emitting) side of a light triangle, and their light
-        parameters (as a light sample's, so both techniques price the same point)."""
+        parameters (as a light sample's, so both techniques price the same point). A ray in
+        light coordinates must reach the point ``aimed_y`` of the triangle it ``aimed`` at: a
+        neighbouring light triangle hit there counts as it (the ray leaves from the spawn
+        offset, so it passes up to ~1e-4 beside the point and may cross a shared edge; the
+        tolerance is the one of edge_rt's shadow rays, 1e-3 of the distance)."""
+        other = torch.nonzero((aimed >= 0) & (aimed != tri)).flatten()
+        if len(other):
+            p = self.geometry.interact(tri[other], o[other], d[other]).p
+            reach = (aimed_y[other] - o[other]).norm(dim=1)
+            there = (p - aimed_y[other]).norm(dim=1) <= 1e-3 * reach
+            tri = tri.index_copy(0, other[there], aimed[other[there]])
         t = tri.numpy()
         pmf = self.geometry.light_pmf.numpy()[t]
         front = np.einsum("ij,ij->i", self._winding_normals[t], d.numpy()) < 0
-        sel = np.flatnonzero(front & (pmf > 0))
+        aimed = aimed.numpy()
+        sel = np.flatnonzero(front & (pmf > 0) & ((aimed < 0) | (aimed == t)))
         return lanes.numpy()[sel], self._light_params(t[sel], pmf[sel])
 
     def _connect(self, si, glass, u_light, lanes, time):
@@ -594,8 +700,13 @@ class PathSpace:
         u, params, rgb = self._expressions(length, technique)[:3]
         return u, params, rgb
 
-    def _expressions(self, length, technique):
-        """:meth:`expressions` and the technique's MIS weight (an expression)."""
+    def _expressions(self, length, technique, lens=None):
+        """:meth:`expressions`, the technique's MIS weight, ``|det du/dw|``, the sampled
+        directions and the surface vertices (expressions). ``lens`` (a vertex index ``j``):
+        the lens perturbation's path (spec 5.3), whose vertex ``j`` sends its direction to
+        the fixed point ``anchor`` (three more parameters, last) on vertex ``j + 1``'s
+        triangle; vertex ``j``'s factor of the Jacobian is then ``p_bsdf(omega_j) |cos
+        theta_{j+1}| / d^2`` (:meth:`lens_derivatives`)."""
         k, s = self._check_technique(length, technique)
         cam = self.scene.camera
         u = [sym.var(f"pss{j}") for j in range(len(self.dims(k, s)))]
@@ -619,8 +730,13 @@ class PathSpace:
         throughput = (1.0, 1.0, 1.0)
         jacobian = 1.0
         directions = []  # the direction leaving each vertex whose direction is sampled
+        positions = []
+        anchor = tuple(sym.var(f"anchor{a}") for a in "xyz") if lens else None
         for i, vp in enumerate(verts):
             p, ng, ns = self._hit(o, d, vp, time)
+            positions.extend(p)
+            if lens is not None and i == lens:  # the area measure at the fixed vertex
+                jacobian = jacobian * sym.abs(_dot(ng, d))
             wi = tuple(-x for x in d)
             mat = {nm: vp[nm] for nm in ("kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")}
             glass = vp["eta"] > 0.0
@@ -628,7 +744,15 @@ class PathSpace:
             # eta = 1 refraction degenerates to wo = -wi, whose branches flip on rounding)
             glass_mat = {"eta": sym.where(glass, vp["eta"], 1.5), "rough": vp["rough"]}
             last = i == k - 2
-            if not last or s == HIT:
+            if lens is not None and i + 1 == lens:  # reconnect to the fixed vertex j + 1
+                to_anchor = _sub(anchor, p)
+                dist2 = _dot(to_anchor, to_anchor)
+                wo = tuple(x * sym.rsqrt(dist2) for x in to_anchor)
+                pdf = self._pdf_of(wo, ns, wi, mat, glass, glass_mat, (p_out, p_in),
+                                   (pd_out, pd_in) if self._dielectric else None)
+                jacobian = jacobian * pdf / dist2
+                directions.extend(wo)
+            elif not last or s == HIT:
                 du = u[self._screen + 2 + 3 * i: self._screen + 5 + 3 * i]
                 env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "u0", "u1", "u2"),
                                (*ns, *wi, *du)))
@@ -640,9 +764,13 @@ class PathSpace:
                     wo = [sym.where(glass, a, b) for a, b in zip(wo_d, wo)]
                 wo, pdf = tuple(wo[:3]), wo[3]
                 if self.roughness_threshold is not None:
+                    pdfs = ((p_out, p_in), (pd_out, pd_in) if self._dielectric else None)
                     wo, pdf, jac = self._absolute(vp, du, wo, pdf, ns, wi, mat, glass,
-                                                  glass_mat, (p_out, p_in),
-                                                  (pd_out, pd_in) if self._dielectric else None)
+                                                  glass_mat, *pdfs)
+                    if last and self.light_coordinates:  # s = HIT
+                        wo, pdf, jac = self._light_coordinates(vp, du, p, wo, pdf, jac, light,
+                                                               ns, wi, mat, glass, glass_mat,
+                                                               *pdfs)
                     jacobian = jacobian * jac
                 directions.extend(wo)
             if last and s == NEE:
@@ -659,15 +787,9 @@ class PathSpace:
                 cos_l = -_dot(nl, wo)
                 p_light = light["pmf"] * dist2 / (area * sym.maximum(cos_l, 1e-300))
                 if s == NEE:  # the light sample's pdf against the BSDF's for its direction
-                    env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
-                                   (*ns, *wi, *wo)))
-                    p_bsdf = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name))
-                                                      for v in p_in})[0]
-                    if self._dielectric:  # reflect / refract probabilities included
-                        p_glass = sym.substitute(
-                            [pd_out], {v: env.get(v.name, glass_mat.get(v.name))
-                                       for v in pd_in})[0]
-                        p_bsdf = sym.where(glass, p_glass, p_bsdf)
+                    # (a dielectric's reflect / refract probabilities included)
+                    p_bsdf = self._pdf_of(wo, ns, wi, mat, glass, glass_mat, (p_out, p_in),
+                                          (pd_out, pd_in) if self._dielectric else None)
                     a, b, pdf = p_light, p_bsdf, p_light
                 else:  # the BSDF sample's pdf against the light's for the hit point
                     a, b = pdf, p_light
@@ -684,13 +806,27 @@ class PathSpace:
             throughput = tuple(throughput[c] * weight[c] for c in range(3))
             o, d = p, wo
         params = ([vp[nm] for vp in verts for nm in self._vertex_names]
-                  + [light[nm] for nm in _LIGHT])
+                  + [light[nm] for nm in _LIGHT] + list(anchor or ()))
         if self.roughness_threshold is not None:  # the contribution in w (spec 5.2)
             throughput = tuple(x * jacobian for x in throughput)
-        return u, params, list(throughput), mis, jacobian, directions
+        return u, params, list(throughput), mis, jacobian, directions, positions
 
     @staticmethod
-    def _absolute(vp, du, wo, pdf, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf):
+    def _pdf_of(omega, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf):
+        """edge_rt's (mixture) pdf of the direction ``omega`` (the dielectric's on glass)."""
+        env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
+                       (*ns, *wi, *omega)))
+        p_out, p_in = opaque_pdf
+        pdf = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name)) for v in p_in})[0]
+        if glass_pdf is not None:
+            pd_out, pd_in = glass_pdf
+            p_glass = sym.substitute([pd_out], {v: env.get(v.name, glass_mat.get(v.name))
+                                                for v in pd_in})[0]
+            pdf = sym.where(glass, p_glass, pdf)
+        return pdf
+
+    @classmethod
+    def _absolute(cls, vp, du, wo, pdf, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf):
         """The direction, its pdf and the vertex's factor of ``|det du/dw|`` (spec 5.2): on
         vertices flagged ``absolute``, ``omega`` from spherical coordinates ``du[1:]``, edge_rt's
         (mixture) pdf of it and ``p_bsdf |d omega/dw| = p_bsdf 2 pi^2 sin phi``; elsewhere the
@@ -698,19 +834,29 @@ class PathSpace:
         theta, phi = 2.0 * np.pi * du[1], np.pi * du[2]
         sin_phi = sym.sin(phi)
         omega = (sin_phi * sym.cos(theta), sin_phi * sym.sin(theta), sym.cos(phi))
-        env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
-                       (*ns, *wi, *omega)))
-        p_out, p_in = opaque_pdf
-        p_abs = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name)) for v in p_in})[0]
-        if glass_pdf is not None:
-            pd_out, pd_in = glass_pdf
-            p_glass = sym.substitute([pd_out], {v: env.get(v.name, glass_mat.get(v.name))
-                                                for v in pd_in})[0]
-            p_abs = sym.where(glass, p_glass, p_abs)
+        p_abs = cls._pdf_of(omega, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf)
         absolute = vp["absolute"] > 0.5
         return (tuple(sym.where(absolute, a, b) for a, b in zip(omega, wo)),
                 sym.where(absolute, p_abs, pdf),
                 sym.where(absolute, p_abs * (2.0 * np.pi ** 2) * sin_phi, 1.0))
+
+    @classmethod
+    def _light_coordinates(cls, vp, du, p, wo, pdf, jac, light, ns, wi, mat, glass, glass_mat,
+                           opaque_pdf, glass_pdf):
+        """Spec 5.1 (ii): on vertices flagged ``lightcoord`` (the last bounce of a path that
+        hits the light), the direction towards the point of the hit light triangle at area
+        coordinates ``du[1:]`` (edge_rt's triangle sampling; ``du[0]`` picked the triangle),
+        its pdf and the vertex's factor of ``|det du/dw|``, ``p_bsdf |cos theta_light| / d^2 /
+        p_shape`` with ``p_shape = pmf / area``; elsewhere ``wo``, ``pdf`` and ``jac``."""
+        y, nl, area = cls._light_point(light, du[1], du[2])
+        to_light = _sub(y, p)
+        dist2 = _dot(to_light, to_light)
+        omega = tuple(x * sym.rsqrt(dist2) for x in to_light)
+        p_l = cls._pdf_of(omega, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf)
+        jac_l = p_l * sym.abs(_dot(nl, omega)) * area / (dist2 * light["pmf"])
+        lightc = vp["lightcoord"] > 0.5
+        return (tuple(sym.where(lightc, a, b) for a, b in zip(omega, wo)),
+                sym.where(lightc, p_l, pdf), sym.where(lightc, jac_l, jac))
 
     @staticmethod
     def _plane_point(o, d, v0, v1, v2):
@@ -780,13 +926,16 @@ class PathSpace:
     def _kernel(self, kind, length, technique):
         key = (kind, *self._check_technique(length, technique))
         if key not in self._kernels:
-            u, params, rgb, mis, jacobian, directions = self._expressions(length, technique)
+            u, params, rgb, mis, jacobian, directions, positions = self._expressions(
+                length, technique)
             if kind == "value":  # with the modified parameterisation, also |det du/dw|
                 outs = rgb + ([jacobian] if self.roughness_threshold is not None else [])
             elif kind == "mis":
                 outs = [mis]
             elif kind == "directions":
                 outs = directions
+            elif kind == "positions":
+                outs = positions
             elif kind == "branch":
                 preds = {}
                 for node in sym.toposort(rgb):
@@ -833,6 +982,167 @@ class PathSpace:
         if len(lanes):
             out[lanes] = res[0]
         return out
+
+    # ------------------------------------------------------------------ lens perturbation
+    def lane_params(self, paths, coords):
+        """Each lane's kernel parameters for technique ``techniques[coords[i]]``, (B, P)
+        padded with NaN (and all NaN where the lane has no such path)."""
+        nv = len(self._vertex_names)
+        out = np.full((len(paths.xy), (self.max_length - 1) * nv + len(_LIGHT)), np.nan)
+        coords = np.asarray(coords, np.int64)
+        for t in np.unique(coords[coords >= 0]):
+            key = self.techniques[t]
+            if key not in paths.structure:
+                continue
+            lanes_k, params = paths.structure[key]
+            sel = coords[lanes_k] == t
+            out[lanes_k[sel], :len(params)] = np.stack(params, 1)[sel]
+        return out
+
+    def structure_of(self, params, coords):
+        """A :class:`Paths` holding only the discrete structure given by per-lane kernel
+        parameters ``params`` (rows of :meth:`lane_params`, NaN rows: no path) for techniques
+        ``coords``, for the kernels (its contributions are zeros): a chain keeps its state's
+        structure so that a lens step need not trace the state again."""
+        n, nv = len(params), len(self._vertex_names)
+        structure = {}
+        for t, key in enumerate(self.techniques):
+            lanes = np.flatnonzero((coords == t) & np.isfinite(params[:, 0]))
+            if len(lanes):
+                width = (key[0] - 1) * nv + len(_LIGHT)
+                structure[key] = (lanes, [np.ascontiguousarray(params[lanes, c])
+                                          for c in range(width)])
+        T = len(self.techniques)
+        return Paths(np.zeros((n, 2)), np.zeros(n, np.int64), np.zeros((n, T, 3)),
+                     np.zeros((n, T), bool), np.zeros(n, bool), structure,
+                     list(self.techniques))
+
+    def lens_vertex(self, paths, coords):
+        """The lens perturbation's reconnection vertex (spec 5.3) per lane of ``paths``
+        (traced in the modified coordinates of techniques ``coords``), (B,) int64: the first
+        vertex ``j`` in absolute coordinates (rougher than the threshold; the near-specular
+        vertices before it are followed with their primary samples, as Veach's lens
+        perturbation follows specular bounces), provided vertex ``j + 1`` is a surface vertex
+        whose own outgoing direction is fixed in world space (absolute coordinates, or the
+        next-event vertex or light coordinates: its light sample is a point). 0 where the
+        structure allows no lens perturbation (the reference renderer's lensScore = 0)."""
+        self._need_modified()
+        nv, col = len(self._vertex_names), self._vertex_names.index("absolute")
+        params = self.lane_params(paths, coords)
+        out = np.zeros(len(params), np.int64)
+        coords = np.asarray(coords, np.int64)
+        for t, (k, s) in enumerate(self.techniques):
+            lanes = np.flatnonzero((coords == t) & np.isfinite(params[:, 0]))
+            if k < 3 or not len(lanes):
+                continue
+            absolute = params[np.ix_(lanes, col + nv * np.arange(k - 1))] > 0.5
+            first = np.argmax(absolute[:, :k - 2], 1)  # 0-based; vertex first + 2 exists
+            fixed_next = absolute[np.arange(len(lanes)), first + 1] | (
+                (s == NEE) & (first + 1 == k - 2))
+            if self.light_coordinates:  # aimed at a point of the light
+                lc = self._vertex_names.index("lightcoord")
+                fixed_next |= params[lanes, lc + nv * (first + 1)] > 0.5
+            ok = absolute[:, :k - 2].any(1) & fixed_next
+            out[lanes[ok]] = first[ok] + 1
+        return out
+
+    def _lens_kernel(self, kind, length, technique, j):
+        key = (kind, length, technique, j)
+        if key not in self._kernels:
+            u, params, rgb, _, _, directions, _ = self._expressions(length, technique, lens=j)
+            if kind == "lens_direction":
+                outs = directions[3 * (j - 1):3 * j]
+            else:  # "lens_hessian": log lensScore and its derivatives in the screen position
+                screen = u[self._screen:self._screen + 2]
+                logf = sym.log(sum(w * c for w, c in zip(LUMINANCE, rgb)))
+                grad = sym.grad(logf, screen)
+                hess = sym.hessian(logf, screen)
+                outs = [logf, *grad, hess[0][0], hess[1][0], hess[1][1]]
+            self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
+        return self._kernels[key]
+
+    def _run_lens(self, kind, u, paths, coords, j, anchor, lanes):
+        """``[(lanes, outputs)]`` of a lens kernel per (technique, j) group of ``lanes``
+        (with ``j > 0``), on ``paths``' structure and ``u``'s coordinates."""
+        out = []
+        lanes = np.asarray(lanes, np.int64)
+        lanes = lanes[j[lanes] > 0]
+        for t, jj in {(int(a), int(b)) for a, b in zip(coords[lanes], j[lanes])}:
+            key = self.techniques[t]
+            group = lanes[(coords[lanes] == t) & (j[lanes] == jj)]
+            lanes_k, params = paths.structure[key]
+            keep = np.isin(lanes_k, group)
+            lanes_k = lanes_k[keep]
+            cols = ([np.ascontiguousarray(u[lanes_k, c]) for c in self.dims(*key)]
+                    + [c[keep] for c in params]
+                    + [np.ascontiguousarray(anchor[lanes_k, a]) for a in range(3)])
+            with np.errstate(all="ignore"):
+                res = [np.broadcast_to(np.asarray(r), (len(lanes_k),))
+                       for r in self._lens_kernel(kind, *key, jj)(*cols)]
+            out.append((lanes_k, res))
+        return out
+
+    def lens_anchor(self, u, paths, coords, j):
+        """Position of each lane's vertex ``j + 1`` (the lens perturbation's fixed vertex), as
+        its path kernel evaluates it, (B, 3); NaN where ``j == 0``."""
+        out = np.full((len(u), 3), np.nan)
+        coords = np.asarray(coords, np.int64)
+        for t in np.unique(coords[j > 0]):
+            lanes, res = self._run("positions", u, *self.techniques[t], paths,
+                                   np.flatnonzero((coords == t) & (j > 0)))
+            if not len(lanes):  # no lane has a path of that technique
+                continue
+            pos = np.stack(res, 1).reshape(len(lanes), -1, 3)
+            out[lanes] = pos[np.arange(len(lanes)), j[lanes]]
+        return out
+
+    def lens_reached(self, u, paths, coords, j, anchor):
+        """Lanes whose traced vertex ``j + 1`` is the fixed vertex ``anchor`` (to rounding: a
+        lens proposal ``u`` traced as ``paths`` that reached it, not an occluder, and kept the
+        structure before vertex ``j``, on which its aim was computed), (B,) bool."""
+        x = self.lens_anchor(u, paths, coords, j)
+        with np.errstate(invalid="ignore"):
+            return (np.linalg.norm(x - anchor, axis=1)
+                    <= LENS_REACH_TOL * (1.0 + np.linalg.norm(anchor, axis=1)))
+
+    def lens_move(self, w, paths, coords, j, anchor, lanes, screen):
+        """The lens perturbation's proposal (spec 5.3): states ``w`` with lanes ``lanes``
+        moved to screen positions ``screen`` (len(lanes), 2) and their vertex ``j``'s
+        spherical coordinates aimed from its new position (``paths``' structure held) at the
+        fixed vertex ``anchor``; every other coordinate kept, so the path after vertex
+        ``j + 1`` stays where it was. A copy of ``w``."""
+        y = np.array(w, dtype=np.float64)
+        y[lanes, self._screen:self._screen + 2] = screen
+        for lanes_k, res in self._run_lens("lens_direction", y, paths, coords, j, anchor,
+                                           lanes):
+            for jj in np.unique(j[lanes_k]):
+                sel = j[lanes_k] == jj
+                omega = np.stack(res, 1)[sel]
+                y[np.ix_(lanes_k[sel], self.bsdf_dims[jj - 1][1:])] = spherical_coordinates(
+                    omega / np.linalg.norm(omega, axis=1, keepdims=True))
+        return y
+
+    def lens_derivatives(self, u, paths, coords, j, anchor, lanes=None):
+        """Value, gradient and Hessian of ``log lensScore`` in the screen position (spec 5.3)
+        per lane: ``(log (B,), grad (B, 2), hess (B, 2, 2))``; -inf and zeros where ``j == 0``
+        (or outside ``lanes``). lensScore is the target of the lens perturbation's variables
+        (screen position, vertex ``j + 1`` by area, the other coordinates of ``u``):
+        ``f*_w |d omega_j / d A_{j+1}| = f*_w |cos theta_{j+1}| / (d^2 2 pi^2 sin phi_j)``,
+        i.e. ``f*_PSS`` with vertex ``j``'s factor ``p_bsdf(omega_j) |cos theta_{j+1}| / d^2``.
+        It is the whole path's luminance, the fixed part's factors included (the luminance
+        of an RGB product does not factor)."""
+        coords = np.asarray(coords, np.int64)
+        B = len(u)
+        logf, grad, hess = np.full(B, -np.inf), np.zeros((B, 2)), np.zeros((B, 2, 2))
+        lanes = np.arange(B) if lanes is None else lanes
+        for lanes_k, res in self._run_lens("lens_hessian", u, paths, coords, j, anchor, lanes):
+            ok = np.isfinite(res[0])
+            lanes_k = lanes_k[ok]
+            logf[lanes_k] = res[0][ok]
+            grad[lanes_k] = np.stack(res[1:3], 1)[ok]
+            hess[lanes_k, 0, 0], hess[lanes_k, 1, 1] = res[3][ok], res[5][ok]
+            hess[lanes_k, 0, 1] = hess[lanes_k, 1, 0] = res[4][ok]
+        return logf, grad, hess
 
     # ------------------------------------------------------------------ derivatives
     def log_f_derivatives(self, u, length, technique=None, *, paths=None, lanes=None):

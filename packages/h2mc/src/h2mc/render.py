@@ -24,7 +24,7 @@ from tqdm import tqdm
 import edge_rt
 from edge_rt import SceneError, scenes
 
-from ._mlt import METHODS, MLTError, MutationStats, render_mlt
+from ._mlt import METHODS, TIME_MODES, MLTError, MutationStats, render_mlt
 from ._pathspace import PathSpace, PathSpaceError
 from ._png import write_png
 
@@ -63,6 +63,9 @@ def _parser():
                    help="H2MC prior variance (tune for 50-70%% small-step acceptance)")
     p.add_argument("--direct-spp", type=int, default=16,
                    help="edge_rt path-tracer samples per pixel for direct lighting")
+    p.add_argument("--time-mode", choices=TIME_MODES, default="hessian",
+                   help="moving scenes: hessian (time in the H2MC Gaussian, the thesis) or "
+                   "independent (time perturbed by the prior's kick alone)")
     p.add_argument("--out", default=".", help="output folder (default: .)")
     return p
 
@@ -90,10 +93,11 @@ def load_scene(name, size):
 
 
 def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=3,
-           seed=0, chains=1024, sigma2=1e-3, direct_spp=16):
+           seed=0, chains=1024, sigma2=1e-3, direct_spp=16, time_mode="hessian"):
     """``(image, stats, mutations, chain_seconds, rounds)`` of ``method`` (a render_mlt
     method: pssmlt, mmlt, h2mc): one round of ``mutations_per_pixel``, or rounds until
-    ``seconds`` of wall clock (after compiling the kernels) are spent."""
+    ``seconds`` of wall clock (after compiling the kernels) are spent; ``time_mode`` as
+    render_mlt's."""
     ps = PathSpace(scene, max_length=max_length)
     # compile the path kernels now, outside the budget and the mutations-per-second figure
     u = np.random.default_rng(seed).random((256, ps.dim))
@@ -101,7 +105,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     if METHODS[method][0] == "h2mc":
         ps.log_f_star_derivatives(u, paths)  # every technique's Hessian kernel
     npix = ps.width * ps.height
-    kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps)
+    kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps, time_mode=time_mode)
     indirect, direct, stats = 0.0, None, {}
     mutations, chain_seconds, rounds = 0, 0.0, 0
     t0 = time.perf_counter()
@@ -153,7 +157,7 @@ def main(argv=None):
         image, stats, mutations, secs, rounds = render(
             scene, args.method, seconds=args.time, mutations_per_pixel=mpp,
             max_length=args.max_length, seed=args.seed, chains=args.chains,
-            sigma2=args.sigma2, direct_spp=args.direct_spp)
+            sigma2=args.sigma2, direct_spp=args.direct_spp, time_mode=args.time_mode)
     except (UsageError, MLTError, PathSpaceError) as e:
         print(f"h2mc-render: error: {e}", file=sys.stderr)
         return 2
@@ -165,7 +169,7 @@ def main(argv=None):
     h, w = image.shape[:2]
     small, large = METHODS[args.method]
     labels = {"large": f"large ({large})", "small": small,
-              "isotropic": "kelemen (uniform mixing)"}
+              "isotropic": "kelemen (uniform mixing)", "lens": "h2 lens"}
     print(f"{stem} {w}x{h}, {args.method}, paths of 3..{args.max_length} segments, "
           f"{rounds} round(s)")
     for name, s in stats.items():
