@@ -249,3 +249,58 @@ def test_grad_of_a_function_reading_an_outer_traced_array_stays_differentiable()
 
     for a, b in zip(outer_grad(True), outer_grad(False)):
         np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-13)
+
+
+def _branches(x):
+    """A ``where`` whose first branch has an infinite / NaN partial in the lanes it does not
+    select (``sqrt`` at 0 and below), both branches eliminable, the select itself too."""
+    a = anp.sqrt(x) * 3.0
+    b = anp.sin(x) * x + x
+    z = anp.where(x > 0.0, a, b)
+    return anp.exp(z * 0.5) + z * z
+
+
+def _one_branch(x):
+    """Only the first branch reads ``x``: its edge is masked alone (not summed with the other
+    branch's), so the mask, not a weight of 0, must drop its NaN partials."""
+    z = anp.where(x > 0.0, anp.sqrt(x) * 3.0, 0.25)
+    return anp.exp(z * 0.5) + z * z
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt:RuntimeWarning")
+@pytest.mark.parametrize("f", [_branches, _one_branch])
+def test_where_is_eliminated_and_masks_the_branch_it_did_not_select(f):
+    x0 = np.concatenate([np.linspace(-0.8, 0.9, 4999), [0.0]])
+    g_eager, rep_eager = _grad_and_report(x0, False, f)
+    g_lazy, rep_lazy = _grad_and_report(x0, True, f)
+    assert np.isfinite(g_eager).all()  # sqrt's inf / NaN partials never reach the gradient
+    np.testing.assert_allclose(g_lazy, g_eager, rtol=1e-12, atol=1e-14)
+    kinds = [r["kind"] for r in rep_lazy.rows]
+    assert "select" not in kinds and rep_lazy.n_nodes < rep_eager.n_nodes, kinds
+    assert kinds.count("weight") >= 1
+    h = 1e-6
+    for i in (0, 1000, 2500, 4998):
+        e = np.zeros_like(x0)
+        e[i] = h
+        fd = (f(x0 + e).sum() - f(x0 - e).sum()) / (2 * h)
+        assert abs(g_lazy[i] - fd) <= 1e-6 * max(1.0, abs(fd))
+
+
+def test_where_of_one_array_in_both_branches_sums_the_masked_edges():
+    def f(x):
+        y = anp.sin(x) * 2.0
+        return anp.exp(anp.where(x > 0.1, y, y) * 0.5)
+
+    g_eager, _ = _grad_and_report(X0, False, f)
+    g_lazy, rep = _grad_and_report(X0, True, f)
+    np.testing.assert_allclose(g_lazy, g_eager, rtol=1e-12, atol=1e-14)
+    assert "select" not in [r["kind"] for r in rep.rows]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in sqrt:RuntimeWarning")
+def test_where_in_float32_keeps_float32_gradients():
+    x0 = np.linspace(-0.8, 0.9, 64).astype(np.float32)
+    g_eager, _ = _grad_and_report(x0, False, _branches)
+    g_lazy, _ = _grad_and_report(x0, True, _branches)
+    assert g_lazy.dtype == np.float32
+    np.testing.assert_allclose(g_lazy, g_eager, rtol=1e-5, atol=1e-6)

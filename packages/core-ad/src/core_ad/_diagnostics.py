@@ -62,7 +62,8 @@ def _held_arrays(roots=None):
         for a in node._args or ():
             add(a)
         for w in (node._params or {}).get("weights", ()):
-            add(w, "weight")
+            for a in (w.arrays() if hasattr(w, "arrays") else (w,)):  # masked: mask, weight
+                add(a, "weight")
 
     if roots is not None:
         for r in roots:

@@ -11,8 +11,10 @@ Greedy, cheapest first: the cost of a node is ``in-degree x out-degree`` (the nu
 its collapse creates); nodes are collapsed while the cost is below ``threshold`` (10, Enoki's
 value). Only nodes that nothing outside the graph references, of lane-wise primitives whose
 differentiable operands and successors all have the node's shape and dtype, are collapsed;
-reductions, gathers and scatters are never crossed, nor ``where`` (its adjoint is a mask, not
-a product: a weight would turn an infinite cotangent in a masked lane into NaN).
+reductions, gathers and scatters are never crossed. A ``where`` is: its adjoint is a mask, not
+a product, so its edges carry a mask (:class:`_Masked`) that drops the cotangent in the lanes
+the other branch selected, even an infinite one (a plain 0 weight would make it NaN); masks
+compose by ``and`` and parallel edges by ``or``.
 
 The weights are values, not recorded functions of the inputs, so a simplified graph supports
 first-order sweeps only: a recorded sweep (``create_graph``, Hessians) through a LINEAR node
@@ -48,8 +50,34 @@ def _first_order_only():
         )
 
 
+class _Masked:
+    """An edge weight ``w`` that is exactly zero where ``mask`` is false (the lanes where a
+    ``where`` took the other branch), whatever the cotangent there."""
+
+    __slots__ = ("mask", "w", "dtype")
+
+    def __init__(self, mask, w, dtype):
+        self.mask, self.w, self.dtype = mask, w, dtype
+
+    def arrays(self):
+        """The Arrays this weight holds (for ``whos``)."""
+        return (self.mask,) + ((self.w,) if isinstance(self.w, Array) else ())
+
+
+def _unmask(w):
+    """``(mask or None, plain weight)``."""
+    return (w.mask, w.w) if isinstance(w, _Masked) else (None, w)
+
+
+def _dtype(*ws):
+    return next(w.dtype for w in ws if isinstance(w, _Masked))
+
+
 def _times(c, w, fused):
     """``c * w`` for a cotangent or tangent ``c`` and an edge weight ``w``."""
+    if isinstance(w, _Masked):
+        t = _times(c, w.w, fused)
+        return R.where(w.mask if fused else w.mask.value, t, R._const(t, 0.0))
     if isinstance(w, float):
         return c if w == 1.0 else R.mul(c, w)
     # a fused (lazy) sweep passes Array operands and records; an eager one passes numpy values
@@ -98,7 +126,8 @@ def _convertible(n: Array) -> bool:
     prim = n._prim
     if prim is LINEAR:
         return True
-    if prim is None or n._freed or prim.partials is None or prim.name not in LOWERINGS:
+    if prim is None or n._freed or prim.name not in LOWERINGS or (
+            prim.partials is None and prim is not R.select_p):
         return False
     return all(
         a.shape == n.shape and a.dtype == n.dtype
@@ -123,12 +152,30 @@ def _hold(w):
 
 
 def _plus(a, b):
+    if isinstance(a, _Masked) or isinstance(b, _Masked):
+        (ma, wa), (mb, wb) = _unmask(a), _unmask(b)
+        dt = _dtype(a, b)
+        mask = None if ma is None or mb is None else R.logical_or(ma, mb)
+        total = _plus(_zero_outside(ma, wa, dt), _zero_outside(mb, wb, dt))
+        return total if mask is None else _Masked(mask, total, dt)
     if isinstance(a, float) and isinstance(b, float):
         return a + b
     return R.add(a, b)
 
 
+def _zero_outside(mask, w, dtype):
+    """The plain weight ``w`` where ``mask`` holds, 0 elsewhere (an Array of ``dtype``)."""
+    if mask is None:
+        return w
+    one = np.asarray(w if isinstance(w, float) else 1.0, dtype)
+    return R.where(mask, one if isinstance(w, float) else w, np.zeros((), dtype))
+
+
 def _compose(w_sv, w_vp):
+    if isinstance(w_sv, _Masked) or isinstance(w_vp, _Masked):
+        (m1, w1), (m2, w2) = _unmask(w_sv), _unmask(w_vp)
+        mask = m1 if m2 is None else m2 if m1 is None else R.logical_and(m1, m2)
+        return _Masked(mask, _compose(w1, w2), _dtype(w_sv, w_vp))
     for f, other in ((w_sv, w_vp), (w_vp, w_sv)):
         if isinstance(f, float):
             if f == 0.0:
@@ -144,6 +191,8 @@ def _edges(n: Array) -> dict:
     if n._prim is LINEAR:
         return {id(a): [a, w] for a, w in zip(n._args, n._params["weights"])}
     args = n._args
+    if n._prim is R.select_p:
+        return _select_edges(n, *args)
     wrt = tuple(isinstance(a, Array) and a._requires_grad for a in args)
     views = tuple(Array._view(a) if isinstance(a, Array) else a for a in args)
     ps = n._prim.partials(views, Array._view(n), wrt, **n._params)
@@ -156,6 +205,21 @@ def _edges(n: Array) -> dict:
             edges[id(a)][1] = _plus(edges[id(a)][1], p)
         else:
             edges[id(a)] = [a, p]
+    return edges
+
+
+def _select_edges(n, cond, a, b) -> dict:
+    """Edges of ``n = where(cond, a, b)``: weight 1 to each branch, masked to its lanes."""
+    mask = _hold(cond if isinstance(cond, Array) else Array(np.asarray(cond, bool)))
+    edges: dict = {}
+    for arg, m in ((a, mask), (b, None)):
+        if not (isinstance(arg, Array) and arg._requires_grad):
+            continue
+        w = _Masked(m if m is not None else _hold(R.logical_not(mask)), 1.0, n.dtype)
+        if id(arg) in edges:
+            edges[id(arg)][1] = _plus(edges[id(arg)][1], w)
+        else:
+            edges[id(arg)] = [arg, w]
     return edges
 
 
