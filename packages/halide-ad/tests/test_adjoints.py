@@ -135,6 +135,40 @@ def _is_pure_var(node):
     return getattr(node, "kind", None) == "hl.var"
 
 
+@pytest.mark.parametrize("channels", [3, 4])
+def test_packed_channel_index_adjoint_is_a_direct_gather(channels):
+    """``out(x, z) += coeff(x, 4 z + r.x) * img(x, r.x)`` (the bilateral slice's affine
+    coefficients packed per output channel): each coefficient index ``k`` has one ``(z, r)``,
+    ``r = k mod 4``, so its adjoint reads it directly (no loop over ``r`` masked to one
+    iteration); with 3 channels the 4th of each group gets nothing."""
+    n, groups = 6, 2
+    seen = {}
+
+    def build(arrs, prms):
+        cb, ib = hl.Buffer(arrs["coeff"], "coeff"), hl.Buffer(arrs["img"], "img")
+        z = hl.Var("z")
+        cf = hl.Func("cf")
+        cf[x, y] = cb[x, y] * 1.5
+        seen.setdefault("cf", cf)
+        r = hl.RDom([(0, channels)])
+        out = hl.Func("out")
+        out[x, z] = hl.f64(0)
+        out[x, z] += cf[x, 4 * z + r.x] * ib[x, r.x]
+        rr = hl.RDom([(0, n), (0, groups)])
+        lo = hl.Func("loss")
+        lo[()] = hl.f64(0)
+        lo[()] += out[rr.x, rr.y] * out[rr.x, rr.y]
+        return lo, {"coeff": cb, "img": ib}, {}
+
+    rng = _rng(4)
+    d, _, _ = _fd_check(build, {"coeff": rng.standard_normal((4 * groups, n)),
+                                "img": rng.standard_normal((channels, n))})
+    assert not any(df.rdoms for df in d[seen["cf"]].definitions()), "a loop over r is left"
+    got = np.asarray(d[seen["cf"]].realize([n, 4 * groups]))
+    if channels == 3:
+        assert not got[3::4].any()
+
+
 def test_histogram_scatter():
     """hist[clamp(int(a * 4))] += w: a data-dependent scatter; adjoints to w flow back by
     gathering hist's adjoint at the data-dependent index."""

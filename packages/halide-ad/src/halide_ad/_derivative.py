@@ -199,6 +199,36 @@ def _solve(arg, var, target):
     return None
 
 
+def _congruence(mask, domain, solved):
+    """``(r, solution)`` when ``mask`` is ``mod(s +- r, K) == 0`` for an unsolved RVar ``r``
+    of constant range ``[lo, lo + n)`` with ``n <= K`` and ``s`` free of other unsolved
+    dimensions: at most one ``r`` satisfies it, ``lo + mod(-+s - lo, K)`` (the channel of a
+    packed index ``z K + r``, e.g. the bilateral slice's ``z (ci + 1) + r``), so the RVar need
+    not be looped over with all but one iteration masked off. Else None."""
+    if getattr(mask.op, "name", mask.op) != "eq" or _const_int(mask.args[1]) != 0:
+        return None
+    m = mask.args[0]
+    if getattr(m.op, "name", m.op) != "mod":
+        return None
+    e, k = m.args[0], _const_int(m.args[1])
+    if k is None or k <= 0:
+        return None
+    for r in _uses(e, set(domain)) - set(solved):
+        if not E.is_rvar(r):
+            continue
+        lo, n = (_const_int(v) for v in domain[r])
+        if lo is None or n is None or n > k:
+            continue
+        for sign in (1, -1):
+            rest = e - r if sign == 1 else e + r
+            if _uses(rest, set(domain)) - set(solved):
+                continue
+            residue = -rest if sign == 1 else rest
+            return r, sym.const(lo, I32) + sym.mod(residue - sym.const(lo, I32),
+                                                   sym.const(k, I32))
+    return None
+
+
 def _retarget(node, old_fid, new_fid):
     """``node`` with its calls of ``old_fid`` made calls of ``new_fid``."""
     mapping = {c: sym.call(E.CALL, *c.args, out_dtype=c.dtype, fid=new_fid,
@@ -658,6 +688,18 @@ class _Adjoints:
                 new_dims += dims
                 done[i] = True
                 progress = True
+        # an RVar tied to the point by a congruence only has one value there: solve it (its
+        # range check below replaces the congruence)
+        kept = []
+        for mk in masks:
+            hit = _congruence(mk, domain, solved)
+            if hit is None:
+                kept.append(mk)
+                continue
+            r, sol = hit
+            solved = {k: sym.substitute(e, {r: sol}) for k, e in solved.items()}
+            solved[r] = sol
+        masks = kept
         # clamp the solutions into their variables' ranges, mask outside; a solution that
         # stays inside over the known range of the written point (the clamp's [lo, hi], an
         # edge's overhang) needs neither
