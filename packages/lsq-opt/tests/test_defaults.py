@@ -236,3 +236,33 @@ def test_rejected_step_stops_on_function_tolerance_only_when_the_model_expected_
     assert not first.accepted and abs(first.cost_change) <= tiny < first.model_cost_change
     assert len(res.log) > 1 and res.termination_reason == "function tolerance"
     assert not last.accepted and abs(last.cost_change) <= tiny and last.model_cost_change <= tiny
+
+
+def test_linear_problem_stops_after_the_exact_step_on_the_predicted_decrease():
+    """LM on a linear least-squares problem: the second step solves to the forcing floor, and
+    PCG's estimate of the decrease left (plus the model's error, round-off here) says a third
+    step could not gain function_tolerance / 10: the solve stops there ("function tolerance",
+    predicted) at the cost the third step would have reached, one PCG solve earlier."""
+    plan = smoothing_plan(80, 64)
+    res = solve(plan, plan.x0)
+    without = solve(plan, plan.x0, predicted_stop=False)
+    assert res.termination_reason == "function tolerance"
+    assert "the next step could change the cost by at most" in res.termination_detail
+    assert res.iterations == 2 and without.iterations == 3
+    assert res.cost == pytest.approx(without.cost, rel=1e-10)
+    assert not SolverOptions.paper().predicted_stop
+
+
+def test_predicted_stop_does_not_end_a_nonlinear_solve_early():
+    """On a non-quadratic energy (a Charbonnier-type regulariser) the model's error |dc - dm|
+    keeps the predicted stop from firing before the plain function tolerance would."""
+    X, A = Unknown("X", (W, H)), Array("A", (W, H))
+    terms = [X(0, 0) - A(0, 0)]
+    for off in ((1, 0), (0, 1)):
+        d = X(0, 0) - X(*off)
+        terms.append(0.4 * d * (d * d + 0.02 ** 2) ** -0.25)
+    noisy = np.random.default_rng(2).random((48, 40))
+    plan = compile_problem(Energy(*terms), arrays={"A": noisy, "X": noisy.copy()})
+    res = solve(plan, plan.x0)
+    without = solve(plan, plan.x0, predicted_stop=False)
+    assert res.iterations == without.iterations and res.cost == without.cost

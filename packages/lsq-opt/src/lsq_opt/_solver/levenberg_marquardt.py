@@ -55,7 +55,7 @@ from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, re
 from .report import IterationLog, SolveResult
 from .vectors import VectorOps, vector_ops
 
-__all__ = ["levenberg_marquardt", "lm_damping", "lm_reject_radius", "lm_step_accepted", "lm_update_radius",
+__all__ = ["levenberg_marquardt", "next_step_decrease", "lm_damping", "lm_reject_radius", "lm_step_accepted", "lm_update_radius",
            "model_product"]
 
 
@@ -111,6 +111,25 @@ def lm_reject_radius(mu, mu_used, step_damping, step_curvature):
     return min(mu, mu_used * step_damping / step_curvature)
 
 
+#: the predicted stop fires when the next step could gain at most this fraction of what the
+#: function tolerance allows (a margin for the estimate: it never stops where the plain rule
+#: would go on to a cost more than ftol / 10 lower)
+PREDICTED_STOP_FRACTION = 0.1
+
+
+def next_step_decrease(res, cost_change, model_cost_change) -> float:
+    """What the next LM step could still gain after an accepted one, estimated from this step's
+    PCG result ``res`` (:meth:`.pcg.PCGResult.remaining_decrease`: the part of the quadratic
+    model's decrease the inexact solve left) plus the model's own error on this step
+    ``|dc - dm|`` (the non-quadratic part); nan where PCG gives no estimate. Used only after
+    a PCG solve that reached its tolerance (one cut off at the iteration cap leaves a gradient
+    that a further step still reduces, if by little cost). On a linear
+    problem solved to the forcing term's floor this is round-off: the step after it (a full
+    PCG solve, a third of a Poisson solve's time) would gain nothing and then stop on the
+    function tolerance."""
+    return res.remaining_decrease() + abs(cost_change - model_cost_change)
+
+
 def _emit(opts: SolverOptions, line: str) -> None:
     if opts.verbose:
         print(line, flush=True)
@@ -155,6 +174,10 @@ def start(problem: Any, x0: np.ndarray, ops: VectorOps) -> tuple[np.dtype, np.nd
 
 def stop_detail(reason: str, opts: SolverOptions, **numbers: float) -> str:
     """A sentence saying why the solve stopped, with the numbers of the test that fired."""
+    if reason == "function tolerance" and "predicted" in numbers:
+        return (f"converged: the next step could change the cost by at most ~{numbers['predicted']:.3e} "
+                f"(relative; PCG's error estimate and the model's error) <= "
+                f"{PREDICTED_STOP_FRACTION:g} x function_tolerance {opts.function_tolerance:g}")
     if reason == "function tolerance":
         return (f"converged: relative cost change {numbers['rel_change']:.3e} <= "
                 f"function_tolerance {opts.function_tolerance:g}")
@@ -307,6 +330,11 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             numbers["rel_change"] = dc / cost_before if cost_before > 0 else 0.0
             if dc <= opts.function_tolerance * cost_before:
                 reason = "function tolerance"
+            elif opts.predicted_stop and res.reason == "tolerance":  # solved as asked, not cut off
+                predicted = next_step_decrease(res, dc, dm)
+                if predicted <= PREDICTED_STOP_FRACTION * opts.function_tolerance * cost:
+                    numbers["predicted"] = predicted / cost if cost > 0 else 0.0
+                    reason = "function tolerance"
             mu, nu = lm_update_radius(mu, nu, rho, True, opts.max_trust_region_radius)
             forcing.step_taken(ops.norm(g), model_grad_norm)
         else:

@@ -45,6 +45,18 @@ reject_to_step_curvature   True             LM, after a rejected step: mu falls 
                                             the same undamped step at a large mu (an ARAP mesh:
                                             8 rejections x 65 PCG in a row). False in
                                             ``paper()`` (spec §4.3's rule only)
+predicted_stop             True             LM, after an accepted step whose PCG reached
+                                            its tolerance: stop ("function
+                                            tolerance") when the next step could gain at
+                                            most ftol / 10 of the cost: PCG's estimate of
+                                            the model decrease its inexact solve left
+                                            (r.M^-1 r over the smallest Ritz value of its
+                                            Lanczos tridiagonal) plus this step's model
+                                            error |dc - dm|. A linear problem then stops
+                                            after the step solved to the forcing floor
+                                            instead of solving once more to learn that
+                                            nothing is left (Poisson: 3 -> 2 iterations).
+                                            False in ``paper()``
 initial_trust_region_radius 1e8             LM mu_0 (lambda = 1/mu): start close to a
                                             Gauss-Newton step (Ceres and the paper: 1e4);
                                             rejected steps shrink it
@@ -115,6 +127,7 @@ class SolverOptions:
     min_lm_diagonal: float = 1e-6
     max_lm_diagonal: float = 1e32
     min_relative_decrease: float = 1e-3
+    predicted_stop: bool = True  # LM: stop once the next step's predicted gain is below ftol / 10 (see above)
     reject_to_step_curvature: bool = True  # LM: a rejection lowers mu at least to the step's curvature (see above)
     jacobi_scaling: bool = True  # Ceres ONCE_PER_SOLVE scaling s_i = (1+sqrt(diag_i))^2 in the D clamp
     preconditioner: str = "auto"  # "auto" | "jacobi" | "none" | "ceres" | "modified_ceres" | "epsilon" | "multigrid"
@@ -133,7 +146,8 @@ class SolverOptions:
         tests, spec §4.3's rejection rule alone."""
         base = dict(max_iterations=10, pcg_max_iterations=10, pcg_tolerance=1e-10, q_tolerance=1e-4,
                     gradient_tolerance=0.0, parameter_tolerance=0.0, preconditioner="jacobi",
-                    initial_trust_region_radius=1e4, reject_to_step_curvature=False)
+                    initial_trust_region_radius=1e4, reject_to_step_curvature=False,
+                    predicted_stop=False)
         base.update(kw)
         return cls.from_kwargs(**base)
 
