@@ -79,7 +79,8 @@ pcg_check_every            4                the device loop: PCG checks its stop
 linear_system              "auto"           how PCG gets J^T J p: the generated product
                                             ("matrix_free"), J assembled per linearisation
                                             and two sparse products ("jacobian"), or J^T J
-                                            formed by SpGEMM per linearisation ("jtj"); spec
+                                            formed per linearisation ("jtj": a plan's
+                                            stencil assembly on grids, else SpGEMM); spec
                                             AE-9. The materialised forms are host-only.
                                             "auto": per linearisation, "jtj" when the
                                             matrix-free products of the previous one cost
