@@ -266,3 +266,32 @@ def test_predicted_stop_does_not_end_a_nonlinear_solve_early():
     res = solve(plan, plan.x0)
     without = solve(plan, plan.x0, predicted_stop=False)
     assert res.iterations == without.iterations and res.cost == without.cost
+
+
+def test_damping_held_back_measures_what_the_damping_withheld():
+    """A damped step solved exactly on an exact model still leaves the undamped model's
+    decrease; ``damping_held_back`` estimates it: for ``D = c diag`` on a diagonal system it is
+    that decrease (the undamped model's minus the damped step's, ``U c^2 / (1 + c)^2``) over
+    ``1 + c``, and where a clamp dominates a low-curvature unknown it is ``1/2 s_i D_i s_i``.
+    The predicted stop adds it to PCG's estimate."""
+    from lsq_opt._solver.levenberg_marquardt import damping_held_back, next_step_decrease
+    from lsq_opt._solver.pcg import pcg
+    from lsq_opt._solver.vectors import VectorOps
+
+    ops = VectorOps(np)
+    diag = np.linspace(1.0, 4.0, 12)
+    g = np.ones(12)
+    for c in (1e-3, 0.5):
+        s = -g / ((1 + c) * diag)
+        undamped_gain = 0.5 * g @ (g / diag)
+        damped_model = -(g @ s + 0.5 * s @ (diag * s))
+        held = damping_held_back(c * diag, s, diag, ops)
+        assert held == pytest.approx((undamped_gain - damped_model) / (1 + c), rel=1e-10)
+    tiny = np.array([1e-9, 1.0])
+    D = np.array([1e-3, 1e-3])
+    s = np.array([1.0, 0.0])
+    assert damping_held_back(D, s, tiny, ops) == pytest.approx(0.5 * 1e-3, rel=1e-5)
+    A = 2.01 * np.eye(40) - np.eye(40, k=1) - np.eye(40, k=-1)
+    res = pcg(lambda p: A @ p, np.ones(40), 1.0 / np.diag(A), max_iterations=100, tolerance=1e-12)
+    assert next_step_decrease(res, 1.0, 1.0, 0.0) < 1e-20
+    assert next_step_decrease(res, 1.0, 1.0, 0.25) == pytest.approx(0.25)

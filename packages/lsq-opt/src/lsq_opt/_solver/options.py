@@ -52,7 +52,9 @@ predicted_stop             True             LM, after an accepted step whose PCG
                                             the model decrease its inexact solve left
                                             (r.M^-1 r over the smallest Ritz value of its
                                             Lanczos tridiagonal) plus this step's model
-                                            error |dc - dm|. A linear problem then stops
+                                            error |dc - dm| plus what the damping held
+                                            back, (D d).(diag + D)^-1 (D d) / 2. A linear
+                                            problem stops
                                             after the step solved to the forcing floor
                                             instead of solving once more to learn that
                                             nothing is left (Poisson: 3 -> 2 iterations).
