@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 from lsq_opt import Array, DenseProblem, Dim, Energy, Graph, SolverOptions, Unknown, compile_problem, solve
-from lsq_opt._solver.adaptive import FIRST_BUDGET, JacobiThenMultigrid
+from lsq_opt._solver.adaptive import FIRST_BUDGET, MIN_BUDGET, JacobiThenMultigrid
 from lsq_opt._solver.options import FORCING_INITIAL, FORCING_MAX, forcing_term
 from lsq_opt._solver.problem import resolve_preconditioner
 
@@ -83,7 +83,9 @@ def test_forcing_term_tightens_on_an_exact_model_and_is_safeguarded():
 
 def test_linear_grid_problem_two_steps_and_pcg_effort_adapts():
     plan = smoothing_plan(80, 64)
-    res = solve(plan, plan.x0, method="gn")
+    # one preconditioner throughout, so that PCG counts compare (with "auto" the second,
+    # tight system goes to multigrid: the first one's Jacobi rate predicts a failed probe)
+    res = solve(plan, plan.x0, method="gn", preconditioner="jacobi", pcg_max_iterations=500)
     assert res.converged
     pcg = [e.pcg_iterations for e in res.log]
     # the first step stops at the 0.1 forcing term, the second solves (nearly) exactly
@@ -123,7 +125,8 @@ def test_jacobi_then_multigrid_keeps_jacobi_on_easy_systems():
     for _ in range(3):
         res = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), never, max_iterations=500, tolerance=1e-8)
         assert res.reason == "tolerance" and res.iterations < FIRST_BUDGET
-    assert auto.describe() == "jacobi+multigrid (multigrid on 0 of 3 systems)"
+    assert auto.describe() == ("jacobi+multigrid (multigrid on 0 of 3 systems, 0 without a Jacobi "
+                               "probe by its predicted rate)")
 
 
 def test_jacobi_then_multigrid_switches_on_hard_systems_and_backs_off_probing():
@@ -146,14 +149,36 @@ def test_jacobi_then_multigrid_switches_on_hard_systems_and_backs_off_probing():
     assert np.linalg.norm(A @ res.x - b) <= 1e-8 * np.linalg.norm(b)
     # the failed Jacobi probe (FIRST_BUDGET iterations) is counted in the solve's iterations
     assert res.iterations == FIRST_BUDGET + 1 and res.iterations == len(applies)
-    # the next system goes to multigrid directly (no probe); the one after probes Jacobi again
-    applies.clear()
-    auto.solve(apply_A, b, 1 / A.diagonal(), exact, max_iterations=500, tolerance=1e-10)
-    assert len(applies) == 1 and len(built) == 2
-    applies.clear()
-    auto.solve(apply_A, b, 1 / A.diagonal(), exact, max_iterations=500, tolerance=1e-10)
-    assert len(applies) > 1 and len(built) == 3
-    assert auto.describe() == "jacobi+multigrid (multigrid on 3 of 3 systems)"
+    # the next system goes to multigrid directly (the back-off); the one after that too, as the
+    # failed probe's rate predicts that Jacobi cannot reach 1e-10 within the budget (a
+    # predicted failure backs off like a failed probe: one more skip); then Jacobi is probed
+    # again whatever the prediction, so the rate is measured afresh
+    probes = []
+    for _ in range(4):
+        res = auto.solve(apply_A, b, 1 / A.diagonal(), exact, max_iterations=500, tolerance=1e-10)
+        probes.append(res.iterations >= MIN_BUDGET)  # a probe's iterations are counted in
+    assert probes == [False, False, False, True] and len(built) == 5
+    assert auto.describe() == ("jacobi+multigrid (multigrid on 5 of 5 systems, 1 without a Jacobi "
+                               "probe by its predicted rate)")
+
+
+def test_jacobi_then_multigrid_skips_a_probe_its_rate_predicts_to_fail():
+    """A loose first system (the forcing term's 0.1) solved by Jacobi measures its rate
+    (iterations per decade); a tight second one (the forcing floor) that this rate says needs
+    more than the budget goes to multigrid without the probe, as on a Poisson problem (here
+    Jacobi-PCG takes 6 iterations to 0.5 and 135 to 1e-10)."""
+    A = laplacian_1d(2000, shift=0.03)
+    b = np.random.default_rng(0).normal(size=2000)
+    lu = spla.splu(A.tocsc())
+    auto = JacobiThenMultigrid()
+    built = []
+    first = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), lambda: built.append(1) or lu.solve,
+                       max_iterations=500, tolerance=0.5)
+    assert first.reason == "tolerance" and not built
+    assert auto.rate * 10 > FIRST_BUDGET  # ten decades at this rate exceed the budget
+    second = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), lambda: built.append(1) or lu.solve,
+                        max_iterations=500, tolerance=1e-10)
+    assert built == [1] and second.iterations == 1 and auto.predicted == 1
 
 
 def test_lm_forcing_measures_the_undamped_model(monkeypatch):
