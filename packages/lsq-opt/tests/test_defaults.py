@@ -126,7 +126,7 @@ def test_jacobi_then_multigrid_keeps_jacobi_on_easy_systems():
         res = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), never, max_iterations=500, tolerance=1e-8)
         assert res.reason == "tolerance" and res.iterations < FIRST_BUDGET
     assert auto.describe() == ("jacobi+multigrid (multigrid on 0 of 3 systems, 0 without a Jacobi "
-                               "probe by its predicted rate)")
+                               "probe and 0 probes extended by the predicted rate)")
 
 
 def test_jacobi_then_multigrid_switches_on_hard_systems_and_backs_off_probing():
@@ -159,7 +159,7 @@ def test_jacobi_then_multigrid_switches_on_hard_systems_and_backs_off_probing():
         probes.append(res.iterations >= MIN_BUDGET)  # a probe's iterations are counted in
     assert probes == [False, False, False, True] and len(built) == 5
     assert auto.describe() == ("jacobi+multigrid (multigrid on 5 of 5 systems, 1 without a Jacobi "
-                               "probe by its predicted rate)")
+                               "probe and 0 probes extended by the predicted rate)")
 
 
 def test_jacobi_then_multigrid_skips_a_probe_its_rate_predicts_to_fail():
@@ -179,6 +179,26 @@ def test_jacobi_then_multigrid_skips_a_probe_its_rate_predicts_to_fail():
     second = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), lambda: built.append(1) or lu.solve,
                         max_iterations=500, tolerance=1e-10)
     assert built == [1] and second.iterations == 1 and auto.predicted == 1
+
+
+def test_jacobi_then_multigrid_extends_a_probe_that_failed_close_to_its_tolerance():
+    """A probe that runs out of budget where its rate says the tolerance is at most one more
+    budget away goes on with Jacobi (restarted on its residual) instead of building the
+    multigrid hierarchy; the combined step solves the system to the tolerance and carries the
+    true residual (b - A x) and every iteration."""
+    A = laplacian_1d(2000, shift=0.03)  # Jacobi-PCG: 6 iterations to 0.5, ~135 to 1e-10
+    b = np.random.default_rng(0).normal(size=2000)
+    auto = JacobiThenMultigrid()
+    auto.budget = 20
+
+    def never():
+        raise AssertionError("multigrid built for a system Jacobi was about to finish")
+
+    res = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), never, max_iterations=500, tolerance=1e-2)
+    assert res.reason == "tolerance" and res.iterations > 20 and auto.extended == 1
+    np.testing.assert_allclose(res.residual, b - A @ res.x, atol=1e-10 * np.linalg.norm(b))
+    assert np.linalg.norm(b - A @ res.x) <= 1e-2 * np.linalg.norm(b)
+    assert res.rhs_norm == pytest.approx(np.linalg.norm(b))
 
 
 def test_lm_forcing_measures_the_undamped_model(monkeypatch):
