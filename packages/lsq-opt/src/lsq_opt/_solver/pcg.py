@@ -37,6 +37,7 @@ from typing import Callable
 import numpy as np
 import scipy.linalg as sla
 
+from ._fused_update import PCGUpdate
 from .device_pcg import device_pcg
 from .options import PCG_CHECK_EVERY
 from .vectors import VectorOps
@@ -172,6 +173,10 @@ def pcg(
     precond(r, z)
     p = z.copy()
     tmp = xp.empty_like(b)
+    # one compiled pass for the updates and dots of an iteration (host vectors, a diagonal
+    # preconditioner, no Q test): ~5 us instead of ~11 at 3000 unknowns, 25 instead of ~60 at 16384
+    fused = PCGUpdate.bind(x, r, z, p, minv) if ops.on_host and not callable(m_inv) \
+        and q_tolerance is None else None
     rho_old = dt.type(ops.scalars(ops.dot(r, z))[0])
     Q_prev = 0.0
     q_hist: list = []
@@ -196,18 +201,23 @@ def pcg(
             break
         alpha = dt.type(rho_old / alpha_den)
         alphas.append(float(alpha))
-        ops.axpy(alpha, p, x, tmp)
-        if residual_reset_period and i % residual_reset_period == 0:
-            r = b - xp.asarray(apply_A(x), dtype=dt)
-            n_apply += 1
+        reset = residual_reset_period and i % residual_reset_period == 0
+        updated = None if fused is None or reset else fused(q, alpha)
+        if updated is not None:
+            rho_new, rr = updated
         else:
-            ops.axpy(-alpha, q, r, tmp)
-        precond(r, z)
-        dots = [ops.dot(z, r), ops.dot(r, r)]
-        if q_tolerance is not None:
-            xp.add(r, b, out=tmp)
-            dots.append(ops.dot(x, tmp))
-        rho_new, rr, *q_dot = ops.scalars(*dots)
+            ops.axpy(alpha, p, x, tmp)
+            if reset:
+                r[...] = b - xp.asarray(apply_A(x), dtype=dt)  # in place: fused holds r's address
+                n_apply += 1
+            else:
+                ops.axpy(-alpha, q, r, tmp)
+            precond(r, z)
+            dots = [ops.dot(z, r), ops.dot(r, r)]
+            if q_tolerance is not None:
+                xp.add(r, b, out=tmp)
+                dots.append(ops.dot(x, tmp))
+            rho_new, rr, *q_dot = ops.scalars(*dots)
         rho_new = dt.type(rho_new)
         beta = dt.type(rho_new / rho_old) if rho_old > 0 else dt.type(0)
         betas.append(float(beta))
