@@ -113,7 +113,9 @@ class AutoLinearSystem:
     Within a linearisation that started matrix-free, the matrix-free products spent there
     are a ski rental: once the part of them a ``J^T J`` product would have saved costs as
     much as a build (measured prices, or the prior), ``J^T J`` is built and serves the rest
-    of that linearisation's products (the same operator: PCG goes on unchanged). So a linearisation the previous one mispredicted costs at most about
+    of that linearisation's products (the same operator: PCG goes on unchanged); only where
+    that break-even lies within ``BUILD_PRIOR_PRODUCTS`` products (a build of a few
+    products: shading's stencil assembly, not an ARAP mesh's SpGEMM at 61). So a linearisation the previous one mispredicted costs at most about
     twice the cheaper path: on the shading energy the product counts per linearisation jump
     (4, 15, 59, 1, 4, 12, 52, ...) and 15 generated products at 1.6 ms had been spent where a
     2.7 ms build and 0.1 ms products would do.
@@ -180,7 +182,10 @@ class AutoLinearSystem:
             return False
         if build is None:
             build, jtj = BUILD_PRIOR_PRODUCTS * free, 0.0
-        return self._products * (free - (jtj or 0.0)) >= build
+        saved = free - (jtj or 0.0)
+        # a break-even further than BUILD_PRIOR_PRODUCTS products rarely pays back within the
+        # linearisation (an ARAP mesh: 61 products for a 4.4 ms SpGEMM build, 6 % slower)
+        return build <= BUILD_PRIOR_PRODUCTS * saved and self._products * saved >= build
 
     def jtjp_linearized(self, p: np.ndarray) -> np.ndarray:
         if not self._use_jtj and self._switch_pays():
