@@ -340,3 +340,5 @@ def test_damping_held_back_measures_what_the_damping_withheld():
     res = pcg(lambda p: A @ p, np.ones(40), 1.0 / np.diag(A), max_iterations=100, tolerance=1e-12)
     assert next_step_decrease(res, 1.0, 1.0, 0.0) < 1e-20
     assert next_step_decrease(res, 1.0, 1.0, 0.25) == pytest.approx(0.25)
+    # cheapest first: past the limit, the damping's share and the Ritz value are not computed
+    assert next_step_decrease(res, 1.0, 0.5, lambda: pytest.fail("computed"), limit=0.1) == 0.5
