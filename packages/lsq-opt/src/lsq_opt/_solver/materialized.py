@@ -15,9 +15,9 @@ every example energy); which is fastest depends on the energy's stencil.
 """
 from __future__ import annotations
 
-from typing import Any
-
+import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -134,6 +134,7 @@ class AutoLinearSystem:
         self._x = None
         self._use_jtj = False
         self._products = 0  # products since the last linearisation
+        self._next_check = 0  # product count at which the ski rental is priced again
         self.switched = 0  # linearisations that switched to J^T J part-way
         self._time = {"free": [0.0, 0], "jtj": [0.0, 0], "build": [0.0, 0]}  # [seconds, count]
         self.linearisations = {"matrix_free": 0, "jtj": 0}
@@ -151,6 +152,7 @@ class AutoLinearSystem:
         self._use_jtj = jtj_pays(self._products, self._mean("free"), self._mean("build"),
                                  self._mean("jtj"))
         self._products = 0
+        self._next_check = 0
         self._x = np.array(x, copy=True)
         call_linearize(self.problem, x)
         if self._use_jtj:
@@ -174,26 +176,31 @@ class AutoLinearSystem:
         self._time[what][0] += seconds
         self._time[what][1] += 1
 
-    def _switch_pays(self) -> bool:
-        """The ski rental's test: the part of this linearisation's matrix-free products that a
-        ``J^T J`` product would have saved has cost as much as a build."""
+    def _switch_at(self) -> float:
+        """The ski rental's break-even: the product count of this linearisation at which the
+        part of its matrix-free products that a ``J^T J`` product would have saved has cost as
+        much as a build (at the current prices; ``inf``: never)."""
         free, jtj, build = self._mean("free"), self._mean("jtj"), self._mean("build")
-        if not self._products or free is None:
-            return False
+        if free is None:
+            return self._products + 1  # priced after the first product
         if build is None:
             build, jtj = BUILD_PRIOR_PRODUCTS * free, 0.0
         saved = free - (jtj or 0.0)
         # a break-even further than BUILD_PRIOR_PRODUCTS products rarely pays back within the
         # linearisation (an ARAP mesh: 61 products for a 4.4 ms SpGEMM build, 6 % slower)
-        return build <= BUILD_PRIOR_PRODUCTS * saved and self._products * saved >= build
+        if not (saved > 0 and build <= BUILD_PRIOR_PRODUCTS * saved):
+            return math.inf
+        return max(1, math.ceil(build / saved))
 
     def jtjp_linearized(self, p: np.ndarray) -> np.ndarray:
-        if not self._use_jtj and self._switch_pays():
-            self._build()  # the ski rental within a linearisation (class doc)
-            self._use_jtj = True
-            self.switched += 1
-            self.linearisations["matrix_free"] -= 1
-            self.linearisations["jtj"] += 1
+        if not self._use_jtj and self._products >= self._next_check:  # priced once per check
+            self._next_check = self._switch_at()
+            if self._products >= self._next_check:
+                self._build()  # the ski rental within a linearisation (class doc)
+                self._use_jtj = True
+                self.switched += 1
+                self.linearisations["matrix_free"] -= 1
+                self.linearisations["jtj"] += 1
         t0 = time.perf_counter()
         out = self._jtj.jtjp_linearized(p) if self._use_jtj else self.problem.jtjp_linearized(p)
         self._add("jtj" if self._use_jtj else "free", time.perf_counter() - t0)
