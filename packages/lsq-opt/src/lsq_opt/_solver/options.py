@@ -90,7 +90,9 @@ linear_system              "auto"           how PCG gets J^T J p: the generated 
                                             (measured prices; the first build is priced at
                                             10 products, one probe; see
                                             :class:`.materialized.AutoLinearSystem`), else
-                                            "matrix_free"; matrix-free on the device
+                                            "matrix_free", switching part-way once the
+                                            avoidable part of its products has cost a
+                                            build (a ski rental); matrix-free on the device
 =========================  ===============  ================================================
 """
 from __future__ import annotations
