@@ -9,7 +9,7 @@ import pytest
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 from lsq_opt import Array, DenseProblem, Dim, Energy, Graph, SolverOptions, Unknown, compile_problem, solve
-from lsq_opt._solver.adaptive import FIRST_BUDGET, JacobiThenMultigrid
+from lsq_opt._solver.adaptive import FIRST_BUDGET, MIN_BUDGET, JacobiThenMultigrid
 from lsq_opt._solver.options import FORCING_INITIAL, FORCING_MAX, forcing_term
 from lsq_opt._solver.problem import resolve_preconditioner
 
@@ -83,7 +83,9 @@ def test_forcing_term_tightens_on_an_exact_model_and_is_safeguarded():
 
 def test_linear_grid_problem_two_steps_and_pcg_effort_adapts():
     plan = smoothing_plan(80, 64)
-    res = solve(plan, plan.x0, method="gn")
+    # one preconditioner throughout, so that PCG counts compare (with "auto" the second,
+    # tight system goes to multigrid: the first one's Jacobi rate predicts a failed probe)
+    res = solve(plan, plan.x0, method="gn", preconditioner="jacobi", pcg_max_iterations=500)
     assert res.converged
     pcg = [e.pcg_iterations for e in res.log]
     # the first step stops at the 0.1 forcing term, the second solves (nearly) exactly
@@ -123,7 +125,8 @@ def test_jacobi_then_multigrid_keeps_jacobi_on_easy_systems():
     for _ in range(3):
         res = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), never, max_iterations=500, tolerance=1e-8)
         assert res.reason == "tolerance" and res.iterations < FIRST_BUDGET
-    assert auto.describe() == "jacobi+multigrid (multigrid on 0 of 3 systems)"
+    assert auto.describe() == ("jacobi+multigrid (multigrid on 0 of 3 systems, 0 without a Jacobi "
+                               "probe and 0 probes extended by the predicted rate)")
 
 
 def test_jacobi_then_multigrid_switches_on_hard_systems_and_backs_off_probing():
@@ -146,14 +149,56 @@ def test_jacobi_then_multigrid_switches_on_hard_systems_and_backs_off_probing():
     assert np.linalg.norm(A @ res.x - b) <= 1e-8 * np.linalg.norm(b)
     # the failed Jacobi probe (FIRST_BUDGET iterations) is counted in the solve's iterations
     assert res.iterations == FIRST_BUDGET + 1 and res.iterations == len(applies)
-    # the next system goes to multigrid directly (no probe); the one after probes Jacobi again
-    applies.clear()
-    auto.solve(apply_A, b, 1 / A.diagonal(), exact, max_iterations=500, tolerance=1e-10)
-    assert len(applies) == 1 and len(built) == 2
-    applies.clear()
-    auto.solve(apply_A, b, 1 / A.diagonal(), exact, max_iterations=500, tolerance=1e-10)
-    assert len(applies) > 1 and len(built) == 3
-    assert auto.describe() == "jacobi+multigrid (multigrid on 3 of 3 systems)"
+    # the next system goes to multigrid directly (the back-off); the one after that too, as the
+    # failed probe's rate predicts that Jacobi cannot reach 1e-10 within the budget (a
+    # predicted failure backs off like a failed probe: one more skip); then Jacobi is probed
+    # again whatever the prediction, so the rate is measured afresh
+    probes = []
+    for _ in range(4):
+        res = auto.solve(apply_A, b, 1 / A.diagonal(), exact, max_iterations=500, tolerance=1e-10)
+        probes.append(res.iterations >= MIN_BUDGET)  # a probe's iterations are counted in
+    assert probes == [False, False, False, True] and len(built) == 5
+    assert auto.describe() == ("jacobi+multigrid (multigrid on 5 of 5 systems, 1 without a Jacobi "
+                               "probe and 0 probes extended by the predicted rate)")
+
+
+def test_jacobi_then_multigrid_skips_a_probe_its_rate_predicts_to_fail():
+    """A loose first system (the forcing term's 0.1) solved by Jacobi measures its rate
+    (iterations per decade); a tight second one (the forcing floor) that this rate says needs
+    more than the budget goes to multigrid without the probe, as on a Poisson problem (here
+    Jacobi-PCG takes 6 iterations to 0.5 and 135 to 1e-10)."""
+    A = laplacian_1d(2000, shift=0.03)
+    b = np.random.default_rng(0).normal(size=2000)
+    lu = spla.splu(A.tocsc())
+    auto = JacobiThenMultigrid()
+    built = []
+    first = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), lambda: built.append(1) or lu.solve,
+                       max_iterations=500, tolerance=0.5)
+    assert first.reason == "tolerance" and not built
+    assert auto.rate * 10 > FIRST_BUDGET  # ten decades at this rate exceed the budget
+    second = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), lambda: built.append(1) or lu.solve,
+                        max_iterations=500, tolerance=1e-10)
+    assert built == [1] and second.iterations == 1 and auto.predicted == 1
+
+
+def test_jacobi_then_multigrid_extends_a_probe_that_failed_close_to_its_tolerance():
+    """A probe that runs out of budget where its rate says the tolerance is at most one more
+    budget away goes on with Jacobi (restarted on its residual) instead of building the
+    multigrid hierarchy; the combined step solves the system to the tolerance and carries the
+    true residual (b - A x) and every iteration."""
+    A = laplacian_1d(2000, shift=0.03)  # Jacobi-PCG: 6 iterations to 0.5, ~135 to 1e-10
+    b = np.random.default_rng(0).normal(size=2000)
+    auto = JacobiThenMultigrid()
+    auto.budget = 20
+
+    def never():
+        raise AssertionError("multigrid built for a system Jacobi was about to finish")
+
+    res = auto.solve(lambda p: A @ p, b, 1 / A.diagonal(), never, max_iterations=500, tolerance=1e-2)
+    assert res.reason == "tolerance" and res.iterations > 20 and auto.extended == 1
+    np.testing.assert_allclose(res.residual, b - A @ res.x, atol=1e-10 * np.linalg.norm(b))
+    assert np.linalg.norm(b - A @ res.x) <= 1e-2 * np.linalg.norm(b)
+    assert res.rhs_norm == pytest.approx(np.linalg.norm(b))
 
 
 def test_lm_forcing_measures_the_undamped_model(monkeypatch):
@@ -236,3 +281,64 @@ def test_rejected_step_stops_on_function_tolerance_only_when_the_model_expected_
     assert not first.accepted and abs(first.cost_change) <= tiny < first.model_cost_change
     assert len(res.log) > 1 and res.termination_reason == "function tolerance"
     assert not last.accepted and abs(last.cost_change) <= tiny and last.model_cost_change <= tiny
+
+
+def test_linear_problem_stops_after_the_exact_step_on_the_predicted_decrease():
+    """LM on a linear least-squares problem: the second step solves to the forcing floor, and
+    PCG's estimate of the decrease left (plus the model's error, round-off here) says a third
+    step could not gain function_tolerance / 10: the solve stops there ("function tolerance",
+    predicted) at the cost the third step would have reached, one PCG solve earlier."""
+    plan = smoothing_plan(80, 64)
+    res = solve(plan, plan.x0)
+    without = solve(plan, plan.x0, predicted_stop=False)
+    assert res.termination_reason == "function tolerance"
+    assert "the next step could change the cost by at most" in res.termination_detail
+    assert res.iterations == 2 and without.iterations == 3
+    assert res.cost == pytest.approx(without.cost, rel=1e-10)
+    assert not SolverOptions.paper().predicted_stop
+
+
+def test_predicted_stop_does_not_end_a_nonlinear_solve_early():
+    """On a non-quadratic energy (a Charbonnier-type regulariser) the model's error |dc - dm|
+    keeps the predicted stop from firing before the plain function tolerance would."""
+    X, A = Unknown("X", (W, H)), Array("A", (W, H))
+    terms = [X(0, 0) - A(0, 0)]
+    for off in ((1, 0), (0, 1)):
+        d = X(0, 0) - X(*off)
+        terms.append(0.4 * d * (d * d + 0.02 ** 2) ** -0.25)
+    noisy = np.random.default_rng(2).random((48, 40))
+    plan = compile_problem(Energy(*terms), arrays={"A": noisy, "X": noisy.copy()})
+    res = solve(plan, plan.x0)
+    without = solve(plan, plan.x0, predicted_stop=False)
+    assert res.iterations == without.iterations and res.cost == without.cost
+
+
+def test_damping_held_back_measures_what_the_damping_withheld():
+    """A damped step solved exactly on an exact model still leaves the undamped model's
+    decrease; ``damping_held_back`` estimates it: for ``D = c diag`` on a diagonal system it is
+    that decrease (the undamped model's minus the damped step's, ``U c^2 / (1 + c)^2``) over
+    ``1 + c``, and where a clamp dominates a low-curvature unknown it is ``1/2 s_i D_i s_i``.
+    The predicted stop adds it to PCG's estimate."""
+    from lsq_opt._solver.levenberg_marquardt import damping_held_back, next_step_decrease
+    from lsq_opt._solver.pcg import pcg
+    from lsq_opt._solver.vectors import VectorOps
+
+    ops = VectorOps(np)
+    diag = np.linspace(1.0, 4.0, 12)
+    g = np.ones(12)
+    for c in (1e-3, 0.5):
+        s = -g / ((1 + c) * diag)
+        undamped_gain = 0.5 * g @ (g / diag)
+        damped_model = -(g @ s + 0.5 * s @ (diag * s))
+        held = damping_held_back(c * diag, s, diag, ops)
+        assert held == pytest.approx((undamped_gain - damped_model) / (1 + c), rel=1e-10)
+    tiny = np.array([1e-9, 1.0])
+    D = np.array([1e-3, 1e-3])
+    s = np.array([1.0, 0.0])
+    assert damping_held_back(D, s, tiny, ops) == pytest.approx(0.5 * 1e-3, rel=1e-5)
+    A = 2.01 * np.eye(40) - np.eye(40, k=1) - np.eye(40, k=-1)
+    res = pcg(lambda p: A @ p, np.ones(40), 1.0 / np.diag(A), max_iterations=100, tolerance=1e-12)
+    assert next_step_decrease(res, 1.0, 1.0, 0.0) < 1e-20
+    assert next_step_decrease(res, 1.0, 1.0, 0.25) == pytest.approx(0.25)
+    # cheapest first: past the limit, the damping's share and the Ritz value are not computed
+    assert next_step_decrease(res, 1.0, 0.5, lambda: pytest.fail("computed"), limit=0.1) == 0.5

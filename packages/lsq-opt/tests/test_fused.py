@@ -175,3 +175,32 @@ def test_bad_kernels_option():
         compile_problem(Energy(X(0) - 1.0), sizes={"W": 3}, kernels="gpu")
     with pytest.raises(ValueError, match="backend must be"):
         compile_problem(Energy(X(0) - 1.0), sizes={"W": 3}, backend="opencl")
+
+
+def test_graph_terms_split_over_threads_by_their_own_edge_counts(monkeypatch):
+    """Each graph term runs on as many threads as its edge count allows; the private per-thread
+    outputs summed are only those some term wrote. A large and a small term (one split over
+    two threads, one not) give the lanes oracle's products and gradient."""
+    import lsq_opt._compiler.fused as fused_module
+
+    monkeypatch.setattr(fused_module, "_MIN_LANES_PER_THREAD", 64)
+    monkeypatch.setattr(fused_module.codegen, "num_threads", lambda *a: 2)
+    N = Dim("N")
+    X, A = Unknown("X", (N,), 2), Array("A", (N,), 2)
+    big, small = Graph("Big", v0=N, v1=N), Graph("Small", v0=N, v1=N)
+    n = 300
+    rng = np.random.default_rng(7)
+    e_big = rng.integers(0, n, (2, 400))
+    e_small = rng.integers(0, n, (2, 50))
+    energy = Energy(X(0) - A(0), 0.7 * (X(big.v0) - X(big.v1)) * (X(big.v0)[0] + 2.0),
+                    X(small.v0) * X(small.v1)[1] - 0.1)
+    plan = compile_problem(energy, arrays={"A": rng.standard_normal((n, 2))},
+                           graphs={"Big": {"v0": e_big[0], "v1": e_big[1]},
+                                   "Small": {"v0": e_small[0], "v1": e_small[1]}})
+    x = rng.standard_normal(plan.n)
+    p = rng.standard_normal(plan.n)
+    assert plan.fused.graph.threads == 2
+    np.testing.assert_allclose(plan.fused.jtjp(x, p), plan.jtjp_lanes(x, p), rtol=1e-12, atol=1e-12)
+    g, dg = plan.fused.grad(x)
+    np.testing.assert_allclose(g, plan.jtf_lanes(x), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dg, plan.jtj_diag_lanes(x), rtol=1e-12, atol=1e-12)

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from lsq_opt import compile_problem, solve
+from lsq_opt import DenseProblem, compile_problem, solve
 from lsq_opt._solver.materialized import (BUILD_PRIOR_PRODUCTS, MaterializedProblem, jtj_pays,
                                           with_linear_system)
 from lsq_opt._solver.pcg import pcg
@@ -174,6 +174,10 @@ class _Priced:
         time.sleep(self.jacobian_s)
         return self.plan.jacobian(x)
 
+    def jtj_matrix(self, x):  # the "jtj" form's build (the plan's own assembly)
+        time.sleep(self.jacobian_s)
+        return self.plan.jtj_matrix(x)
+
 
 def test_auto_picks_jtj_for_expensive_products_and_matches_it():
     plan = _arap_mesh()
@@ -183,7 +187,9 @@ def test_auto_picks_jtj_for_expensive_products_and_matches_it():
     got = solve(_Priced(plan, product_s=2e-3), x0, **kw)
     assert got.linear_system.startswith("auto: J^T J on ")
     used = int(got.linear_system.split("J^T J on ")[1].split(" of ")[0])
-    assert used == got.iterations, got.linear_system  # all but the first
+    # every linearisation: the first switches part-way, once its generated products have cost
+    # as much as the prior price of a build (the ski rental within a linearisation)
+    assert used == got.iterations + 1 and "(1 switched part-way" in got.linear_system, got.linear_system
     ref = solve(plan, x0, linear_system="jtj", **kw)
     assert got.iterations == ref.iterations
     np.testing.assert_allclose(got.x, ref.x, rtol=0, atol=1e-8 * np.abs(ref.x).max())
@@ -213,3 +219,61 @@ def test_auto_passes_through_problems_it_cannot_materialise():
     prob = NoJacobian(_laplacian())
     assert with_linear_system(prob, "auto") is prob
     assert solve(prob, prob.x0).linear_system == "matrix_free"
+
+
+def test_jtj_form_uses_the_plans_stencil_assembly_on_grids():
+    """``"jtj"`` takes J^T J from the problem's own ``jtj_matrix`` where it has one (a plan on
+    one grid: generated stencil planes into a cached pattern, ~20x cheaper than J plus SpGEMM)
+    and it equals J^T J of the assembled J; a problem without one gets SpGEMM."""
+    plan = _poisson()
+    x = plan.x0 + 0.01 * np.random.default_rng(0).standard_normal(plan.n)
+    calls = []
+    own = plan.jtj_matrix
+    plan.jtj_matrix = lambda x_: calls.append(1) or own(x_)
+    system = MaterializedProblem(plan, "jtj")
+    system.linearize(x)
+    J = plan.jacobian(x)
+    p = np.random.default_rng(1).standard_normal(plan.n)
+    expected = J.T @ (J @ p)
+    assert calls == [1]
+    np.testing.assert_allclose(system.jtjp_linearized(p), expected, rtol=1e-12,
+                               atol=1e-12 * np.abs(expected).max())
+    del plan.jtj_matrix
+    dense = DenseProblem(plan.residuals, plan.jacobian, plan.n)
+    via_spgemm = MaterializedProblem(dense, "jtj")
+    via_spgemm.linearize(x)
+    np.testing.assert_allclose(via_spgemm.jtjp_linearized(p), expected, rtol=1e-12,
+                               atol=1e-12 * np.abs(expected).max())
+
+
+def test_auto_switches_to_jtj_part_way_through_a_mispredicted_linearisation():
+    """A linearisation that starts matrix-free (the previous one took few products) builds
+    J^T J once its generated products have cost as much as a build, and serves the rest of
+    its products from it: the same operator, so PCG's iterates are those of matrix-free."""
+    plan = _arap_mesh()
+    x0 = _start(plan)
+    plan.jacobian(x0)
+    system = with_linear_system(_Priced(plan, product_s=2e-3), "auto")
+    call_linearize(system, x0)
+    rng = np.random.default_rng(3)
+    ps = [rng.standard_normal(plan.n) for _ in range(BUILD_PRIOR_PRODUCTS + 3)]
+    got = [system.jtjp_linearized(p) for p in ps]
+    assert system.switched == 1 and system.linearisations == {"matrix_free": 0, "jtj": 1}
+    for p, out in zip(ps, got):
+        expected = plan.jtjp(x0, p)
+        np.testing.assert_allclose(out, expected, rtol=0, atol=1e-10 * np.abs(expected).max())
+
+
+def test_auto_prices_the_assembly_not_the_stencil_kernels_compile():
+    """On a fresh grid plan the first J^T J build compiles the stencil kernel (~0.3 s); "auto"
+    has the plan compile it (``prepare_jtj_matrix``) before timing the build, so the price is
+    the assembly's and the build happens again where it pays."""
+    plan = _poisson()
+    assert "jtjs" not in plan.fused.grids[0].fns
+    system = with_linear_system(_Priced(plan, product_s=2e-3), "auto")
+    call_linearize(system, plan.x0)
+    rng = np.random.default_rng(4)
+    for _ in range(BUILD_PRIOR_PRODUCTS + 2):
+        system.jtjp_linearized(rng.standard_normal(plan.n))
+    assert system.switched == 1 and "jtjs" in plan.fused.grids[0].fns
+    assert system._mean("build") < 0.1  # the assembly alone: milliseconds

@@ -151,3 +151,16 @@ def test_options_are_checked():
     labels = [lab for lab, _ in Optimizations.ladder()]
     assert labels == ["none", "+polynomial", "+horner", "+bounds", "+conditional"]
     assert Optimizations.ladder()[-1][1] == Optimizations()
+
+
+def test_default_leaves_conditional_execution_off_on_the_cpu_only():
+    """The CPU default drops the guards (a paired A/B found them a consistent loss there, see
+    benchmarks/RESULTS.md); the cuda backend keeps them; ``Optimizations()`` stays all-on."""
+    data, params, _ = shading.make_data((12, 10))
+    plan = compile_problem(shading.energy(), arrays=data, params=params)
+    assert plan.optimizations == Optimizations(conditional=False)
+    assert code_statistics(plan)["grid0_jtjp"]["guards"] == 0
+    assert Optimizations.for_backend("numpy") == Optimizations(conditional=False)
+    assert Optimizations.for_backend("cuda") == Optimizations()
+    with pytest.raises(ValueError, match="backend must be 'llvm', 'numpy' or 'cuda', got 'gpu'"):
+        Optimizations.for_backend("gpu")

@@ -280,9 +280,10 @@ def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, gra
     values, params; ``None`` for unused positions); an Array sharing an Unknown's index is
     that unknown's constant view. Declarations without an index still bind by name.
 
-    ``optimizations``: an :class:`~lsq_opt._compiler.optimize.Optimizations` (default: all of
-    Opt's code optimisations on) for the fused kernels; every setting gives the same results up
-    to rounding.
+    ``optimizations``: an :class:`~lsq_opt._compiler.optimize.Optimizations` for the fused
+    kernels (default ``Optimizations.for_backend(backend)``: all of Opt's code optimisations,
+    conditional execution only for ``"cuda"``: on the CPU it measured slower); every setting
+    gives the same results up to rounding.
     """
     if not isinstance(energy, Energy):
         raise TypeError(f"compile_problem: expected an Energy, got {type(energy).__name__}")
@@ -313,7 +314,7 @@ def compile_problem(energy: Energy, *, sizes=None, arrays=None, params=None, gra
                 dict(graphs or {}), dtype, backend, ignore_unused=ignore_unused)
     plan.kernels = kernels
     if optimizations is None:
-        optimizations = Optimizations()
+        optimizations = Optimizations.for_backend(backend)
     if not isinstance(optimizations, Optimizations):
         raise TypeError("compile_problem: optimizations must be an Optimizations, got "
                         f"{type(optimizations).__name__}")
@@ -335,7 +336,7 @@ class Plan:
         self.energy, self.terms, self.dtype, self.backend = energy, terms, dtype, backend
         self.kernels = "lanes"
         # read when the fused kernels are built (on first use)
-        self.optimizations = Optimizations()
+        self.optimizations = Optimizations.for_backend(backend)
         self._fused = None
         self._energy_kernels = None  # the cuda backend's fused kernels, built on first use
         self._memory = _HostMemory(self)  # where the lanes composition's arrays live
@@ -894,6 +895,17 @@ class Plan:
                 pass
         J = self.jacobian(x)
         return (J.T @ J).tocsr()
+
+    def prepare_jtj_matrix(self) -> None:
+        """Compile what :meth:`jtj_matrix` runs, without running it: the stencil kernel of a
+        fused plan on one grid (~0.3 s the first time), so that a caller timing the assembly
+        (the solvers' ``linear_system="auto"``) prices the assembly, not the compile. Plans
+        that assemble through J are left as they are."""
+        if self.kernels == "fused":
+            try:
+                self.fused._stencil_ready()
+            except NotImplementedError:
+                pass
 
     @property
     def is_grid_energy(self) -> bool:

@@ -902,14 +902,14 @@ class _GraphPart:
                 _run_segments(self.fns[(ti, "cost")], E, ctypes.addressof(self.ptrs[0]), tt)
                 total += float(self.rowsum.sum())
             return total
+        per_term = [max(1, min(t, E // _MIN_LANES_PER_THREAD)) for E in self.E]
+        t = max(per_term, default=1)  # only the private outputs some range writes
         for k in range(t):
             self.outs[k][:] = 0
             if kind == "grad":
                 self.outs2[k][:] = 0
-        for ti, E in enumerate(self.E):
-            fn = self.fns[(ti, kind)]
-            tt = max(1, min(t, E // _MIN_LANES_PER_THREAD))
-            _run_segments(fn, E, lambda k: ctypes.addressof(self.ptrs[k]), tt)
+        for ti, (E, tt) in enumerate(zip(self.E, per_term)):
+            _run_segments(self.fns[(ti, kind)], E, lambda k: ctypes.addressof(self.ptrs[k]), tt)
         out = self.outs[0]
         for k in range(1, t):
             out += self.outs[k]

@@ -4,8 +4,9 @@
 * ``"matrix_free"`` (default): the problem's own product (the generated kernels);
 * ``"jacobian"``: J assembled as a sparse matrix at each linearisation, then two sparse
   matrix-vector products ``J^T (J p)`` per PCG iteration;
-* ``"jtj"``: ``J^T J`` formed once per linearisation by a sparse matrix product (SpGEMM),
-  then one sparse matrix-vector product per PCG iteration;
+* ``"jtj"``: ``J^T J`` formed once per linearisation (the problem's ``jtj_matrix`` where it
+  has one: a plan's stencil assembly on grids; else a sparse matrix product, SpGEMM, of the
+  assembled J), then one sparse matrix-vector product per PCG iteration;
 * ``"auto"`` (the default): per linearisation, ``"jtj"`` where forming it pays, else
   ``"matrix_free"`` (:class:`AutoLinearSystem`; host numpy problems with a ``jacobian``).
 
@@ -14,9 +15,9 @@ every example energy); which is fastest depends on the energy's stencil.
 """
 from __future__ import annotations
 
-from typing import Any
-
+import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -56,12 +57,26 @@ class MaterializedProblem:
 
     def linearize(self, x: np.ndarray) -> None:
         call_linearize(self.problem, x)
-        J = self.problem.jacobian(x).tocsr().astype(self.dtype)
+        self.assemble(x)
+
+    def assemble(self, x: np.ndarray) -> None:
+        """Build J (or J^T J) at x, where the problem is already linearised."""
         self._x = np.array(x, copy=True)
         if self.form == "jtj":
-            self._A = (J.T @ J).tocsr()
+            self._A = self._jtj(x)
         else:
+            J = self.problem.jacobian(x).tocsr().astype(self.dtype)
             self._J, self._JT = J, J.T.tocsr()
+
+    def _jtj(self, x: np.ndarray):
+        """J^T J at x: the problem's own assembly where it has one (a compiled plan on one grid
+        assembles it from generated stencil planes into a cached pattern: 0.3 ms where J plus
+        SpGEMM took 4-13 ms on the intrinsic-image and Poisson energies), else SpGEMM."""
+        own = getattr(self.problem, "jtj_matrix", None)
+        if own is not None:
+            return own(x).tocsr().astype(self.dtype, copy=False)
+        J = self.problem.jacobian(x).tocsr().astype(self.dtype)
+        return (J.T @ J).tocsr()
 
     def jtjp_linearized(self, p: np.ndarray) -> np.ndarray:
         if self.form == "jtj":
@@ -88,19 +103,29 @@ def jtj_pays(products: int, t_free: float | None, t_build: float | None,
 
 
 class AutoLinearSystem:
-    """``linear_system="auto"``: at each linearisation, ``J^T J`` by SpGEMM when the
+    """``linear_system="auto"``: at each linearisation, ``J^T J`` (the ``"jtj"`` form) when the
     matrix-free products spent at the previous linearisation (its PCG solves, rejected LM steps
     included) would have cost more than forming ``J^T J`` plus as many sparse products, else
     the generated matrix-free product. Every cost is measured during the solve: the mean time
     of a matrix-free product, of a ``J^T J`` product and of a build; before the first build,
     the build is priced at ``BUILD_PRIOR_PRODUCTS`` matrix-free products and its products as
     free (one probe: if the measured prices say no, later linearisations stay matrix-free).
+    Within a linearisation that started matrix-free, the matrix-free products spent there
+    are a ski rental: once the part of them a ``J^T J`` product would have saved costs as
+    much as a build (measured prices, or the prior), ``J^T J`` is built and serves the rest
+    of that linearisation's products (the same operator: PCG goes on unchanged); only where
+    that break-even lies within ``BUILD_PRIOR_PRODUCTS`` products (a build of a few
+    products: shading's stencil assembly, not an ARAP mesh's SpGEMM at 61). So a linearisation the previous one mispredicted costs at most about
+    twice the cheaper path: on the shading energy the product counts per linearisation jump
+    (4, 15, 59, 1, 4, 12, 52, ...) and 15 generated products at 1.6 ms had been spent where a
+    2.7 ms build and 0.1 ms products would do.
     So long PCG solves over an expensive generated product (many residual terms per unknown,
     e.g. the shading energy: 1.3 ms vs 0.06 ms per product) switch, and short solves or
     cheap products (Poisson, a spring network) keep the matrix-free path. Known limits: the
-    probe is wasted where the sparse product is no faster (Poisson 256^2: 22 ms of a ~100 ms
-    solve), and on a plan whose J was never assembled the probe's price includes compiling
-    J's kernels (0.5 s on a small ARAP mesh), so "auto" then stays matrix-free."""
+    probe is wasted where the sparse product is no faster, and on a plan that assembles
+    through J (graph energies) whose J was never assembled the probe's price includes
+    compiling J's kernels (0.5 s on a small ARAP mesh), so "auto" then stays matrix-free (a
+    grid plan's stencil kernel is compiled before the timing: ``prepare_jtj_matrix``)."""
 
     def __init__(self, problem: Any):
         self.problem = problem
@@ -109,6 +134,8 @@ class AutoLinearSystem:
         self._x = None
         self._use_jtj = False
         self._products = 0  # products since the last linearisation
+        self._next_check = 0  # product count at which the ski rental is priced again
+        self.switched = 0  # linearisations that switched to J^T J part-way
         self._time = {"free": [0.0, 0], "jtj": [0.0, 0], "build": [0.0, 0]}  # [seconds, count]
         self.linearisations = {"matrix_free": 0, "jtj": 0}
 
@@ -125,20 +152,55 @@ class AutoLinearSystem:
         self._use_jtj = jtj_pays(self._products, self._mean("free"), self._mean("build"),
                                  self._mean("jtj"))
         self._products = 0
+        self._next_check = 0
         self._x = np.array(x, copy=True)
+        call_linearize(self.problem, x)
         if self._use_jtj:
-            t0 = time.perf_counter()
-            self._jtj.linearize(x)
-            self._add("build", time.perf_counter() - t0)
-        else:
-            call_linearize(self.problem, x)
+            self._build()
         self.linearisations["jtj" if self._use_jtj else "matrix_free"] += 1
+
+    def _build(self) -> None:
+        """Assemble J^T J at the linearised x, timed; the first time, the problem compiles what
+        the assembly runs beforehand (``prepare_jtj_matrix``), outside the timing: a price
+        that included the compile (0.3 s for a grid plan's stencil kernel, against a 0.3-3 ms
+        assembly) kept "auto" matrix-free for the rest of a solve."""
+        if not self._time["build"][1]:
+            prepare = getattr(self.problem, "prepare_jtj_matrix", None)
+            if prepare is not None:
+                prepare()
+        t0 = time.perf_counter()
+        self._jtj.assemble(self._x)
+        self._add("build", time.perf_counter() - t0)
 
     def _add(self, what: str, seconds: float) -> None:
         self._time[what][0] += seconds
         self._time[what][1] += 1
 
+    def _switch_at(self) -> float:
+        """The ski rental's break-even: the product count of this linearisation at which the
+        part of its matrix-free products that a ``J^T J`` product would have saved has cost as
+        much as a build (at the current prices; ``inf``: never)."""
+        free, jtj, build = self._mean("free"), self._mean("jtj"), self._mean("build")
+        if free is None:
+            return self._products + 1  # priced after the first product
+        if build is None:
+            build, jtj = BUILD_PRIOR_PRODUCTS * free, 0.0
+        saved = free - (jtj or 0.0)
+        # a break-even further than BUILD_PRIOR_PRODUCTS products rarely pays back within the
+        # linearisation (an ARAP mesh: 61 products for a 4.4 ms SpGEMM build, 6 % slower)
+        if not (saved > 0 and build <= BUILD_PRIOR_PRODUCTS * saved):
+            return math.inf
+        return max(1, math.ceil(build / saved))
+
     def jtjp_linearized(self, p: np.ndarray) -> np.ndarray:
+        if not self._use_jtj and self._products >= self._next_check:  # priced once per check
+            self._next_check = self._switch_at()
+            if self._products >= self._next_check:
+                self._build()  # the ski rental within a linearisation (class doc)
+                self._use_jtj = True
+                self.switched += 1
+                self.linearisations["matrix_free"] -= 1
+                self.linearisations["jtj"] += 1
         t0 = time.perf_counter()
         out = self._jtj.jtjp_linearized(p) if self._use_jtj else self.problem.jtjp_linearized(p)
         self._add("jtj" if self._use_jtj else "free", time.perf_counter() - t0)
@@ -156,7 +218,8 @@ class AutoLinearSystem:
             t = self._mean(what)
             return "-" if t is None else f"{t * 1e3:.3f} ms"
         used = self.linearisations
-        return (f"auto: J^T J on {used['jtj']} of {sum(used.values())} linearisations (product "
+        return (f"auto: J^T J on {used['jtj']} of {sum(used.values())} linearisations "
+                f"({self.switched} switched part-way; product "
                 f"matrix-free {ms('free')}, J^T J {ms('jtj')}; build {ms('build')})")
 
 

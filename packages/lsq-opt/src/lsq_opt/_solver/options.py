@@ -45,6 +45,20 @@ reject_to_step_curvature   True             LM, after a rejected step: mu falls 
                                             the same undamped step at a large mu (an ARAP mesh:
                                             8 rejections x 65 PCG in a row). False in
                                             ``paper()`` (spec §4.3's rule only)
+predicted_stop             True             LM, after an accepted step whose PCG reached
+                                            its tolerance: stop ("function
+                                            tolerance") when the next step could gain at
+                                            most ftol / 10 of the cost: PCG's estimate of
+                                            the model decrease its inexact solve left
+                                            (r.M^-1 r over the smallest Ritz value of its
+                                            Lanczos tridiagonal) plus this step's model
+                                            error |dc - dm| plus what the damping held
+                                            back, (D d).(diag + D)^-1 (D d) / 2. A linear
+                                            problem stops
+                                            after the step solved to the forcing floor
+                                            instead of solving once more to learn that
+                                            nothing is left (Poisson: 3 -> 2 iterations).
+                                            False in ``paper()``
 initial_trust_region_radius 1e8             LM mu_0 (lambda = 1/mu): start close to a
                                             Gauss-Newton step (Ceres and the paper: 1e4);
                                             rejected steps shrink it
@@ -67,7 +81,8 @@ pcg_check_every            4                the device loop: PCG checks its stop
 linear_system              "auto"           how PCG gets J^T J p: the generated product
                                             ("matrix_free"), J assembled per linearisation
                                             and two sparse products ("jacobian"), or J^T J
-                                            formed by SpGEMM per linearisation ("jtj"); spec
+                                            formed per linearisation ("jtj": a plan's
+                                            stencil assembly on grids, else SpGEMM); spec
                                             AE-9. The materialised forms are host-only.
                                             "auto": per linearisation, "jtj" when the
                                             matrix-free products of the previous one cost
@@ -75,7 +90,9 @@ linear_system              "auto"           how PCG gets J^T J p: the generated 
                                             (measured prices; the first build is priced at
                                             10 products, one probe; see
                                             :class:`.materialized.AutoLinearSystem`), else
-                                            "matrix_free"; matrix-free on the device
+                                            "matrix_free", switching part-way once the
+                                            avoidable part of its products has cost a
+                                            build (a ski rental); matrix-free on the device
 =========================  ===============  ================================================
 """
 from __future__ import annotations
@@ -115,6 +132,7 @@ class SolverOptions:
     min_lm_diagonal: float = 1e-6
     max_lm_diagonal: float = 1e32
     min_relative_decrease: float = 1e-3
+    predicted_stop: bool = True  # LM: stop once the next step's predicted gain is below ftol / 10 (see above)
     reject_to_step_curvature: bool = True  # LM: a rejection lowers mu at least to the step's curvature (see above)
     jacobi_scaling: bool = True  # Ceres ONCE_PER_SOLVE scaling s_i = (1+sqrt(diag_i))^2 in the D clamp
     preconditioner: str = "auto"  # "auto" | "jacobi" | "none" | "ceres" | "modified_ceres" | "epsilon" | "multigrid"
@@ -133,7 +151,8 @@ class SolverOptions:
         tests, spec §4.3's rejection rule alone."""
         base = dict(max_iterations=10, pcg_max_iterations=10, pcg_tolerance=1e-10, q_tolerance=1e-4,
                     gradient_tolerance=0.0, parameter_tolerance=0.0, preconditioner="jacobi",
-                    initial_trust_region_radius=1e4, reject_to_step_curvature=False)
+                    initial_trust_region_radius=1e4, reject_to_step_curvature=False,
+                    predicted_stop=False)
         base.update(kw)
         return cls.from_kwargs(**base)
 
