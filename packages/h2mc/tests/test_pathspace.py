@@ -460,6 +460,21 @@ class _InCoords:
         return self.ps.branches(w, length, technique, paths)
 
 
+def _jacobian_in_the_direction_numbers(f, u, h=1e-6, wrap_first=False):
+    """Central differences of the per-lane 2-vector ``f(u)`` in ``u[:, 1]`` and ``u[:, 2]``
+    (lanes x 2 x 2); ``wrap_first``: the first component is an azimuth wrapping at 1."""
+    J = np.zeros((len(u), 2, 2))
+    for j in (1, 2):
+        up, um = u.copy(), u.copy()
+        up[:, j] += h
+        um[:, j] -= h
+        d = f(up) - f(um)
+        if wrap_first:
+            d[:, 0] -= np.round(d[:, 0])
+        J[:, :, j - 1] = d / (2 * h)
+    return J
+
+
 def _modified_states(ps, length, technique, rng, n):
     """``n`` states with a path of ``(length, technique)`` in its modified coordinates."""
     t = ps.techniques.index((length, technique))
@@ -530,15 +545,7 @@ def test_jacobian_matches_finite_differences_of_the_map(kind):
         return spherical_coordinates(wo.numpy()), pdf.numpy(), wo.numpy()
 
     w0, pdf, wo = w_of(u)
-    h = 1e-6
-    J = np.zeros((n_lanes, 2, 2))
-    for j in (1, 2):
-        up, um = u.copy(), u.copy()
-        up[:, j] += h
-        um[:, j] -= h
-        d = w_of(up)[0] - w_of(um)[0]
-        d[:, 0] -= np.round(d[:, 0])  # the azimuth wraps at 1
-        J[:, :, j - 1] = d / (2 * h)
+    J = _jacobian_in_the_direction_numbers(lambda uu: w_of(uu)[0], u, wrap_first=True)
     ok = (pdf > 0) & (np.abs(wo[:, 2]) < 0.99)  # away from the poles of the sphere
     assert ok.sum() > 150
     expected = 1.0 / (pdf[ok] * 2 * np.pi ** 2 * np.sqrt(1 - wo[ok, 2] ** 2))
@@ -664,13 +671,7 @@ def test_light_coordinate_jacobian_matches_finite_differences_of_the_map(kind):
 
     u = np.concatenate([np.full((n_lanes, 1), 0.5), 0.05 + 0.9 * rng.random((n_lanes, 2))], 1)
     _, pdf, d, t, b1, b2 = w_of(u)
-    h = 1e-6
-    J = np.zeros((n_lanes, 2, 2))
-    for j in (1, 2):
-        up, um = u.copy(), u.copy()
-        up[:, j] += h
-        um[:, j] -= h
-        J[:, :, j - 1] = (w_of(up)[0] - w_of(um)[0]) / (2 * h)
+    J = _jacobian_in_the_direction_numbers(lambda uu: w_of(uu)[0], u)
     ok = (pdf > 0) & (t > 0) & (b1 > 0.01) & (b2 > 0.01) & (b1 + b2 < 0.99)
     assert ok.sum() > 50, ok.sum()
     cos = np.abs(d[ok] @ nl)
