@@ -91,6 +91,10 @@ def test_json_scene_with_size(tmp_path, capsys):
     (["BROKEN", "--method", "pssmlt"], "bad scene file"),
     (["cornell_box", "--method", "h2mc", "--time-mode", "joint"],
      "argument --time-mode: invalid choice: 'joint'"),
+    (["cornell_box", "--method", "pssmlt", "--parameterization", "modified", "--size", "8",
+      "6"], "--parameterization modified needs --method h2mc or mmlt"),
+    (["cornell_box", "--method", "h2mc", "--parameterization", "modified", "--lens-prob",
+      "1.5", "--size", "8", "6"], "need 0 <= --lens-prob <= 1"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
     (tmp_path / "broken.json").write_text("{not json")
@@ -119,6 +123,31 @@ def test_time_mode_reaches_render_mlt(tmp_path, capsys, monkeypatch, time_mode):
                       "--time-mode", time_mode, "--out", tmp_path)
     assert rc == 0, err
     assert seen == [time_mode]
+
+
+@pytest.mark.parametrize("light", [True, False])
+def test_modified_coordinates_reach_render_mlt_and_render(tmp_path, capsys, monkeypatch, light):
+    """``--parameterization modified``: the path space is built in the thesis' coordinates
+    (light coordinates unless ``--no-light-coordinates``) and render_mlt gets them and the
+    lens probability; the render is finite."""
+    import h2mc.render as cli
+
+    seen = []
+
+    def spy(*args, **kw):
+        ps = kw["path_space"]
+        seen.append((kw["parameterization"], kw["lens_perturb_prob"], kw["light_coordinates"],
+                     ps.roughness_threshold, ps.light_coordinates))
+        return render_mlt(*args, **kw)
+
+    monkeypatch.setattr(cli, "render_mlt", spy)
+    argv = ["cornell_box", "--method", "mmlt", "--size", 8, 6, "--mutations", 1, "--chains", 16,
+            "--direct-spp", 0, "--parameterization", "modified", "--lens-prob", 0.1,
+            "--roughness-threshold", 0.05, "--out", tmp_path]
+    rc, out, err = _run(capsys, *argv, *([] if light else ["--no-light-coordinates"]))
+    assert rc == 0, err
+    assert seen == [("modified", 0.1, light, 0.05, light)]
+    assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_mmlt.exr")).all()
 
 
 def test_module_entry_point_exit_status():

@@ -66,6 +66,17 @@ def _parser():
     p.add_argument("--time-mode", choices=TIME_MODES, default="hessian",
                    help="moving scenes: hessian (time in the H2MC Gaussian, the thesis) or "
                    "independent (time perturbed by the prior's kick alone)")
+    p.add_argument("--parameterization", choices=("kelemen", "modified"), default="kelemen",
+                   help="h2mc / mmlt small steps in Kelemen's primary samples (default) or in "
+                   "the thesis' modified coordinates (absolute directions on rough vertices, "
+                   "light coordinates, the H2 lens perturbation)")
+    p.add_argument("--roughness-threshold", type=float, default=0.03,
+                   help="modified coordinates: vertices rougher than this are absolute")
+    p.add_argument("--no-light-coordinates", action="store_true",
+                   help="modified coordinates without the light-coordinate substitution")
+    p.add_argument("--lens-prob", type=float, default=0.3,
+                   help="modified coordinates, h2mc: probability of an H2 lens perturbation "
+                   "within a small step (0 disables; default 0.3)")
     p.add_argument("--out", default=".", help="output folder (default: .)")
     return p
 
@@ -93,19 +104,28 @@ def load_scene(name, size):
 
 
 def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=3,
-           seed=0, chains=1024, sigma2=1e-3, direct_spp=16, time_mode="hessian"):
+           seed=0, chains=1024, sigma2=1e-3, direct_spp=16, time_mode="hessian",
+           parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
+           lens_perturb_prob=0.3):
     """``(image, stats, mutations, chain_seconds, rounds)`` of ``method`` (a render_mlt
     method: pssmlt, mmlt, h2mc): one round of ``mutations_per_pixel``, or rounds until
-    ``seconds`` of wall clock (after compiling the kernels) are spent; ``time_mode`` as
-    render_mlt's."""
-    ps = PathSpace(scene, max_length=max_length)
+    ``seconds`` of wall clock (after compiling the kernels) are spent; ``time_mode``,
+    ``parameterization``, ``roughness_threshold``, ``light_coordinates`` and
+    ``lens_perturb_prob`` as render_mlt's (the last three only in the modified one)."""
+    modified = parameterization == "modified"
+    ps = PathSpace(scene, max_length=max_length,
+                   roughness_threshold=roughness_threshold if modified else None,
+                   light_coordinates=modified and light_coordinates)
     # compile the path kernels now, outside the budget and the mutations-per-second figure
     u = np.random.default_rng(seed).random((256, ps.dim))
     paths = ps.trace(u)
     if METHODS[method][0] == "h2mc":
         ps.log_f_star_derivatives(u, paths)  # every technique's Hessian kernel
     npix = ps.width * ps.height
-    kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps, time_mode=time_mode)
+    kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps, time_mode=time_mode,
+              parameterization=parameterization, lens_perturb_prob=lens_perturb_prob)
+    if modified:
+        kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates)
     indirect, direct, stats = 0.0, None, {}
     mutations, chain_seconds, rounds = 0, 0.0, 0
     t0 = time.perf_counter()
@@ -152,12 +172,21 @@ def main(argv=None):
             raise UsageError(f"--mutations must be positive, got {args.mutations}")
         if args.chains < 1 or args.direct_spp < 0 or not args.sigma2 > 0:
             raise UsageError("need --chains >= 1, --direct-spp >= 0 and --sigma2 > 0")
+        if args.parameterization == "modified" and args.method == "pssmlt":
+            raise UsageError("--parameterization modified needs --method h2mc or mmlt (a "
+                             "PSSMLT state is one path over every technique)")
+        if not 0.0 <= args.lens_prob <= 1.0 or not args.roughness_threshold >= 0.0:
+            raise UsageError(f"need 0 <= --lens-prob <= 1 and --roughness-threshold >= 0, got "
+                             f"{args.lens_prob} and {args.roughness_threshold}")
         scene, stem = load_scene(args.scene, args.size)
         mpp = None if args.time is not None else (args.mutations or 64.0)
         image, stats, mutations, secs, rounds = render(
             scene, args.method, seconds=args.time, mutations_per_pixel=mpp,
             max_length=args.max_length, seed=args.seed, chains=args.chains,
-            sigma2=args.sigma2, direct_spp=args.direct_spp, time_mode=args.time_mode)
+            sigma2=args.sigma2, direct_spp=args.direct_spp, time_mode=args.time_mode,
+            parameterization=args.parameterization,
+            roughness_threshold=args.roughness_threshold,
+            light_coordinates=not args.no_light_coordinates, lens_perturb_prob=args.lens_prob)
     except (UsageError, MLTError, PathSpaceError) as e:
         print(f"h2mc-render: error: {e}", file=sys.stderr)
         return 2
