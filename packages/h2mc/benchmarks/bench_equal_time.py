@@ -10,6 +10,7 @@ that it finishes in about half an hour on two cores. Kernels are compiled before
 
     .venv/bin/python packages/h2mc/benchmarks/bench_equal_time.py [--scenes ring torus]
         [--size 64] [--max-length 5] [--seconds 20] [--seeds 3] [--ref-factor 20] [--out DIR]
+        [--parameterization kelemen|modified] [--lens-prob 0.3] [--no-light-coordinates]
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def main(argv=None):
     ap.add_argument("--sigma2", type=float, default=1e-3, help="H2MC prior variance")
     ap.add_argument("--chains", type=int, default=1024)
     ap.add_argument("--full", action="store_true", help="the spec's 128x128, length 7, 120 s")
+    ap.add_argument("--parameterization", choices=("kelemen", "modified"), default="kelemen",
+                    help="H2MC's small steps in Kelemen's coordinates or the thesis' modified "
+                    "ones (MMLT and PSSMLT stay in Kelemen's)")
+    ap.add_argument("--lens-prob", type=float, default=0.3,
+                    help="modified: H2 lens perturbation probability (0 turns it off)")
+    ap.add_argument("--no-light-coordinates", action="store_true",
+                    help="modified: without the light-coordinate substitution")
     ap.add_argument("--out", default="outputs/h2mc-equal-time")
     args = ap.parse_args(argv)
     if args.full:
@@ -55,10 +63,13 @@ def main(argv=None):
         rows, images = [], {}
         for method in METHODS:
             errs, mpps, accs = [], [], []
+            modified = {} if method != "h2mc" else dict(
+                parameterization=args.parameterization, lens_perturb_prob=args.lens_prob,
+                light_coordinates=not args.no_light_coordinates)
             for s in range(args.seeds):
                 image, stats, mutations, _, _ = render(
                     scene, method, seconds=args.seconds, max_length=args.max_length, seed=s,
-                    chains=args.chains, sigma2=args.sigma2)
+                    chains=args.chains, sigma2=args.sigma2, **modified)
                 errs.append(h2mc.rel_mse(image, ref))
                 mpps.append(mutations / (args.size * args.size))
                 accs.append({k: v.acceptance for k, v in stats.items()})

@@ -323,6 +323,19 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         x = ps.to_modified(x, ps.trace(x), t, rng)
     px = ps.trace(x, coords=t if modified else None)
     rgb, f, fw = _target(px, t if multiplexed else None)
+    for _ in range(8 if modified else 0):
+        # a seed whose path the modified coordinates do not reproduce (the ray to a
+        # light-coordinate point misses it) has f = 0 there: a chain must start where f > 0
+        bad = np.flatnonzero(~((f > 0) & (fw > 0)))
+        if not len(bad):
+            break
+        xb, t[bad] = boot.technique_seeds(len(bad), rng)
+        x[bad] = ps.to_modified(xb, ps.trace(xb), t[bad], rng)
+        px = ps.trace(x, coords=t)
+        rgb, f, fw = _target(px, t)
+    if modified and not ((f > 0) & (fw > 0)).all():
+        raise MLTError(f"render_mlt: {int((~((f > 0) & (fw > 0))).sum())} chain seeds have no "
+                       "contribution in the modified coordinates after 8 draws")
     state = _Chains(x, t, rgb, f, fw, px.f_star, px.pixel)
     use_h2mc = small_step == "h2mc"
     if use_h2mc:
