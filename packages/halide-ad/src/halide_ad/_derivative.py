@@ -697,6 +697,7 @@ class _Adjoints:
                 kept.append(mk)
                 continue
             r, sol = hit
+            sol = sym.substitute(sol, solved) if solved else sol  # in the written point only
             solved = {k: sym.substitute(e, {r: sol}) for k, e in solved.items()}
             solved[r] = sol
         masks = kept
