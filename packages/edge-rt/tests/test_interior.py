@@ -60,13 +60,16 @@ def test_interior_gradient_is_exact_per_sample(name):
                                    rtol=1e-6)
 
 
-def agree_statistically(scene, get, direction, h, seeds=12):
+def agree_statistically(scene, get, direction, h, seeds=24):
     """Mean directional derivative (interior AD) against the mean central difference over
     independent seeds: within 3 standard errors, and the errors small enough (10% of the
-    value) for the check to have teeth."""
+    value) for the check to have teeth. The differences sample other directions on either
+    side (their paths decorrelate), and the last bits of those paths differ between CPUs, so
+    the sample sizes leave the standard error at about half the 10% bound (12 seeds at 256
+    spp came within 10% of it on another machine)."""
     ad = [(loss_gradient(scene, get, ADJOINT, edges=False, spp=64, seed=s) * direction).sum()
           for s in range(seeds)]
-    fd = [fd_directional(scene, get, ADJOINT, direction, h, spp=256, seed=100 + s)
+    fd = [fd_directional(scene, get, ADJOINT, direction, h, spp=512, seed=100 + s)
           for s in range(seeds)]
     diff = abs(np.mean(ad) - np.mean(fd))
     se = np.sqrt(np.var(ad, ddof=1) / seeds + np.var(fd, ddof=1) / seeds)
