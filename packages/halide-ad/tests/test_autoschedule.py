@@ -164,6 +164,37 @@ def test_rules_pointwise_inlines_only_trivial_and_elementwise_funcs():
     assert p["scaled"].compute_level.kind == "root"
 
 
+def _lut_lookup(lut, guide):
+    """A per-pixel lookup in a small 3-D table at a data-dependent depth (a bilateral
+    slice's access pattern) through repeat_edge, and its adjoint w.r.t. the table."""
+    x, y, c = hl.Var("x"), hl.Var("y"), hl.Var("c")
+    tb, gu = hl.Buffer(lut, name="lut"), hl.Buffer(guide, name="guide")
+    table = hl.BoundaryConditions.repeat_edge(tb)
+    depth = lut.shape[0]
+    out = hl.Func("sliced")
+    z = hl.clamp(hl.i32(gu[x, y] * depth), 0, depth - 1)
+    out[x, y, c] = table[x / 8, y / 8, z, c] * gu[x, y]
+    d = hl.propagate_adjoints(out, np.ones((lut.shape[0], guide.shape[0], guide.shape[1])))
+    return out, table, d[tb]
+
+
+def test_a_small_buffer_gathered_at_data_dependent_points_is_staged():
+    """A table with 4 KiB outer strides, gathered at data-dependent points over a domain
+    many times its size, gets a root (padded) copy; a domain about its size keeps the
+    boundary condition inline. Values equal the unscheduled pipeline's either way."""
+    lut = RNG.random((4, 4, 32, 32))  # (c, depth, gy, gx): 4 KiB between depth planes
+    for size, staged in ((256, True), (32, False)):
+        guide = RNG.random((size, size)) * 0.999
+        out, table, d_lut = _lut_lookup(lut, guide)
+        want = [_realize(out, [size, size, 4]), _realize(d_lut, [32, 32, 4, 4])]
+        decided = hl.auto_schedule([out, d_lut], {out: [size, size, 4], d_lut: [32, 32, 4, 4]})
+        level = decided.levels[table.name()]
+        assert level.startswith("root (gathered") == staged, level
+        got = hl.Pipeline([out, d_lut]).realize([[size, size, 4], [32, 32, 4, 4]])
+        _assert_close(np.asarray(got[0]), want[0])
+        _assert_close(np.asarray(got[1]), want[1])
+
+
 def test_rules_paper_inlines_single_caller_stencils():
     p = _separable(RNG.random((64, 64)))
     decided = hl.auto_schedule(p["blur_y"], {p["blur_y"]: [64, 64]}, rule="paper")

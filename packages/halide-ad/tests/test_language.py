@@ -162,6 +162,43 @@ def test_realize_into_a_given_buffer_and_strided_input():
     np.testing.assert_array_equal(np.asarray(out), a * 2)
 
 
+def test_realize_into_views_writes_where_they_are():
+    """Output Buffers are indexed with their own strides: a crop of a larger array (padded
+    rows) is written in place and its surroundings are left alone; a Tuple whose values have
+    different layouts is computed densely and copied into them."""
+    f = hl.Func("f")
+    f[x, y] = hl.f64(x) + 10 * y
+    big = np.full((5, 12), -1.0)
+    f.realize(hl.Buffer(big[:, 2:9]))
+    np.testing.assert_array_equal(big[:, 2:9], np.add.outer(10.0 * np.arange(5), np.arange(7)))
+    assert (big[:, :2] == -1).all() and (big[:, 9:] == -1).all()
+    g = hl.Func("g")
+    g[x, y] = hl.Tuple(hl.f64(x) * 2, hl.i32(y) * 3 + x)
+    first, second = np.zeros((4, 6)), np.zeros((9, 6), np.int32)[::2][:4]
+    hl.Pipeline([g]).realize([hl.Buffer(first), hl.Buffer(second)])
+    np.testing.assert_array_equal(first, np.tile(2.0 * np.arange(6), (4, 1)))
+    np.testing.assert_array_equal(second, np.add.outer(3 * np.arange(4), np.arange(6)))
+
+
+def test_intermediate_storage_is_padded_away_from_4k_strides():
+    """Root intermediates get outer strides that are not multiples of 4 KiB (columns and
+    channels of power-of-two images would share one L1 set); results are unchanged."""
+    from halide_ad._storage import ALIAS_BYTES, padded_empty
+
+    a, b = padded_empty((3, 4, 1024), [np.float32, np.int64])
+    assert a.shape == b.shape == (3, 4, 1024)
+    assert all(st % ALIAS_BYTES for st in a.strides[:-1])
+    assert [st // 4 for st in a.strides] == [st // 8 for st in b.strides]
+    img = np.random.default_rng(0).random((4, 1024), np.float32)
+    im = hl.Buffer(img)
+    mid, out = hl.Func("mid"), hl.Func("out")
+    mid[x, y] = im[x, y] * 2
+    out[x, y] = mid[x, y] + mid[x, (y + 1) % 4]
+    mid.compute_root()
+    np.testing.assert_array_equal(np.asarray(out.realize([1024, 4])),
+                                  2 * img + 2 * np.roll(img, -1, axis=0))
+
+
 def test_buffer_views_on_outer_axes_are_used_without_copies():
     a = np.arange(48, dtype=np.float32).reshape(8, 6)[::-2]  # negative stride in y
     b = hl.Buffer(a)

@@ -60,6 +60,7 @@ from ._lower import (
 )
 from ._rfactor import check_rfactor, rfactor
 from ._schedule import ScheduleError, StageSchedule
+from ._storage import ALIAS_BYTES
 
 __all__ = ["AutoSchedule", "auto_schedule"]
 
@@ -155,7 +156,8 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
                   for fid, b in graph.buffers.items() if not b.on_device})
 
     result = AutoSchedule()
-    inlined = _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, result)
+    inlined = _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, result,
+                             sizes)
     for fid, f in funcs.items():
         f.store_level = None
         for d in f.definitions():
@@ -340,7 +342,40 @@ def _elementwise(f, caller):
     return True
 
 
-def _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, result):
+#: a Buffer gathered from at data-dependent points this many times its size is worth a copy
+STAGE_REUSE = 16
+
+
+def _staged_gather(graph, f, callers, sizes):
+    """Why a trivial Func wrapping an input Buffer (a boundary condition) is worth computing
+    at the root, or None. A caller gathers from it at data-dependent points over a domain at
+    least ``STAGE_REUSE`` times the Buffer's size, and the Buffer has an outer stride that is
+    a multiple of 4 KiB: its columns (or channels) then share one L1 cache set, and the
+    gathers thrash it, while root storage is padded (``padded_empty``). A bilateral grid
+    (4 x 12 x 8 x 64 x 64) sliced at 1024^2 pixels: the slice and its guide adjoint 2.3x
+    faster for a 6 MiB copy."""
+    (v,) = f._pure.values
+    calls = sym.calls(v, E.CALL)
+    buf = graph.buffers.get(calls[0].params["fid"]) if calls else None
+    if buf is None or buf.on_device:
+        return None
+    arr = buf.numpy()
+    if not any(st % ALIAS_BYTES == 0 for st, n in zip(arr.strides[:-1], arr.shape[:-1])
+               if n > 1):
+        return None
+    for c in callers:
+        gathered = any(any(sym.calls([a], E.CALL) for a in call.args)
+                       for d in graph.funcs[c].definitions()
+                       for call in sym.calls(_def_nodes(d), E.CALL)
+                       if call.params["fid"] == f.fid)
+        domain = int(np.prod(sizes[c][0])) if c in sizes else 0
+        if gathered and domain >= STAGE_REUSE * arr.size:
+            return (f"root (gathered at data-dependent points by {graph.funcs[c].name()}, "
+                    f"{domain // arr.size}x its size: a padded copy)")
+    return None
+
+
+def _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, result, sizes):
     callers = _callers(graph)
     inlined, elementwise = set(), set()
     realised_callers: dict = {}  # fid -> fids of the realised Funcs its values end up in
@@ -360,7 +395,7 @@ def _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, resu
             why = ("root (called by " + ", ".join(sorted(funcs[c].name() for c in eff)) + ")"
                    if len(eff) > 1 else "inline (one caller)")
         elif _is_trivial(f):
-            why = "inline (trivial)"
+            why = _staged_gather(graph, f, callers[fid], sizes) or "inline (trivial)"
         elif len(callers[fid]) == 1:
             (c,) = callers[fid]
             ok = _elementwise(f, funcs[c]) and (c not in inlined or c in elementwise)

@@ -380,11 +380,13 @@ class ModuleBuilder:
                 slot = self.slots.ptr_slot(("store", fid, k))
                 p = b.load(b.gep(ptrs, [ir.Constant(I64, slot)]))
                 ps.append(b.bitcast(p, _mem_type(dt).as_pointer()))
-            if kind == "buffer":
-                mins = [env[sym.leaf("hl.bufdim", (fid, d, "min"), np.int32)]
-                        for d in range(ndim)]
-                strides = [b.trunc(b.load(b.gep(ints, [ir.Constant(I64, self.slots.int_slot(
-                    ("stride", fid, d)))])), I32) for d in range(ndim)]
+            if kind in ("buffer", "strided"):
+                leaf = "hl.bufdim" if kind == "buffer" else "hl.store"
+                mins = [env[sym.leaf(leaf, (fid, d, "min"), np.int32)] for d in range(ndim)]
+                # dimension 0 has unit stride (Buffers copy arrays whose last axis does not)
+                strides = [ir.Constant(I32, 1)] + [
+                    b.trunc(b.load(b.gep(ints, [ir.Constant(I64, self.slots.int_slot(
+                        ("stride", fid, d)))])), I32) for d in range(1, ndim)]
             else:
                 mins, strides, _ = self._dense_layout(b, env, fid, ndim)
             storage[fid] = _Storage(ps, mins, strides, dtypes, self.alias.get(fid))

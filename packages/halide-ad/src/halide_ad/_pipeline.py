@@ -21,6 +21,7 @@ from ._graph import Graph
 from ._llvm import ModuleBuilder, Slots
 from ._lower import lower_pipeline, root_regions
 from ._print import loop_nest_text
+from ._storage import element_strides, padded_empty
 from ._schedule import ScheduleError
 
 __all__ = ["Pipeline", "Realization"]
@@ -83,6 +84,11 @@ class _Compiled:
             self.ir = "\n\n".join(kern.source for _, kern in self.gpu_kernels)
             self.versions = _versions(g)
             return
+        for fid in self.python_stored:  # on the CPU, strides come with the arrays
+            dtypes, ndim, _ = storage[fid]
+            storage[fid] = (dtypes, ndim, "strided")
+            for d in range(ndim):
+                slots.int_slot(("stride", fid, d))
         mb = ModuleBuilder("halide_ad_pipeline", slots, storage, self.params,
                            list(g.buffers) + list(g.order))
         names = []
@@ -185,15 +191,22 @@ class Pipeline:
             if fid not in arrays:
                 f = g.funcs[fid]
                 shape = tuple(ext for _, ext in reversed(regions[fid]))
-                arrays[fid] = scratch[fid] = (pooled or {}).get(fid) or [
-                    np.empty(shape, t.dtype) for t in f.types()]
+                arrays[fid] = scratch[fid] = (pooled or {}).get(fid) or padded_empty(
+                    shape, [t.dtype for t in f.types()])
+        # the kernels index a Tuple's values with one set of strides: values laid out
+        # differently from the first are computed into dense arrays and copied back
+        copies = []
+        for f, arrs in ([] if c.gpu else outs):
+            if any(element_strides(a) != element_strides(arrs[0]) for a in arrs[1:]):
+                arrays[f.fid] = [np.empty(a.shape, a.dtype) for a in arrs]
+                copies += zip(arrs, arrays[f.fid])
         for fid, arrs in arrays.items():
             _check_index_range(g.funcs[fid].name(), arrs[0])
         for buf in g.buffers.values():
             _check_index_range(buf.name(), buf.array())
         ints = np.zeros(max(len(c.slots.int), 1), np.int64)
         for key, slot in c.slots.int.items():
-            ints[slot] = self._int_value(key, g, regions, values)
+            ints[slot] = self._int_value(key, g, regions, values, arrays)
         if c.gpu:
             _run_gpu(c, g, arrays, {f.fid for f, _ in outs}, ints, values, extents)
             return self._results(outs, arrays)
@@ -211,10 +224,12 @@ class Pipeline:
         for (fid, k, stmt, index, ranged), n in zip(c.kernels, extents):
             self._run(c, index, n, ranged and stmt.kind == "parallel", ptrs, ints)
         del keep
+        for user, dense in copies:
+            user[...] = dense
         if len(c.scratch) >= 2:
             c.scratch.clear()
         c.scratch[key] = scratch
-        return self._results(outs, arrays)
+        return self._results(outs, {f.fid: arrs for f, arrs in outs})
 
     @staticmethod
     def _results(outs, arrays):
@@ -294,10 +309,13 @@ class Pipeline:
         return values
 
     @staticmethod
-    def _int_value(key, g, regions, values):
+    def _int_value(key, g, regions, values, arrays):
         if key[0] == "stride":
             _, fid, d = key
-            return g.buffers[fid].dim(d).stride()
+            if fid in g.buffers:
+                return g.buffers[fid].dim(d).stride()
+            a = arrays[fid][0]
+            return a.strides[a.ndim - 1 - d] // a.itemsize
         leaf = key[1]
         if leaf.kind == "hl.bufdim":
             return values[leaf]
@@ -405,4 +423,3 @@ def _outer_extent(stmt, g, regions, values):
     if v is None:
         raise FuncError(f"cannot evaluate the extent of loop {stmt.name}")
     return int(v)
-
