@@ -65,6 +65,9 @@ def _random_schedule(rng, a, b, out):
             f.compute_root().split(y, yo, yi, 5).parallel(yo)
     if choice == 1 and rng.random() < 0.5 and a.compute_level is None:
         a.compute_at(out, y).store_at(out, y)
+    for f in (a, b):  # a column-major layout, at the root or inside out's loops
+        if f.compute_level is not None and rng.random() < 0.4:
+            f.reorder_storage(y, x)
 
 
 @pytest.mark.parametrize("seed", range(12))
@@ -101,3 +104,25 @@ def test_compute_at_inner_tile_with_store_at_outer_row():
     g.compute_at(f, x).store_at(f, y)
     p = np.pad(img, ((0, 0), (1, 1)), mode="edge") * 3
     np.testing.assert_array_equal(np.asarray(f.realize([29, 17])), p[:, :-2] + p[:, 2:])
+
+
+def test_reorder_storage_lays_out_channels_innermost():
+    """A 3-D intermediate stored channels-first (``reorder_storage(c, x, y)``) and vectorised
+    along them (dense stores in that layout), at the root and inside its consumer's rows,
+    gives the same values as the default layout."""
+    c = hl.Var("c")
+    img = np.random.default_rng(3).integers(0, 8, (5, 37, 29)).astype(np.float32)
+    im = hl.Buffer(img)
+    want = None
+    for layout in ("default", "root", "compute_at"):
+        g, out = hl.Func("g"), hl.Func("out")
+        g[x, y, c] = im[x, y, c] * 2 + c
+        out[x, y, c] = g[x, y, c] + g[x, y, (c + 1) % 5]
+        if layout == "root":
+            g.compute_root().reorder_storage(c, x, y).vectorize(c, 4)
+        elif layout == "compute_at":
+            g.compute_at(out, y).reorder_storage(c, x, y)
+        got = np.asarray(out.realize([29, 37, 5])).copy()
+        if want is None:
+            want = got
+        np.testing.assert_array_equal(got, want, err_msg=layout)

@@ -158,8 +158,14 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
     result = AutoSchedule()
     inlined = _choose_levels(graph, funcs, outputs, forced_inline, forced_root, rule, result,
                              sizes)
+    # intermediates stored with a scattered-along Var innermost (decided before their
+    # consumers are scheduled, which read them across that Var)
+    lanes_of = {} if gpu else {
+        fid: lanes for fid, f in funcs.items() if fid not in inlined and f not in outputs
+        and (lanes := _scatter_lanes(f, dict(zip(f._pure_arg_names,
+                                                 (e for _, e in regions[fid]))), opts))}
     for fid, f in funcs.items():
-        f.store_level = None
+        f.store_level = f.storage_order = None
         for d in f.definitions():
             d.schedule = StageSchedule(dims=d._initial_dims())
         if fid in inlined:
@@ -173,10 +179,16 @@ def auto_schedule(outputs, estimates=None, target="cpu", inline=(), no_inline=()
             for k, ldef in enumerate(graph.defs[fid][1:]):
                 _gpu_schedule_update(f, k, ldef, ext, values, opts, result)
             continue
-        reads = (_def_nodes(f._definition()), sizes)
-        result.stages[result.key(f)] = _parallelize(f, pure, opts, reads=reads) or []
+        lanes = lanes_of.get(fid)
+        if lanes is not None:
+            result.stages[result.key(f)] = _vector_innermost(f, pure, lanes, opts)
+        else:
+            nodes = _def_nodes(f._definition())
+            across = _read_across(nodes, lanes_of, funcs, inlined, set(f._pure_arg_names))
+            result.stages[result.key(f)] = _parallelize(
+                f, pure, opts, reads=(nodes, sizes), across=across) or []
         for k, ldef in enumerate(graph.defs[fid][1:]):
-            _schedule_update(f, k, ldef, ext, values, opts, result, sizes)
+            _schedule_update(f, k, ldef, ext, values, opts, result, sizes, lanes)
     if fuse and not gpu:  # GPU loops do not fuse (each definition is one kernel)
         _fuse_updates(outputs, result, regions, values)
     return result
@@ -434,12 +446,37 @@ def _tiling(pure, opts):
     return None
 
 
-def _parallelize(stage, pure, opts, rvars=(), reads=None):
+def _read_across(nodes, lanes_of, funcs, inlined, pure_names, depth=0):
+    """The pure Vars (of ``pure_names``) that index the innermost storage dimension of an
+    intermediate read by ``nodes`` (``lanes_of``: fid -> that dimension's Var), looking
+    through inlined Funcs that keep the coordinate in its dimension (boundary conditions)."""
+    def var_of(a):  # the one pure Var a coordinate reads (clamped, shifted), or None
+        vs = {v.key for v in sym.free_leaves(a) if E.is_var(v)}
+        return vs.pop() if len(vs) == 1 and vs <= pure_names else None
+
+    found = []
+    for c in sym.calls(nodes, E.CALL):
+        g = funcs.get(c.params["fid"])
+        if g is None:
+            continue
+        if g.fid in lanes_of:
+            found.append(var_of(c.args[g._pure_arg_names.index(lanes_of[g.fid])]))
+        elif g.fid in inlined and depth < 4:
+            inner = _read_across(_def_nodes(g._definition()), lanes_of, funcs, inlined,
+                                 set(g._pure_arg_names), depth + 1)
+            # g's Var v is the caller's coordinate in the same dimension
+            found += [var_of(c.args[g._pure_arg_names.index(v)]) for v in inner]
+    return [v for v in dict.fromkeys(found) if v is not None]
+
+
+def _parallelize(stage, pure, opts, rvars=(), reads=None, across=()):
     """Apply the tiling of ``pure`` to ``stage`` (a Func or an update Stage): parallel over
     tiles (outermost), the inner tile row vectorised and innermost (an update's RVars
     ``rvars`` [(RVar, extent)] inside it); ``reads``: (its expressions, the sizes of what
-    they read) for ``_gather_plane``. Returns the directives, or None when the domain is too
-    small to tile."""
+    they read) for ``_gather_plane``; ``across``: pure Vars that index the innermost storage
+    dimension of what it reads (just outside the vector loop: each vector's gathered lines
+    serve every value of them). Returns the directives, or None when the domain is too small
+    to tile."""
     plan = _tiling(pure, opts)
     if plan is None:
         return None
@@ -459,6 +496,7 @@ def _parallelize(stage, pure, opts, rvars=(), reads=None):
     done.append(f"vectorize({wi}, {v})")
     tiled = {w, wi} | ({h, hi} if plan[0] == "2d" else set())
     inner = [] if isinstance(stage, Stage) else _invariant_heavy(stage, pure, tiled)
+    inner += [n for n in across if n not in tiled and n not in inner]
     plane = 0 if reads is None else _gather_plane(*reads, {n for n in tiled if n in dict(pure)})
     inner, chunked = _chunk_planes(stage, inner, pure, plane)
     done += chunked
@@ -603,13 +641,13 @@ def _rvar_extents(ldef, values):
     return out
 
 
-def _schedule_update(f, k, ldef, ext, values, opts, result, sizes=None):
+def _schedule_update(f, k, ldef, ext, values, opts, result, sizes=None, lanes=None):
     where = f"{result.key(f)}.update({k})"
     d = ldef.source
     pure = [(n, ext[n]) for n in d.pure_var_names()]
     rvars = _rvar_extents(ldef, values)
     stage = f.update(k)
-    done = _scatter_order(stage, d, pure, ext, opts)
+    done = _scatter_order(stage, d, pure, ext, opts, lanes)
     if done is not None:
         result.stages[where] = done
         return
@@ -706,7 +744,66 @@ def _disjoint_rvar(f, ldef, values, opts):
     return None
 
 
-def _scatter_order(stage, d, pure, func_ext, opts):
+def _scattered_vars(d):
+    """Names of the pure Vars read by the left-hand-side arguments of update ``d`` that are
+    not its own pure Var (its scattered coordinates), or None if it scatters nothing."""
+    names = d.func._pure_arg_names
+    args = [a for k, a in enumerate(d.args) if not (E.is_var(a) and a.key == names[k])]
+    if not args:
+        return None
+    return {v.key for a in args for v in sym.free_leaves(a) if E.is_var(v)}
+
+
+def _scatter_lanes(f, ext, opts):
+    """The pure Var of an intermediate Func that every update scatters along (no scattered
+    coordinate reads it) and that is long enough for a vector, or None. Stored innermost
+    (``reorder_storage``) and vectorised, a scatter then writes each point's run of it
+    (the 12 affine coefficients of a bilateral grid cell, the channels of a pixel) with
+    vector loads and stores instead of one scalar read-modify-write per element."""
+    if not f._updates:
+        return None
+    names = f._pure_arg_names
+    candidates = set(names[1:])  # dimension 0 is innermost already
+    for d in f._updates:
+        scattered = _scattered_vars(d)
+        if scattered is None or not d.rvars():
+            return None
+        candidates -= scattered
+        candidates &= {v.key for v in d.args if E.is_var(v)} & set(d.pure_var_names())
+    lanes = [n for n in names if n in candidates and ext[n] >= opts.vector // 2]
+    return max(lanes, key=ext.get, default=None)
+
+
+def _lane_width(extent, opts):
+    """The vector width for a run of ``extent`` points: the widest power of two up to the
+    default that divides it (no partial vector: 12 coefficients are 3 x 4), else the
+    default."""
+    w = opts.vector
+    while w > 4 and extent % w:
+        w //= 2
+    return w if extent % w == 0 else opts.vector
+
+
+def _vector_innermost(f, pure, lanes, opts):
+    """The pure definition of a Func stored with ``lanes`` innermost: vectorised along it,
+    the other loops fused into one parallel loop."""
+    names = [n for n, _ in pure]
+    f.reorder_storage([lanes] + [n for n in names if n != lanes])
+    width = _lane_width(dict(pure)[lanes], opts)
+    f.vectorize(lanes, width)
+    others = [n for n in names if n != lanes]
+    f.reorder([f"{lanes}.v", lanes] + others)
+    # a task is a row of the next dimension, not one vector (whose index decomposition
+    # would cost more than its stores)
+    par = others[1:] or others
+    for a, b in zip(par, par[1:]):
+        f.fuse(a, b, b)
+    f.parallel(par[-1])
+    return [f"reorder_storage({lanes} innermost: every update scatters along it)",
+            f"vectorize({lanes}, {width})", f"parallel({' * '.join(par)})"]
+
+
+def _scatter_order(stage, d, pure, func_ext, opts, lanes=None):
     """A scatter (some left-hand-side argument is not its pure Var) with pure Vars that no
     scattered argument reads: those Vars go innermost, inside the RVars, so the scattered
     coordinates and everything else invariant in them are computed once for all of them (a
@@ -719,14 +816,15 @@ def _scatter_order(stage, d, pure, func_ext, opts):
     the caches). Returns the directives, or None when there is no such Var or still too little
     parallelism."""
     names = d.func._pure_arg_names
-    args = [a for k, a in enumerate(d.args) if not (E.is_var(a) and a.key == names[k])]
-    if not args or not d.rvars():
+    scattered = _scattered_vars(d)
+    if scattered is None or not d.rvars():
         return None
-    scattered = {v.key for a in args for v in sym.free_leaves(a) if E.is_var(v)}
     inner = [n for n, _ in pure if n not in scattered]
     outer = [(n, e) for n, e in pure if n in scattered]
     if not inner or not outer:
         return None
+    lanes = lanes if lanes in inner else None
+    lane_extent = dict(pure).get(lanes)
     done = []
     out = [n for n, _ in outer]
     threads = int(np.prod([e for _, e in outer]))
@@ -735,7 +833,8 @@ def _scatter_order(stage, d, pure, func_ext, opts):
     plane = int(np.prod([func_ext[names[k]] for k in dims])) * \
         np.dtype(d.func.types()[0].dtype).itemsize
     per = CHANNEL_BYTES // plane
-    wide = [n for n in inner if ext[n] > per] if dims else []
+    # a vectorised run of the storage's innermost Var writes contiguous points: no planes
+    wide = [n for n in inner if ext[n] > per] if dims and lanes is None else []
     if wide:  # scattered at data-dependent points: a few planes at a time stay in the caches
         name = max(wide, key=ext.get)
         if per < 2:
@@ -753,16 +852,26 @@ def _scatter_order(stage, d, pure, func_ext, opts):
         if e // parts < 2:
             return None
         stage.split(name, name, f"{name}.i", -(-e // parts))
+        if name == lanes:
+            lane_extent = -(-e // parts)
         inner = [f"{name}.i" if n == name else n for n in inner]
         out.insert(0, name)
         done.append(f"split({name}, {-(-e // parts)}): {parts} parts in parallel")
+    if lanes is not None:
+        lanes = f"{lanes}.i" if f"{lanes}.i" in inner else lanes
+        inner = [lanes] + [n for n in inner if n != lanes]
     rv = [dm.name for dm in stage._definition().schedule.dims if not dm.pure]
     stage.reorder(inner + rv + out)
     for a, b in zip(out, out[1:]):
         stage.fuse(a, b, b)
     stage.parallel(out[-1])
-    return done + [f"reorder({', '.join(inner)} innermost: not read by the scattered"
-                   " coordinates)", f"parallel({' * '.join(out)})"]
+    done += [f"reorder({', '.join(inner)} innermost: not read by the scattered coordinates)",
+             f"parallel({' * '.join(out)})"]
+    if lanes is not None:
+        width = _lane_width(lane_extent, opts)
+        stage.vectorize(lanes, width)
+        done.append(f"vectorize({lanes}, {width}): stored innermost")
+    return done
 
 
 def _rfactor_1d(f, k, rv, extent, opts):

@@ -111,7 +111,7 @@ class _CWriter:
         raise ScheduleError(f"GPU kernels cannot read {n.kind} {n.key}")
 
     def storage(self, fid, k):
-        dtypes, ndim, kind = self.root_storage[fid]
+        dtypes, ndim, kind, _ = self.root_storage[fid]
         slot = self.slots.ptr_slot(("store", fid, k))
         ct = codegen.c_type(dtypes[k])
         base = f"(({ct}*)ptrs[{slot}])"

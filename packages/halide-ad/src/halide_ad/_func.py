@@ -449,6 +449,7 @@ class Func(_Scheduling):
         register_callee(self.fid, self)
         self.compute_level = None  # LoopLevel; None: default (inline if possible, else root)
         self.store_level = None
+        self.storage_order = None  # dimension indices, innermost first (reorder_storage)
         self.version = 0
         self._own_pipeline = None
         self.bound_estimates: dict = {}
@@ -713,6 +714,22 @@ class Func(_Scheduling):
 
     def store_at(self, func, var):
         self.store_level = _loop_level("store_at", func, var)
+        self._touch()
+        return self
+
+    def reorder_storage(self, *vs):
+        """The order of this Func's dimensions in memory, innermost first (Halide's
+        ``reorder_storage``): all of its pure Vars. Applies to an intermediate Func on the
+        CPU; an output takes the layout of the array it is realized into, and GPU storage
+        stays dense in the Func's own order."""
+        if len(vs) == 1 and isinstance(vs[0], (list, tuple)):
+            vs = tuple(vs[0])
+        names = [dim_name(v) for v in vs]
+        if sorted(names) != sorted(self._pure_arg_names) or len(set(names)) != len(names):
+            raise ScheduleError(f"{self._name}.reorder_storage: name each of its dimensions"
+                                f" {self._pure_arg_names} once, got {names}")
+        order = [self._pure_arg_names.index(n) for n in names]
+        self.storage_order = None if order == sorted(order) else order
         self._touch()
         return self
 

@@ -64,11 +64,12 @@ class _Storage:
     its alias metadata: accesses to different storages never alias (as in Halide; realize
     refuses an output that shares memory with an input)."""
 
-    __slots__ = ("alias", "dtypes", "mins", "ptrs", "strides")
+    __slots__ = ("alias", "dtypes", "inner", "mins", "ptrs", "strides")
 
-    def __init__(self, ptrs, mins, strides, dtypes, alias=None):
+    def __init__(self, ptrs, mins, strides, dtypes, alias=None, inner=0):
         self.ptrs, self.mins, self.strides, self.dtypes = ptrs, mins, strides, dtypes
         self.alias = alias  # (alias.scope node, noalias node)
+        self.inner = inner  # the dimension of unit stride (``reorder_storage``)
 
 
 def _tag(instr, st: _Storage):
@@ -78,14 +79,14 @@ def _tag(instr, st: _Storage):
     return instr
 
 
-def _dense(node_args, vleaf) -> bool:
-    """Lanes read consecutive elements: coordinate 0 is ``vleaf`` plus something free of it,
-    and the other coordinates do not depend on it."""
+def _dense(node_args, vleaf, inner=0) -> bool:
+    """Lanes read consecutive elements: the coordinate of unit stride (``inner``) is
+    ``vleaf`` plus something free of it, and the other coordinates do not depend on it."""
     if vleaf is None:
         return False
-    if vleaf in sym.free_leaves(node_args[0] - vleaf):
+    if vleaf in sym.free_leaves(node_args[inner] - vleaf):
         return False
-    return all(vleaf not in sym.free_leaves(a) for a in node_args[1:])
+    return all(vleaf not in sym.free_leaves(a) for d, a in enumerate(node_args) if d != inner)
 
 
 class _Ctx:
@@ -190,7 +191,7 @@ def _flat_index(b, emit, st: _Storage, coords, width, lane0=False, parts=False):
     for d, (rest, c) in enumerate(split):
         sd = st.strides[d]
         o = b.sub(ir.Constant(I32, c), st.mins[d], flags=["nsw"])
-        if d > 0:
+        if d != st.inner:
             o = b.mul(o, sd, flags=["nsw"])
         off = o if off is None else b.add(off, o, flags=["nsw"])
         if rest is None:
@@ -198,7 +199,7 @@ def _flat_index(b, emit, st: _Storage, coords, width, lane0=False, parts=False):
         v = next(values)
         if lane0 and isinstance(v.type, ir.VectorType):
             v = b.extract_element(v, ir.Constant(I32, 0))
-        if d > 0:
+        if d != st.inner:
             v = b.mul(v, codegen.splat(b, sd, v.type.count) if isinstance(v.type, ir.VectorType)
                       else sd, flags=["nsw"])
         acc = v if acc is None else _add(b, acc, v)
@@ -256,19 +257,19 @@ def _lower_call(em, node, args):
     if ctx.vleaf not in sym.free_leaves(list(node.args)):  # one element for every lane
         idx = _flat_index(b, emit, st, node.args, width, lane0=True)
         return _to_reg(b, codegen.splat(b, _tag(b.load(b.gep(ptr, [idx])), st), width), dt)
-    if _dense(node.args, ctx.vleaf):
+    if _dense(node.args, ctx.vleaf, st.inner):
         # base pointer from the variable part (shared by the taps), then a constant offset
         acc, off = _flat_index(b, emit, st, node.args, width, lane0=True, parts=True)
         base = ptr if acc is None else b.gep(ptr, [acc])
         return _to_reg(b, codegen.dense_load(b, base, off, width, st.alias), dt)
     acc, off = _flat_index(b, emit, st, node.args, width, parts=True)
-    if not _maybe_dense(node.args, ctx.vleaf):
+    if not _maybe_dense(node.args, ctx.vleaf, st.inner):
         return _to_reg(b, codegen.gather(b, ptr, acc, off, st.alias), dt)
     # Coordinates like clamp(x + 1, lo, hi) are consecutive except near the edges: test the
     # lanes at run time and take one vector load where they are (the interior). Only
-    # coordinate 0 depends on the lane, so the test reads it alone: invariant in the loops
-    # over the other coordinates (a column reduction's rows), it is hoisted out of them.
-    x0 = emit([node.args[0]])[0]
+    # the unit-stride coordinate depends on the lane, so the test reads it alone: invariant in
+    # the loops over the other coordinates (a column reduction's rows), it is hoisted out.
+    x0 = emit([node.args[st.inner]])[0]
     ramp = b.sub(x0, codegen.splat(b, b.extract_element(x0, ir.Constant(I32, 0)), width))
     steps = ir.Constant(ir.VectorType(I32, width), list(range(width)))
     eq = b.icmp_signed("==", ramp, steps)
@@ -293,10 +294,11 @@ def _lower_call(em, node, args):
     return _to_reg(b, phi, dt)
 
 
-def _maybe_dense(node_args, vleaf) -> bool:
-    """Coordinate 0 depends on the vector lane (clamped or selected, say) and no other does."""
-    return vleaf in sym.free_leaves(node_args[0]) and \
-        all(vleaf not in sym.free_leaves(a) for a in node_args[1:])
+def _maybe_dense(node_args, vleaf, inner=0) -> bool:
+    """The unit-stride coordinate depends on the vector lane (clamped or selected, say) and
+    no other does."""
+    return vleaf in sym.free_leaves(node_args[inner]) and \
+        all(vleaf not in sym.free_leaves(a) for d, a in enumerate(node_args) if d != inner)
 
 
 E.CALL.extra["llvm_lowering"] = _lower_call
@@ -372,7 +374,7 @@ class ModuleBuilder:
             t = _mem_type(leaf.dtype)
             env[leaf] = _to_reg(b, b.load(b.bitcast(p, t.as_pointer())), leaf.dtype)
         storage = {}
-        for fid, (dtypes, ndim, kind) in self.root_storage.items():
+        for fid, (dtypes, ndim, kind, inner) in self.root_storage.items():
             if fid not in fids:
                 continue
             ps = []
@@ -383,24 +385,26 @@ class ModuleBuilder:
             if kind in ("buffer", "strided"):
                 leaf = "hl.bufdim" if kind == "buffer" else "hl.store"
                 mins = [env[sym.leaf(leaf, (fid, d, "min"), np.int32)] for d in range(ndim)]
-                # dimension 0 has unit stride (Buffers copy arrays whose last axis does not)
-                strides = [ir.Constant(I32, 1)] + [
-                    b.trunc(b.load(b.gep(ints, [ir.Constant(I64, self.slots.int_slot(
-                        ("stride", fid, d)))])), I32) for d in range(1, ndim)]
+                # ``inner`` has unit stride (dimension 0 of a Buffer: Buffers copy arrays whose
+                # last axis does not; a root Func's storage order, reorder_storage)
+                strides = [ir.Constant(I32, 1) if d == inner else
+                           b.trunc(b.load(b.gep(ints, [ir.Constant(I64, self.slots.int_slot(
+                               ("stride", fid, d)))])), I32) for d in range(ndim)]
             else:
                 mins, strides, _ = self._dense_layout(b, env, fid, ndim)
-            storage[fid] = _Storage(ps, mins, strides, dtypes, self.alias.get(fid))
+            storage[fid] = _Storage(ps, mins, strides, dtypes, self.alias.get(fid), inner)
         return env, storage
 
     @staticmethod
-    def _dense_layout(b, env, fid, ndim):
-        """Mins and strides (int32) of a dense Func storage, and its element count (int64)."""
-        mins, strides = [], []
+    def _dense_layout(b, env, fid, ndim, order=None):
+        """Mins and strides (int32) of a dense Func storage laid out in the dimension
+        ``order`` (innermost first; default 0, 1, ...), and its element count (int64)."""
+        mins = [env[sym.leaf("hl.store", (fid, d, "min"), np.int32)] for d in range(ndim)]
+        strides = [None] * ndim
         stride = ir.Constant(I32, 1)
         total = ir.Constant(I64, 1)
-        for d in range(ndim):
-            mins.append(env[sym.leaf("hl.store", (fid, d, "min"), np.int32)])
-            strides.append(stride)
+        for d in range(ndim) if order is None else order:
+            strides[d] = stride
             ext = env[sym.leaf("hl.store", (fid, d, "extent"), np.int32)]
             stride = b.mul(stride, ext)
             total = b.mul(total, b.sext(ext, I64))
@@ -541,7 +545,8 @@ class ModuleBuilder:
             st = storage[fid]
             inner_storage[fid] = _Storage([inside(v) for v in st.ptrs],
                                           [inside(v) for v in st.mins],
-                                          [inside(v) for v in st.strides], st.dtypes, st.alias)
+                                          [inside(v) for v in st.strides], st.dtypes, st.alias,
+                                          st.inner)
         outer = self.err_block, self.atomic_loop, self.in_parallel
         self.err_block = body.fail_block(2)
         self.atomic_loop = None if s.pure else s
@@ -674,7 +679,7 @@ class ModuleBuilder:
         values = vals[:n]
         pred = vals[-1] if s.predicate is not None else None
         width = vec[1] if vec else None
-        dense = width is not None and _dense(s.args, vec[0])
+        dense = width is not None and _dense(s.args, vec[0], st.inner)
         base = None
         if dense:
             # addressed as a dense read of the same point is (base from the variable part, then
@@ -750,7 +755,9 @@ class ModuleBuilder:
             raise ScheduleError(f"{s.func.name()} is computed inside a vectorized loop")
         f = s.func
         ndim = f.dimensions()
-        mins, strides, total = self._dense_layout(b, env, f.fid, ndim)
+        order = f.storage_order if f.storage_order is not None and \
+            len(f.storage_order) == ndim else None
+        mins, strides, total = self._dense_layout(b, env, f.fid, ndim, order)
         too_big = b.icmp_signed(">=", total, ir.Constant(I64, 2**31))
         ok = b.function.append_basic_block("alloc.size_ok")
         b.cbranch(too_big, self.err_block, ok)
@@ -769,7 +776,7 @@ class ModuleBuilder:
             ptrs.append(b.bitcast(p, _mem_type(t.dtype).as_pointer()))
         inner = dict(storage)
         inner[f.fid] = _Storage(ptrs, mins, strides, [t.dtype for t in f.types()],
-                                self.alias.get(f.fid))
+                                self.alias.get(f.fid), 0 if order is None else order[0])
         self._stmt(b, s.body, env, inner, vec)
         for p in raw:
             b.call(self.free, [p])

@@ -37,9 +37,10 @@ class _Compiled:
         self.graph = g = Graph(outputs)
         self.roots = [fid for fid in g.order if g.levels[fid].kind == "root"]
         self.slots = slots = Slots()
+        self.storage_orders = {}  # CPU intermediates laid out by reorder_storage
         storage = {}
         for fid, buf in g.buffers.items():
-            storage[fid] = ([buf.type().dtype], buf.dimensions(), "buffer")
+            storage[fid] = ([buf.type().dtype], buf.dimensions(), "buffer", 0)
             for d in range(buf.dimensions()):
                 for w in ("min", "extent"):
                     slots.int_slot(("leaf", sym.leaf("hl.bufdim", (fid, d, w), np.int32)))
@@ -49,7 +50,7 @@ class _Compiled:
                               if g.levels[fid].kind == "root" or g.stores[fid].kind == "root"]
         for fid in self.python_stored:
             f = g.funcs[fid]
-            storage[fid] = ([t.dtype for t in f.types()], f.dimensions(), "func")
+            storage[fid] = ([t.dtype for t in f.types()], f.dimensions(), "func", 0)
             for d in range(f.dimensions()):
                 for kind in ("region", "store"):
                     if kind == "region" and g.levels[fid].kind != "root":
@@ -84,9 +85,16 @@ class _Compiled:
             self.ir = "\n\n".join(kern.source for _, kern in self.gpu_kernels)
             self.versions = _versions(g)
             return
+        output_fids = {f.fid for f in outputs}
         for fid in self.python_stored:  # on the CPU, strides come with the arrays
-            dtypes, ndim, _ = storage[fid]
-            storage[fid] = (dtypes, ndim, "strided")
+            dtypes, ndim, _, _ = storage[fid]
+            order = g.funcs[fid].storage_order
+            if order is not None and fid not in output_fids:
+                if sorted(order) != list(range(ndim)):
+                    raise ScheduleError(f"{g.funcs[fid].name()}.reorder_storage names"
+                                        f" {len(order)} dimensions; it has {ndim}")
+                self.storage_orders[fid] = order
+            storage[fid] = (dtypes, ndim, "strided", self.storage_orders.get(fid, [0])[0])
             for d in range(ndim):
                 slots.int_slot(("stride", fid, d))
         mb = ModuleBuilder("halide_ad_pipeline", slots, storage, self.params,
@@ -192,7 +200,7 @@ class Pipeline:
                 f = g.funcs[fid]
                 shape = tuple(ext for _, ext in reversed(regions[fid]))
                 arrays[fid] = scratch[fid] = (pooled or {}).get(fid) or padded_empty(
-                    shape, [t.dtype for t in f.types()])
+                    shape, [t.dtype for t in f.types()], c.storage_orders.get(fid))
         # the kernels index a Tuple's values with one set of strides: values laid out
         # differently from the first are computed into dense arrays and copied back
         copies = []

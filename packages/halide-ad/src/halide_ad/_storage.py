@@ -12,24 +12,27 @@ ALIAS_BYTES = 4096
 CACHE_LINE = 64
 
 
-def padded_empty(shape, dtypes):
+def padded_empty(shape, dtypes, order=None):
     """Uninitialised arrays of ``shape`` (numpy order), one per dtype (a Tuple's values), all
-    with the same element strides: the outer ones padded by a cache line of the first dtype
+    with the same element strides: laid out in the Halide dimension ``order`` (innermost
+    first; default 0, 1, ...), the outer strides padded by a cache line of the first dtype
     wherever they would be a multiple of 4 KiB (intermediate Funcs: the compiled kernels take
     their strides from the arrays)."""
     dtypes = [np.dtype(dt) for dt in dtypes]
+    ndim = len(shape)
+    order = range(ndim) if order is None else order
     item = dtypes[0].itemsize
-    strides, stride = [], 1
-    for ext in reversed(shape):
-        strides.append(stride)
-        stride *= ext
+    strides, stride = [0] * ndim, 1
+    for d in order:
+        strides[ndim - 1 - d] = stride
+        stride *= shape[ndim - 1 - d]
         if stride * item % ALIAS_BYTES == 0 and item <= CACHE_LINE:
             stride += CACHE_LINE // item
     if 0 in shape:
         return [np.empty(shape, dt) for dt in dtypes]
     return [np.lib.stride_tricks.as_strided(
-        np.empty(stride, dt), shape, [s * dt.itemsize for s in reversed(strides)],
-        writeable=True) for dt in dtypes]
+        np.empty(stride, dt), shape, [st * dt.itemsize for st in strides], writeable=True)
+        for dt in dtypes]
 
 
 def element_strides(a):

@@ -199,3 +199,11 @@ def test_output_sharing_memory_with_an_input():
     f[x, y] = inp[x, y] + 1
     with pytest.raises(hl.FuncError, match="shares memory with the input img"):
         f.realize(hl.Buffer(a))
+
+
+def test_reorder_storage_must_name_every_dimension_once():
+    f = hl.Func("f")
+    f[x, y] = x + y
+    for bad in ((x,), (x, x), (x, y, hl.Var("z"))):
+        with pytest.raises(hl.ScheduleError, match="f.reorder_storage: name each of its"):
+            f.reorder_storage(*bad)
