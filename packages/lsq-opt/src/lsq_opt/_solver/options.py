@@ -47,9 +47,10 @@ step_extension             True             LM, after an accepted step with rho 
                                             lower (see :func:`.levenberg_marquardt.
                                             extended_step_length`). Gauss-Newton converges
                                             linearly there, by the ratio rho - 1: an ARAP
-                                            mesh 50 -> 43 iterations, a spring network
-                                            293 -> 216, intrinsic 60 -> 37, TV 15 -> 11,
-                                            ARAP image 86 -> 72. False in ``paper()``
+                                            mesh 50 -> 43 iterations, intrinsic 60 -> 31-37,
+                                            TV 15 -> 11, ARAP image 86 -> 72 (a spring
+                                            network's count moves with rounding: 216-285
+                                            against 275-300). False in ``paper()``
 reject_to_step_curvature   True             LM, after a rejected step: mu falls at least to
                                             where the damping along that step equals the
                                             model's curvature along it (the next trial about
