@@ -342,3 +342,55 @@ def test_damping_held_back_measures_what_the_damping_withheld():
     assert next_step_decrease(res, 1.0, 1.0, 0.25) == pytest.approx(0.25)
     # cheapest first: past the limit, the damping's share and the Ritz value are not computed
     assert next_step_decrease(res, 1.0, 0.5, lambda: pytest.fail("computed"), limit=0.1) == 0.5
+
+
+def test_extended_step_length_is_the_parabolas_minimiser_capped():
+    from lsq_opt._solver.levenberg_marquardt import EXTEND_MAX, extended_step_length
+
+    def along(slope, curvature):  # cost(t) = 3 + slope t + curvature t^2 / 2: (cost, cost(1), slope)
+        return 3.0, 3.0 + slope + 0.5 * curvature, slope
+
+    assert extended_step_length(*along(-2.0, 1.0)) == pytest.approx(2.0, rel=1e-12)
+    assert extended_step_length(*along(-2.0, 0.1)) == EXTEND_MAX  # t* = 20, capped
+    assert extended_step_length(*along(-1.0, 2.0)) == 1.0  # t* = 0.5: the solved step is longer
+    assert extended_step_length(*along(-1.0, -1.0)) == 1.0  # concave: no minimiser
+    assert extended_step_length(*along(1.0, 1.0)) == 1.0  # not a descent direction
+    assert extended_step_length(3.0, float("nan"), -1.0) == 1.0
+
+
+def negative_curvature_problem(big=1e6):
+    """r = (x, sqrt(big - x^2 / 2)): cost = x^2 / 4 + big / 2 is a parabola of curvature 1/2,
+    while J^T J ~ 1: each Gauss-Newton step halves x (rho ~ 1.5)."""
+    def fun(x):
+        return np.array([x[0], np.sqrt(big - 0.5 * x[0] ** 2)])
+
+    def jac(x):
+        return np.array([[1.0], [-0.5 * x[0] / np.sqrt(big - 0.5 * x[0] ** 2)]])
+    return DenseProblem(fun, jac, 1)
+
+
+def test_step_extension_reaches_the_minimiser_of_a_quadratic_cost_in_one_step():
+    prob = negative_curvature_problem()
+    ext = solve(prob, np.array([8.0]), gradient_tolerance=1e-14, function_tolerance=1e-14)
+    plain = solve(prob, np.array([8.0]), gradient_tolerance=1e-14, function_tolerance=1e-14,
+                  step_extension=False)
+    first = ext.log[0]
+    assert first.accepted and first.rho > 1.4
+    # the parabola through cost(x), g.d and cost(x + d) is the cost itself: its minimiser x = 0
+    assert first.cost == pytest.approx(0.5e6, rel=1e-15)
+    assert plain.log[0].cost - 0.5e6 == pytest.approx(0.25 * 4.0 ** 2, rel=1e-4)  # x = 8 -> ~4
+    assert ext.converged and plain.converged
+    assert ext.iterations < plain.iterations
+    assert abs(ext.x[0]) < 1e-6 and ext.cost <= plain.cost
+
+
+def test_step_extension_on_an_arap_mesh_same_minimum_fewer_iterations():
+    from lsq_opt.examples import mesh as mesh_example
+
+    plan = mesh_example.arap_plan(32, 16)[0]  # the benchmark size: 43 against 50 iterations
+    ext = solve(plan, plan.x0)
+    plain = solve(plan, plan.x0, step_extension=False)
+    assert ext.converged and plain.converged
+    assert ext.cost <= plain.cost * (1 + 1e-6)
+    assert ext.iterations < plain.iterations
+    assert SolverOptions.paper().step_extension is False

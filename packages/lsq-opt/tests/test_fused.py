@@ -74,6 +74,11 @@ def _energies(rng):
     gr["b"][:10] = gr["a"][:10]  # the same vertex through two slots
     out.append(("mesh", e, dict(arrays={"C": rng.normal(size=(n_v, 3))}, params={"w": 2.0},
                                 graphs={"G": gr})))
+    # the same with some vertices' unknowns excluded (held at their values)
+    M = Array("M", N)
+    out.append(("mesh_exclude", Energy(e, Exclude(Not(eq(M(0), 0)))),
+                dict(arrays={"C": rng.normal(size=(n_v, 3)), "M": (rng.random(n_v) < 0.3) * 1.0},
+                     params={"w": 2.0}, graphs={"G": gr})))
     return out
 
 
@@ -204,3 +209,14 @@ def test_graph_terms_split_over_threads_by_their_own_edge_counts(monkeypatch):
     g, dg = plan.fused.grad(x)
     np.testing.assert_allclose(g, plan.jtf_lanes(x), rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(dg, plan.jtj_diag_lanes(x), rtol=1e-12, atol=1e-12)
+
+
+def test_graph_plan_products_move_whole_unknowns_by_strided_copies():
+    """A graph plan's 1-D domain holding whole free unknowns copies p in and out by strided
+    views (``_GridDomain.blocks``); with exclusions it falls back to the index maps. Both give
+    J^T J p (the cases above check the values)."""
+    plain, _ = _pair("mesh", np.float64)
+    excluded, _ = _pair("mesh_exclude", np.float64)
+    blocks = plain.fused.grids[0].blocks
+    assert [(sl.start, sl.stop, ch) for sl, _, ch in blocks] == [(0, 111, 3), (111, 148, 1)]
+    assert excluded.fused.grids[0].blocks is None and excluded.n < excluded.n_full

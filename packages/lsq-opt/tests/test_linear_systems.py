@@ -8,9 +8,10 @@ import time
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from lsq_opt import DenseProblem, compile_problem, solve
-from lsq_opt._solver.materialized import (BUILD_PRIOR_PRODUCTS, MaterializedProblem, jtj_pays,
+from lsq_opt._solver.materialized import (BUILD_PRIOR_PRODUCTS, MaterializedProblem, gram_matrix, jtj_pays,
                                           with_linear_system)
 from lsq_opt._solver.pcg import pcg
 from lsq_opt._solver.problem import call_linearize, jtjp_operator
@@ -277,3 +278,10 @@ def test_auto_prices_the_assembly_not_the_stencil_kernels_compile():
         system.jtjp_linearized(rng.standard_normal(plan.n))
     assert system.switched == 1 and "jtjs" in plan.fused.grids[0].fns
     assert system._mean("build") < 0.1  # the assembly alone: milliseconds
+
+
+def test_gram_matrix_equals_the_normal_matrix():
+    J = sp.random(60, 25, density=0.15, random_state=3, format="csr")
+    A = gram_matrix(J)
+    assert A.format == "csr"
+    np.testing.assert_allclose(A.toarray(), J.toarray().T @ J.toarray(), rtol=1e-14, atol=1e-14)

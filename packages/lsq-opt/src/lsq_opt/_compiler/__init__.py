@@ -59,6 +59,7 @@ from .._language import (
     Read,
     decode_leaf,
 )
+from .._solver.materialized import gram_matrix
 from .optimize import Optimizations, code_statistics
 
 __all__ = ["LsqCompileError", "Optimizations", "Plan", "code_statistics", "compile_problem"]
@@ -893,8 +894,7 @@ class Plan:
                 return self.fused.jtj_matrix(x)
             except NotImplementedError:
                 pass
-        J = self.jacobian(x)
-        return (J.T @ J).tocsr()
+        return gram_matrix(self.jacobian(x))
 
     def prepare_jtj_matrix(self) -> None:
         """Compile what :meth:`jtj_matrix` runs, without running it: the stencil kernel of a

@@ -28,6 +28,13 @@ Rules (spec §4.3 steps 1-9; numbers refer to that list):
    in a row, 65 PCG iterations each, on an ARAP mesh, and 5 x 100 on a spring network.
 9. Stop after ``max_iterations`` iterations (rejected trial steps count as iterations).
 
+Default addition to rule 7 (``step_extension``, off in :meth:`.SolverOptions.paper`): an
+accepted step with ``rho > 1.1`` is extended to ``x + t delta``, ``t`` the minimiser in
+``(1, 4]`` of the parabola through ``cost(x)``, the slope ``g.delta`` and ``cost(x + delta)``
+(:func:`extended_step_length`), kept if its cost is lower (one cost evaluation). ``rho`` and the
+``mu`` update stay those of ``delta``; ``dc`` (and the function tolerance test) is the
+extended step's.
+
 Inner effort (not in the paper, see :mod:`.options`): with the default ``pcg_tolerance=None``
 each PCG stops at the relative residual of an Eisenstat-Walker forcing sequence
 (:func:`.options.forcing_term`), starting at 0.1.
@@ -148,6 +155,28 @@ def damping_held_back(D, delta, diag, ops: VectorOps) -> float:
     the undamped model could go far, gives its full ``delta_i D_i delta_i``."""
     Dd = D * delta
     return 0.5 * float(ops.scalars(ops.dot(Dd, Dd / (diag + D)))[0])
+
+
+#: LM step extension: tried after an accepted step whose rho exceeds this (the cost fell more
+#: than the model said, so its curvature along the step is below the model's)
+EXTEND_MIN_RHO = 1.1
+#: the longest extension tried (a multiple of the solved step)
+EXTEND_MAX = 4.0
+
+
+def extended_step_length(cost: float, trial_cost: float, g_delta: float) -> float:
+    """The minimiser ``t`` of the parabola through the cost along an accepted step ``delta``:
+    ``phi(t) = cost + t g.delta + 1/2 c t^2`` with ``c`` fitted to ``phi(1) = trial_cost``,
+    capped at ``EXTEND_MAX``; 1 where the parabola does not open upwards or ``t`` would not
+    exceed 1. When rho > 1 the true curvature along the step is below J^T J's (the residuals'
+    second-order term is negative there) and Gauss-Newton converges linearly by that ratio: an
+    ARAP mesh's last 8 of 11 exactly solved steps had rho ~1.5 and each gained a factor ~3.3;
+    the parabola's minimiser (t ~ 2 there) is one cost evaluation away."""
+    c = 2.0 * (trial_cost - cost - g_delta)
+    if not (math.isfinite(c) and c > 0 and g_delta < 0):
+        return 1.0
+    t = -g_delta / c
+    return min(t, EXTEND_MAX) if t > 1.0 else 1.0
 
 
 def _emit(opts: SolverOptions, line: str) -> None:
@@ -342,6 +371,18 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
                     rho = dc / dm
         accepted = (not stop_param) and lm_step_accepted(dc, dm, opts.min_relative_decrease)
         cost_before = cost
+        extension = 1.0
+        if accepted and opts.step_extension and rho > EXTEND_MIN_RHO:
+            extension = extended_step_length(cost, trial_cost, float(g_delta))
+            if extension > 1.0:
+                x_far = x + extension * delta
+                far_cost = float(problem.cost(x_far))
+                if far_cost < trial_cost:
+                    x_trial, trial_cost = x_far, far_cost
+                    dc = cost - trial_cost
+                    model_grad_norm = ops.norm(g + extension * jd)
+                else:
+                    extension = 1.0
         if stop_param:
             reason = "parameter tolerance"
         elif accepted:
@@ -350,7 +391,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             numbers["rel_change"] = dc / cost_before if cost_before > 0 else 0.0
             if dc <= opts.function_tolerance * cost_before:
                 reason = "function tolerance"
-            elif opts.predicted_stop and res.reason == "tolerance":  # solved as asked, not cut off
+            elif opts.predicted_stop and res.reason == "tolerance" and extension == 1.0:  # solved as asked
                 limit = PREDICTED_STOP_FRACTION * opts.function_tolerance * cost
                 predicted = next_step_decrease(res, dc, dm, lambda: damping_held_back(D, delta, diag, ops),
                                                limit)

