@@ -48,7 +48,7 @@ from . import _expr as E
 from ._bounds import const_value, interval
 from ._cuda import MAX_BLOCK
 from ._derivative import _AllRootGraph, _values
-from ._func import Func, FuncError, Stage
+from ._func import Func, FuncError, Stage, callee
 from ._graph import Graph
 from ._lower import (
     _loop_chain,
@@ -583,7 +583,7 @@ def _gather_plane(nodes, sizes, tiled):
     plane = 0
     for c in sym.calls(nodes, E.CALL):
         fid = c.params["fid"]
-        if not any(sym.calls([a], E.CALL) for a in c.args):
+        if not any(_varies(a, tiled) for a in c.args):
             continue
         dims = [k for k, a in enumerate(c.args) if sym.calls([a], E.CALL) or any(
             E.is_var(v) and v.key in tiled for v in sym.free_leaves(a))]
@@ -591,6 +591,25 @@ def _gather_plane(nodes, sizes, tiled):
             ext, item = sizes[fid]
             plane = max(plane, int(np.prod([ext[k] for k in dims])) * item)
     return plane
+
+
+def _varies(node, tiled, depth=0):
+    """Whether ``node`` reads data at points that move with the ``tiled`` Vars (a flow
+    field ``warp[x, y]``: neighbouring pixels may sample far apart), looking through pure
+    Funcs (a spatial transformer's ``sample_x[x, y, n]`` reads only ``theta[.., n]``: its
+    positions are an affine map of the pixel's, and neighbours sample neighbours)."""
+    for c in sym.calls([node], E.CALL):
+        moving = [k for k, a in enumerate(c.args)
+                  if any(E.is_var(v) and v.key in tiled for v in sym.free_leaves(a))]
+        if not moving:
+            continue
+        f = callee(c.params["fid"])
+        if not isinstance(f, Func) or f._updates or depth >= 4:
+            return True
+        inner = {f._pure_arg_names[k] for k in moving}
+        if any(_varies(v, inner, depth + 1) for v in f._definition().values):
+            return True
+    return False
 
 
 def _order(stage, vec, outer, inner=()):
