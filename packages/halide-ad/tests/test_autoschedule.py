@@ -630,6 +630,27 @@ def test_channels_gathered_at_data_dependent_positions_go_a_few_planes_at_a_time
     np.testing.assert_array_equal(_realize(d_img, size), want[1])
 
 
+def test_rows_stream_and_affinely_warped_reads_keep_square_tiles():
+    """Stencils and element-wise reads are tiled in rows (256 x 1) once the rows are that
+    long; a read through an affine sampling grid keeps 16 x 16 tiles (a compact source
+    block whatever the grid's orientation); narrow images keep square tiles. Values match
+    the unscheduled pipelines'."""
+    p = _separable(RNG.random((64, 512)))
+    want = _realize(p["blur_y"], [512, 64])
+    decided = hl.auto_schedule(p["blur_y"], {p["blur_y"]: [512, 64]})
+    assert "tile(x, y, 256, 1)" in decided.stages["blur_y"], decided
+    _assert_close(_realize(p["blur_y"], [512, 64]), want)
+    narrow = _separable(RNG.random((64, 64)))
+    decided = hl.auto_schedule(narrow["blur_y"], {narrow["blur_y"]: [64, 64]})
+    assert "tile(x, y, 16, 16)" in decided.stages["blur_y"], decided
+    out, _ = _warp(256, 2, "affine")
+    size = [256, 256, 2, 2]
+    want = _realize(out, size)
+    decided = hl.auto_schedule([out], {out: size})
+    assert "tile(x, y, 16, 16)" in decided.stages["out"], decided
+    np.testing.assert_array_equal(_realize(out, size), want)
+
+
 def test_channels_gathered_at_coherent_positions_stay_together(monkeypatch):
     """Positions read from data through a Func that reads its data per image only (an affine
     sampling grid: neighbouring pixels sample neighbours) are not split into planes: the
