@@ -901,7 +901,14 @@ def _scatter_order(stage, d, pure, func_ext, opts, lanes=None):
         lanes = f"{lanes}.i" if f"{lanes}.i" in inner else lanes
         inner = [lanes] + [n for n in inner if n != lanes]
     rv = [dm.name for dm in stage._definition().schedule.dims if not dm.pure]
-    stage.reorder(inner + rv + out)
+    order = inner + rv + out
+    if len(rv) >= 2 and len(out) >= 2 and _windowed(d, out[0], rv[0]):
+        # a window per point (a grid cell's s x s pixels): the cells of a row inside the
+        # window's rows, so the reads run along whole rows instead of s short pieces
+        order = inner + [rv[0], out[0]] + rv[1:] + out[1:]
+        done.append(f"{out[0]} between {rv[0]} and {rv[1]}: the windows' rows in one run")
+        out = out[1:]
+    stage.reorder(order)
     for a, b in zip(out, out[1:]):
         stage.fuse(a, b, b)
     stage.parallel(out[-1])
@@ -912,6 +919,20 @@ def _scatter_order(stage, d, pure, func_ext, opts, lanes=None):
         stage.vectorize(lanes, width)
         done.append(f"vectorize({lanes}, {width}): stored innermost")
     return done
+
+
+def _windowed(d, var, rvar):
+    """Whether update ``d`` reads some Func or Buffer at a coordinate that combines the pure
+    Var ``var`` and the RVar ``rvar`` alone (``16 gx + r.x``: a window of points per
+    ``var``, the gather form of a downsampling scatter's adjoint)."""
+    rv = {id(leaf) for leaf, r in d.rvars() if r.name() == rvar}
+    for c in sym.calls(list(d.values), E.CALL):
+        for a in c.args:
+            leaves = sym.free_leaves(a)
+            if {v.key for v in leaves if E.is_var(v)} == {var} and any(
+                    id(v) in rv for v in leaves):
+                return True
+    return False
 
 
 def _rfactor_1d(f, k, rv, extent, opts):
