@@ -79,7 +79,11 @@ def test_compiled_kernel_outputs_reuse_pooled_blocks():
     (first,) = fn(xs)
     np.testing.assert_allclose(first, np.sin(xs) * xs, rtol=1e-14)
     del first
+    # garbage from earlier tests (lazy arrays in cycles) is freed first, so the count below
+    # moves for this call alone; at least this output is reused (the lazy mode may take
+    # further pooled blocks for its own temporaries)
+    gc.collect()
     reused = codegen.host_cache_stats()["reused"]
     (second,) = fn(xs)
-    assert codegen.host_cache_stats()["reused"] == reused + 1
+    assert codegen.host_cache_stats()["reused"] >= reused + 1
     np.testing.assert_allclose(second, np.sin(xs) * xs, rtol=1e-14)
