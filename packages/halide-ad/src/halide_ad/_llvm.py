@@ -312,7 +312,7 @@ class ModuleBuilder:
         self.module = self.kernels.module
         self.alias = self._alias_scopes(list(fids))
         self.slots = slots
-        self.root_storage = root_storage  # fid -> (dtypes, ndims, kind)
+        self.root_storage = root_storage  # fid -> (dtypes, ndims, kind, unit-stride dimension)
         self.params = params
         self.malloc = self.kernels.declare("malloc", I8P, [I64])
         self.free = self.kernels.declare("free", ir.VoidType(), [I8P])
