@@ -351,9 +351,11 @@ def test_pssmlt_and_h2mc_long_renders():
 def torus():
     """torus_glass_cube at 12x12, paths of 3 and 4 segments (4: the torus inside the rough
     glass, lit through it), numpy kernels (the LLVM Hessian kernels of the dielectric
-    paths take ~25 s to build), edge_rt reference at 4 x 1024 spp."""
+    paths take ~25 s to build), edge_rt reference at 8 x 1024 spp (with 4, the reference's
+    own noise left the relMSE checks below at 0.85 of their bounds, and failed two of them
+    on another random stream)."""
     scene = scenes.torus_glass_cube((12, 12))
-    refs = _indirect_reference(scene, 1024, range(4), 4)
+    refs = _indirect_reference(scene, 1024, range(8), 4)
     return scene, PathSpace(scene, max_length=4, backend="numpy"), refs
 
 
