@@ -594,6 +594,46 @@ def test_disk_object_cache_is_used_by_a_second_process(tmp_path):
     assert " disk cache in " in runs[1].stderr
 
 
+def test_llvm_cpu_level_compiles_for_that_level_with_its_own_cache_keys(tmp_path):
+    """CORE_AD_LLVM_CPU=x86-64-v3 gives AVX2 code (4 float64 lanes, ymm registers, libmvec's
+    'd' variants) on any host that has AVX2, under code keys of its own: the host's objects
+    in the same disk cache are not reused for it, nor its objects for the host."""
+    code = (
+        "import os, sys\n"
+        "if sys.argv[1] != 'host':\n"
+        "    os.environ['CORE_AD_LLVM_CPU'] = sys.argv[1]\n"
+        "import numpy as np\n"
+        "from core_ad import codegen, sym\n"
+        "x = sym.var('level_x')\n"
+        "fn = sym.compile([sym.sin(x) * 2.5 + sym.exp(x)], [x], backend='llvm')\n"
+        "v = fn(np.linspace(0, 1, 11))[0]\n"
+        "assert abs(v[3] - (np.sin(0.3) * 2.5 + np.exp(0.3))) < 1e-14\n"
+        "asm = fn.assembly()\n"
+        "print(codegen.host_signature().split('|')[1], fn.width, 'zmm' in asm, 'ymm' in asm)\n"
+    )
+    if not vecmath._host_features().get("avx2") or "CORE_AD_LLVM_CPU" in os.environ:
+        pytest.skip("needs an AVX2 host compiling for itself")
+    runs = _two_processes(code, tmp_path, ("x86-64-v3", "host", "x86-64-v3"))
+    level, host, again = (r.stdout.split() for r in runs)
+    assert level == again == ["x86-64-v3", "4", "False", "True"]
+    assert host[0] != "x86-64-v3"
+    assert " compiled in " in runs[0].stderr and " compiled in " in runs[1].stderr
+    assert " disk cache in " in runs[2].stderr
+
+
+def test_llvm_cpu_names_a_level_the_host_can_run(monkeypatch):
+    from core_ad._codegen.llvm import jit as jit_module
+
+    with pytest.raises(jit_module.TargetCPUError, match="expected one of x86-64, x86-64-v2"):
+        jit_module.target_cpu("haswell")
+    monkeypatch.setattr(jit_module.llvm, "get_host_cpu_features",
+                        lambda: {"sse2": True, "avx": True, "avx2": False, "fma": False})
+    with pytest.raises(jit_module.TargetCPUError, match="lacks .*avx2.*fma"):
+        jit_module.target_cpu("x86-64-v3")
+    monkeypatch.setenv("CORE_AD_LLVM_CPU", "")
+    assert jit_module.target_cpu()[1]["sse2"]  # unset or empty: the host's own features
+
+
 def test_disk_cache_is_on_by_default_in_the_user_cache_and_can_be_turned_off(
         monkeypatch, tmp_path):
     from core_ad._codegen.llvm.jit import Jit

@@ -257,7 +257,10 @@ def test_thin_slab_transmits_one_minus_fresnel_squared():
     some light away and loses some to single-scattering GGX: less, but most of it."""
     light = edge_rt.render_image(slab_scene(slab=False), spp=1, max_depth=6, progress=False)
     assert torch.allclose(light, torch.ones_like(light))
-    smooth = edge_rt.render_image(slab_scene(), spp=16, max_depth=6, progress=False)
+    # 1024 spp: the mean transmission is ~0.9229, and its standard deviation over seeds was
+    # 0.0037 at 16 spp (2 of 8 seeds landed above 0.925: any other sample stream, e.g.
+    # another CPU's, could fail), 0.00045 at 1024 spp (the bound 4.6 of them away).
+    smooth = edge_rt.render_image(slab_scene(), spp=1024, max_depth=6, progress=False)
     assert torch.isfinite(smooth).all()
     assert 0.912 <= smooth.mean().item() <= 0.925, smooth.mean().item()
     rough = edge_rt.render_image(slab_scene(rough=0.09), spp=16, max_depth=6, progress=False)

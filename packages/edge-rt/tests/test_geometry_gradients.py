@@ -33,13 +33,16 @@ def test_closed_cube_vertex_gradients():
     def get(s):
         return s.meshes[0].vertices
 
-    g = cube_gradient(scene, get)
+    # 6 seeds of the gradient and 512-spp differences: rel-L1 between two 2-seed gradients
+    # is 0.053 and between two 256-spp differences 0.034, and the 2-seed / 256-spp check
+    # reached 0.045-0.085 against its 0.08 bound on other random streams.
+    g = cube_gradient(scene, get, seeds=6)
     # Translation: the sum over the cube's vertices, one component at a time.
     fd_t = [fd_directional(scene, get, ADJOINT, np.tile(np.eye(3)[k], (8, 1)), 1e-2,
                            spp=1024, max_depth=1, seed=9) for k in range(3)]
     assert rel_l1(g.sum(0), fd_t) < 0.05, (g.sum(0), fd_t)
     # Single vertices: the silhouette corners move the outline, the others only the shading.
-    fd = fd_gradient(scene, get, ADJOINT, 1e-2, components=range(24), spp=256, max_depth=1,
+    fd = fd_gradient(scene, get, ADJOINT, 1e-2, components=range(24), spp=512, max_depth=1,
                      seed=9)
     assert rel_l1(g, fd) < 0.08, (g, fd)
 
@@ -58,7 +61,9 @@ def test_camera_pose_gradients():
     rng = np.random.default_rng(10)
     direction = np.zeros((4, 4))
     direction[:3, :3] = rng.normal(size=(3, 3))
-    fd_rot = fd_directional(scene, get, ADJOINT, direction, 1e-3, spp=1024, max_depth=1, seed=9)
+    # h = 1e-2 as for the position: at 1e-3 the difference's seed-to-seed deviation was 2.1%
+    # of the value (failing the 5% bound on another random stream), at 1e-2 0.35%.
+    fd_rot = fd_directional(scene, get, ADJOINT, direction, 1e-2, spp=1024, max_depth=1, seed=9)
     np.testing.assert_allclose((g * direction).sum(), fd_rot, rtol=0.05)
 
 

@@ -97,11 +97,19 @@ def test_lens_parameter_gradients(name):
     def get(s):
         return getattr(s.camera, name)
 
-    g = np.mean([loss_gradient(scene, get, mask, spp=1, max_depth=0, edge_samples=100_000,
-                               interior=False, seed=s) for s in range(2)])
-    fd = float(fd_gradient(scene, get, mask, h=1e-2, spp=2048, max_depth=0, seed=7))
-    assert abs(fd) > 10.0
-    assert abs(g - fd) < 0.05 * abs(fd), (g, fd)
+    # Means over independent seeds, within 3 standard errors plus 2% (the edge sampling's and
+    # the central difference's small biases), the errors under 4% of the value. The focus
+    # distance's difference varies from seed to seed by 0.8-1.4 (of 31) whatever the spp
+    # (1024 to 8192): the single 2048-spp difference against a 5% bound failed on other
+    # random streams, so it is 8 seeds of 1024 spp (4 of the edge gradient).
+    g = [float(loss_gradient(scene, get, mask, spp=1, max_depth=0, edge_samples=100_000,
+                             interior=False, seed=s)) for s in range(4)]
+    fd = [float(fd_gradient(scene, get, mask, h=1e-2, spp=1024, max_depth=0, seed=7 + s))
+          for s in range(8)]
+    assert abs(np.mean(fd)) > 10.0
+    se = np.sqrt(np.var(g, ddof=1) / len(g) + np.var(fd, ddof=1) / len(fd))
+    assert se < 0.04 * abs(np.mean(fd)), (g, fd)
+    assert abs(np.mean(g) - np.mean(fd)) <= 3.0 * se + 0.02 * abs(np.mean(fd)), (g, fd)
 
 
 def test_bad_lens_is_refused_by_name():

@@ -267,8 +267,12 @@ def test_ae12_resampling_large_step_accepts_more_and_agrees():
     relMSE falling; relMSE to edge_rt at 64 mutations per pixel 0.031 / 0.040 resampling,
     0.048 / 0.056 MMLT), and the relMSE between the two variants' images is within that of
     two seeds of one variant (measured: across 0.035-0.072, within 0.085)."""
-    ps, refs, renders = _large_step_variants((16, 12), 4, 64, (5, 6), 96, 256, 1 << 15)
-    _check_large_step_variants(ps, refs, renders, 1 << 15)
+    # 4 x 384-spp references and 2^17 bootstrap samples: the glossy box's rare paths gave
+    # the mean luminance a standard error of ~3% with 4 x 96 spp and 2^15 samples (2.1% the
+    # reference's, 2.4% b's), against _check_converges' fixed 4% (another random stream
+    # landed 6.8% off, 2.3 standard errors); now ~1.2%, the 4% about 3.4 of them.
+    ps, refs, renders = _large_step_variants((16, 12), 4, 64, (5, 6), 384, 256, 1 << 17)
+    _check_large_step_variants(ps, refs, renders, 1 << 17)
 
 
 def test_resampling_acceptance_is_exact_and_the_reference_rule_is_not():
@@ -347,9 +351,11 @@ def test_pssmlt_and_h2mc_long_renders():
 def torus():
     """torus_glass_cube at 12x12, paths of 3 and 4 segments (4: the torus inside the rough
     glass, lit through it), numpy kernels (the LLVM Hessian kernels of the dielectric
-    paths take ~25 s to build), edge_rt reference at 4 x 1024 spp."""
+    paths take ~25 s to build), edge_rt reference at 8 x 1024 spp (with 4, the reference's
+    own noise left the relMSE checks below at 0.85 of their bounds, and failed two of them
+    on another random stream)."""
     scene = scenes.torus_glass_cube((12, 12))
-    refs = _indirect_reference(scene, 1024, range(4), 4)
+    refs = _indirect_reference(scene, 1024, range(8), 4)
     return scene, PathSpace(scene, max_length=4, backend="numpy"), refs
 
 

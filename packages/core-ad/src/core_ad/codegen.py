@@ -33,7 +33,8 @@ expressions with the ONE emitter here rather than writing another::
   ``compile_ir(ir_text, module_name, fn_name) -> (address, timings)`` (``fn_name`` a list
   of names -> a tuple of addresses from one module; the one process-wide
   MCJIT engine at O3, with the on-disk object cache (``CORE_AD_CACHE_DIR``): put a content hash in
-  ``module_name``), ``host_signature()`` (CPU, features, LLVM version: part of such a hash),
+  ``module_name``), ``host_signature()`` (CPU, features, LLVM version: part of such a hash; the target is the
+  host CPU unless ``CORE_AD_LLVM_CPU`` names an x86-64 level), ``target_machine(opt=3)``,
   ``thread_pool()`` and ``num_threads(requested=None)`` (the kernels' thread pool and the
   ``CORE_AD_NUM_THREADS`` rule), ``map_ordered(fn, items, window=None)`` (``fn`` over items
   on the pool, results in order, a bounded number ahead), ``host_vector_width(dtype)`` (lanes of one SIMD register);
@@ -141,6 +142,8 @@ from ._codegen.llvm.emitter import (
     lowering_for,
     register_lowering,
 )
+import llvmlite.binding as llvm_binding
+
 from ._codegen.llvm.jit import host_signature
 from ._codegen.llvm.jit import jit as _jit
 from ._codegen.llvm.runtime import map_ordered, num_threads, thread_pool
@@ -154,6 +157,14 @@ def compile_ir(ir_text: str, module_name: str, fn_name) -> tuple:
     must be unique per distinct module (use a content hash), and so must the symbol names
     across modules (they share one JIT engine): :class:`KernelModule` does both."""
     return _jit().compile(ir_text, module_name, fn_name)
+
+
+def target_machine(opt: int = 3):
+    """A new llvmlite ``TargetMachine`` for the JIT's target (the host CPU, or
+    ``CORE_AD_LLVM_CPU``'s level), for siblings that inspect IR as the JIT would optimise it."""
+    j = _jit()
+    target = llvm_binding.Target.from_triple(llvm_binding.get_process_triple())
+    return target.create_target_machine(cpu=j.cpu, features=j.features, opt=opt)
 
 
 def host_vector_width(dtype) -> int:
@@ -197,6 +208,7 @@ __all__ = [
     "host_empty",
     "host_signature",
     "host_vector_width",
+    "target_machine",
     "host_zeros",
     "hsum",
     "llvm_type",

@@ -208,9 +208,7 @@ def _llvm_optimised(ir_text: str) -> str:
     """``ir_text`` after LLVM's O3 IR pipeline for the host (as core_ad's JIT runs it)."""
     import llvmlite.binding as llvm  # noqa: PLC0415
 
-    target = llvm.Target.from_default_triple()
-    tm = target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                      features=llvm.get_host_cpu_features().flatten(), opt=3)
+    tm = codegen.target_machine()
     mod = llvm.parse_assembly(ir_text)
     mod.triple, mod.data_layout = tm.triple, str(tm.target_data)
     pto = llvm.create_pipeline_tuning_options(speed_level=3)

@@ -3,7 +3,8 @@ kernels, O0), an optional on-disk object cache.
 
 * ``llvm.initialize()`` is deprecated in llvmlite 0.50 and not called; the native target and
   asm printer are initialised once.
-* The target machine is the host CPU with its features (``znver3``: AVX2 + FMA here), ``-O3``;
+* The target machine is the host CPU with its features (``znver4``: AVX-512 here; see
+  ``CORE_AD_LLVM_CPU`` below), ``-O3``;
   modules are optimised with the new pass manager's O3 pipeline (``speed_level=3``; O2 without
   the SLP vectoriser for core_ad's lane-wise kernels, see ``LANEWISE_SPEED_LEVEL``; the loop
   vectoriser is off because kernels are emitted in vector form already, SLP is on) before
@@ -21,6 +22,10 @@ kernels, O0), an optional on-disk object cache.
   link the object file directly (:meth:`Jit.load_cached`). The code key hashes
   the kernel's IR inputs *and* the host CPU name, features and LLVM version, so an object is
   only reused on a matching host.
+* ``CORE_AD_LLVM_CPU`` (read once per process, see :func:`target_cpu`) compiles for an x86-64
+  micro-architecture level instead of the host CPU (``x86-64-v3``: AVX2 + FMA, no AVX-512), the
+  libmvec ISA and vector widths following it: the tests can then run with the code (vector
+  widths, reduction orders, libmvec variants, so the last bits) of a machine such as CI's.
 """
 
 from __future__ import annotations
@@ -33,19 +38,79 @@ import time
 import llvmlite
 import llvmlite.binding as llvm
 
-__all__ = ["jit", "Jit", "host_signature"]
+__all__ = ["jit", "Jit", "host_signature", "target_cpu", "X86_LEVELS", "TargetCPUError"]
 
 _INIT_LOCK = threading.RLock()
 _JIT = None
 
 
-def host_signature() -> str:
-    """CPU name, features and LLVM / llvmlite versions: part of every code key."""
+_BASE = ("64bit", "cmov", "cx8", "fxsr", "mmx", "sse", "sse2")
+_V2 = _BASE + ("cx16", "crc32", "popcnt", "sahf", "sse3", "sse4.1", "sse4.2", "ssse3")
+_V3 = _V2 + ("avx", "avx2", "bmi", "bmi2", "f16c", "fma", "lzcnt", "movbe", "xsave")
+# The x86-64 psABI micro-architecture levels (LLVM CPUs of the same names) and the features
+# each guarantees: the targets CORE_AD_LLVM_CPU may name.
+X86_LEVELS = {
+    "x86-64": _BASE,
+    "x86-64-v2": _V2,
+    "x86-64-v3": _V3,
+    "x86-64-v4": _V3 + ("avx512bw", "avx512cd", "avx512dq", "avx512f", "avx512vl"),
+}
+
+
+class TargetCPUError(ValueError):
+    """``CORE_AD_LLVM_CPU`` names no known level, or one this host cannot run."""
+
+
+def target_cpu(name: str | None = None) -> tuple[str, dict]:
+    """(LLVM CPU name, {feature: enabled}) that kernels are compiled for: the host CPU and its
+    features, or with ``name`` (default: ``CORE_AD_LLVM_CPU``; unset or empty = the host) one
+    of :data:`X86_LEVELS`, with exactly that level's features (the host's others, AVX-512
+    above v3 included, turned off). Raises :class:`TargetCPUError` for another name or a level
+    that needs a feature the host lacks (its code could not run here)."""
     _init_llvm()
+    if name is None:
+        name = os.environ.get("CORE_AD_LLVM_CPU", "")
+    name = name.strip()
+    host = dict(llvm.get_host_cpu_features())
+    if not name:
+        return llvm.get_host_cpu_name(), host
+    if name not in X86_LEVELS:
+        raise TargetCPUError(f"CORE_AD_LLVM_CPU={name!r}: expected one of"
+                             f" {', '.join(X86_LEVELS)} (or unset for the host CPU)")
+    level = X86_LEVELS[name]
+    missing = [f for f in level if not host.get(f)]
+    if missing:
+        raise TargetCPUError(f"CORE_AD_LLVM_CPU={name!r}: this host"
+                             f" ({llvm.get_host_cpu_name()}) lacks {', '.join(missing)}")
+    return name, {f: f in level for f in host}
+
+
+_TARGET = None
+
+
+def _target() -> tuple[str, dict]:
+    """:func:`target_cpu` of the environment, resolved once: every kernel of a process and its
+    code keys share one target."""
+    global _TARGET
+    if _TARGET is None:
+        with _INIT_LOCK:
+            if _TARGET is None:
+                _TARGET = target_cpu()
+    return _TARGET
+
+
+def _flatten(features: dict) -> str:
+    return ",".join(("+" if on else "-") + f for f, on in sorted(features.items()))
+
+
+def host_signature() -> str:
+    """Target CPU name, features (the host's unless ``CORE_AD_LLVM_CPU``) and LLVM / llvmlite
+    versions: part of every code key."""
+    cpu, features = _target()
     return "|".join([
         llvm.get_process_triple(),
-        llvm.get_host_cpu_name(),
-        llvm.get_host_cpu_features().flatten(),
+        cpu,
+        _flatten(features),
         ".".join(map(str, llvm.llvm_version_info)),
         llvmlite.__version__,
     ])
@@ -71,8 +136,8 @@ class Jit:
     def __init__(self):
         _init_llvm()
         target = llvm.Target.from_triple(llvm.get_process_triple())
-        self.cpu = llvm.get_host_cpu_name()
-        self.features = llvm.get_host_cpu_features().flatten()
+        self.cpu, features = _target()
+        self.features = _flatten(features)
         self.tm = target.create_target_machine(
             cpu=self.cpu, features=self.features, opt=3, jit=True
         )

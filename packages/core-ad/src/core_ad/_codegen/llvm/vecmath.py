@@ -130,9 +130,10 @@ ULP_BOUNDS = {"float64": 4.0, "float32": 4.0}
 
 
 def _host_features() -> dict:
-    import llvmlite.binding as llvm
+    """The JIT's target features: the host's, or those of ``CORE_AD_LLVM_CPU``'s level."""
+    from .jit import _target
 
-    return dict(llvm.get_host_cpu_features())
+    return _target()[1]
 
 
 def host_isa() -> str | None:
