@@ -11,7 +11,7 @@ names such as ``_ZGVdN4v_sin`` or ``_ZGVdN8vv_powf``), or a narrower ISA's varia
 
 Accuracy, measured against numpy (numpy's float64 ``exp``/``log``/``sin``/..., scipy's ``erf``
 as the reference backend uses it; float32 likewise, evaluated in float32) by
-:func:`core_ad._accuracy.measure_accuracy` on this host (AMD znver3, glibc 2.36, libmvec ISA
+:func:`core_ad._accuracy.measure_accuracy` on an AMD znver3 host (glibc 2.36, libmvec ISA
 ``'d'`` = AVX2: 4 x float64, 8 x float32) over the domains of :data:`DOMAINS` (float32: :data:`DOMAINS_F32`
 where the float64 domain would overflow: exp [-87, 88], expm1 [-40, 88], log [1e-37, 1e37],
 sinh/cosh [-88, 88], pow x in [1e-2, 1e2]); 2^18 points per function, three quarters evenly
