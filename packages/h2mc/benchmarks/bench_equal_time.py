@@ -67,7 +67,7 @@ def main(argv=None):
                 parameterization=args.parameterization, lens_perturb_prob=args.lens_prob,
                 light_coordinates=not args.no_light_coordinates)
             for s in range(args.seeds):
-                image, stats, mutations, _, _ = render(
+                image, stats, mutations, _ = render(
                     scene, method, seconds=args.seconds, max_length=args.max_length, seed=s,
                     chains=args.chains, sigma2=args.sigma2, **modified)
                 errs.append(h2mc.rel_mse(image, ref))

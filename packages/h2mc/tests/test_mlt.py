@@ -197,6 +197,23 @@ def test_bad_input():
         render_mlt(lone, 1, bootstrap_samples=1024)
 
 
+def test_seconds_budget_runs_whole_steps_within_the_mutation_cap(cornell):
+    """``seconds``: one run of chains until the budget is spent, at least one step, at most
+    ``mutations_per_pixel``; the image is the mean over the steps taken."""
+    scene, ps, _ = cornell
+    kw = dict(path_space=ps, chains=32, direct_spp=0, bootstrap_samples=1024)
+    one = render_mlt(scene, np.inf, seconds=1e-9, **kw)  # spent by the bootstrap
+    assert one.mutations == 32 and np.isfinite(one.image).all()
+    capped = render_mlt(scene, 2, seconds=1e6, **kw)
+    plain = render_mlt(scene, 2, **kw)
+    assert capped.mutations == plain.mutations == 32 * int(np.ceil(2 * 16 * 12 / 32))
+    np.testing.assert_array_equal(capped.image, plain.image)
+    with pytest.raises(MLTError, match="needs a seconds budget"):
+        render_mlt(scene, np.inf, **kw)
+    with pytest.raises(MLTError, match="seconds must be positive"):
+        render_mlt(scene, 1, seconds=0.0, **kw)
+
+
 def test_mmlt_converges_to_path_traced_reference(cornell):
     """MMLT (multiplexed state, Kelemen small steps, MMLT large step) at 8, 32 and 128
     mutations per pixel against edge_rt. Measured: relMSE 0.040, 0.024, 0.0116, large-step

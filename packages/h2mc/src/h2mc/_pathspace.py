@@ -1061,6 +1061,16 @@ class PathSpace:
             self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
         return self._kernels[key]
 
+    def compile_lens_kernels(self):
+        """Compile (or load) the lens perturbation's kernels of every technique and
+        reconnection vertex now (they are otherwise built on first use, which a timed render
+        would count)."""
+        self._need_modified()
+        for k, s in self.techniques:
+            for j in range(1, k - 1):  # lens_vertex's range
+                for kind in ("lens_direction", "lens_hessian"):
+                    self._lens_kernel(kind, k, s, j)
+
     def _run_lens(self, kind, u, paths, coords, j, anchor, lanes):
         """``[(lanes, outputs)]`` of a lens kernel per (technique, j) group of ``lanes``
         (with ``j > 0``), on ``paths``' structure and ``u``'s coordinates."""
