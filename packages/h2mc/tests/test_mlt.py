@@ -492,6 +492,24 @@ def test_lens_perturbation_alone_keeps_the_stationary_distribution():
     assert np.abs(_centroid(r.indirect) - _centroid(ref)).max() < 0.12
 
 
+def test_compile_kernels_builds_every_kernel_a_render_uses(glossy_lens):
+    """``PathSpace.compile_kernels``: every technique's kernels up front (a rare technique
+    would otherwise compile inside a timed render), so an H2MC render in the modified
+    coordinates with the lens perturbation builds none."""
+    scene, _, _ = glossy_lens
+    ps = PathSpace(scene, max_length=3, roughness_threshold=0.03, light_coordinates=True)
+    ps.compile_kernels(derivatives=True, lens=True)
+    built = set(ps._kernels)
+    assert {k[0] for k in built} == {"value", "directions", "positions", "hessian",
+                                     "lens_direction", "lens_hessian"}
+    assert {k[1:3] for k in built} == set(ps.techniques)
+    render_mlt(scene, 2, method="h2mc", parameterization="modified", path_space=ps,
+               chains=64, direct_spp=0, bootstrap_samples=2048)
+    assert set(ps._kernels) == built
+    with pytest.raises(PathSpaceError):
+        PathSpace(scene, max_length=3).compile_kernels(lens=True)  # Kelemen's coordinates
+
+
 def test_lens_perturbation_options(cornell):
     """lens_perturb_prob in [0, 1] (0: no lens steps, and no "lens" statistics), lens_sigma2
     a positive finite variance; with Kelemen coordinates (no absolute vertex) the lens

@@ -1061,13 +1061,21 @@ class PathSpace:
             self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
         return self._kernels[key]
 
-    def compile_lens_kernels(self):
-        """Compile (or load) the lens perturbation's kernels of every technique and
-        reconnection vertex now (they are otherwise built on first use, which a timed render
-        would count)."""
-        self._need_modified()
+    def compile_kernels(self, derivatives=False, lens=False):
+        """Compile (or load from the disk cache) now, for every technique, the kernels a
+        render uses: values (and, in the modified coordinates, directions and positions),
+        with ``derivatives`` the Hessians of ``log f*``, with ``lens`` the lens
+        perturbation's of every reconnection vertex (modified coordinates). They are
+        otherwise built on first use: a technique rare in the first samples (a BSDF sample
+        that hits a small light) would compile inside a timed render."""
+        kinds = ["value"] + (["directions", "positions"] if self.roughness_threshold is not None
+                             else []) + (["hessian"] if derivatives else [])
+        if lens:
+            self._need_modified()
         for k, s in self.techniques:
-            for j in range(1, k - 1):  # lens_vertex's range
+            for kind in kinds:
+                self._kernel(kind, k, s)
+            for j in range(1, k - 1) if lens else ():  # lens_vertex's range
                 for kind in ("lens_direction", "lens_hessian"):
                     self._lens_kernel(kind, k, s, j)
 

@@ -115,13 +115,10 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     ps = PathSpace(scene, max_length=max_length,
                    roughness_threshold=roughness_threshold if modified else None,
                    light_coordinates=modified and light_coordinates)
-    # compile the path kernels now, outside the budget and the mutations-per-second figure
-    u = np.random.default_rng(seed).random((256, ps.dim))
-    paths = ps.trace(u)
-    if METHODS[method][0] == "h2mc":
-        ps.log_f_star_derivatives(u, paths)  # every technique's Hessian kernel
-        if modified and lens_perturb_prob > 0:
-            ps.compile_lens_kernels()
+    # compile every technique's kernels now, outside the budget and the mutations-per-second
+    # figure
+    ps.compile_kernels(derivatives=METHODS[method][0] == "h2mc",
+                       lens=modified and METHODS[method][0] == "h2mc" and lens_perturb_prob > 0)
     npix = ps.width * ps.height
     kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps, time_mode=time_mode,
               parameterization=parameterization, lens_perturb_prob=lens_perturb_prob)
