@@ -116,7 +116,7 @@ def main(argv=None):
               + " | ".join(f"{med['mmlt'] / med[m]:.2f}x" for m in h2) + " |")
         print("| mutations / pixel | " + " | ".join(f"{r[3]:.0f}" for r in rows) + " |"
               + " |" * len(h2))
-        _figure(os.path.join(args.out, f"{name}.png"), name, ref, images, med)
+        _figure(os.path.join(args.out, f"{name}_{args.size}.png"), name, ref, images, med)
 
 
 def _figure(path, name, ref, images, med):
