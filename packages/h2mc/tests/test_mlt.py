@@ -197,6 +197,23 @@ def test_bad_input():
         render_mlt(lone, 1, bootstrap_samples=1024)
 
 
+def test_seconds_budget_runs_whole_steps_within_the_mutation_cap(cornell):
+    """``seconds``: one run of chains until the budget is spent, at least one step, at most
+    ``mutations_per_pixel``; the image is the mean over the steps taken."""
+    scene, ps, _ = cornell
+    kw = dict(path_space=ps, chains=32, direct_spp=0, bootstrap_samples=1024)
+    one = render_mlt(scene, np.inf, seconds=1e-9, **kw)  # spent by the bootstrap
+    assert one.mutations == 32 and np.isfinite(one.image).all()
+    capped = render_mlt(scene, 2, seconds=1e6, **kw)
+    plain = render_mlt(scene, 2, **kw)
+    assert capped.mutations == plain.mutations == 32 * int(np.ceil(2 * 16 * 12 / 32))
+    np.testing.assert_array_equal(capped.image, plain.image)
+    with pytest.raises(MLTError, match="needs a seconds budget"):
+        render_mlt(scene, np.inf, **kw)
+    with pytest.raises(MLTError, match="seconds must be positive"):
+        render_mlt(scene, 1, seconds=0.0, **kw)
+
+
 def test_mmlt_converges_to_path_traced_reference(cornell):
     """MMLT (multiplexed state, Kelemen small steps, MMLT large step) at 8, 32 and 128
     mutations per pixel against edge_rt. Measured: relMSE 0.040, 0.024, 0.0116, large-step
@@ -479,6 +496,24 @@ def test_lens_perturbation_alone_keeps_the_stationary_distribution():
     assert r.stats["small"].proposed == 0 and r.stats["lens"].acceptance > 0.5
     assert rel_mse(r.indirect, ref) < 0.0015
     assert np.abs(_centroid(r.indirect) - _centroid(ref)).max() < 0.12
+
+
+def test_compile_kernels_builds_every_kernel_a_render_uses(glossy_lens):
+    """``PathSpace.compile_kernels``: every technique's kernels up front (a rare technique
+    would otherwise compile inside a timed render), so an H2MC render in the modified
+    coordinates with the lens perturbation builds none."""
+    scene, _, _ = glossy_lens
+    ps = PathSpace(scene, max_length=3, roughness_threshold=0.03, light_coordinates=True)
+    ps.compile_kernels(derivatives=True, lens=True)
+    built = set(ps._kernels)
+    assert {k[0] for k in built} == {"value", "directions", "positions", "hessian",
+                                     "lens_direction", "lens_hessian"}
+    assert {k[1:3] for k in built} == set(ps.techniques)
+    render_mlt(scene, 2, method="h2mc", parameterization="modified", path_space=ps,
+               chains=64, direct_spp=0, bootstrap_samples=2048)
+    assert set(ps._kernels) == built
+    with pytest.raises(PathSpaceError):
+        PathSpace(scene, max_length=3).compile_kernels(lens=True)  # Kelemen's coordinates
 
 
 def test_lens_perturbation_options(cornell):

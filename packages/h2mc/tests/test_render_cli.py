@@ -50,13 +50,12 @@ def test_rough_glass_scene_renders(tmp_path, capsys):
     assert image.shape == (12, 12, 3) and np.isfinite(image).all() and image.mean() > 0
 
 
-def test_time_budget_runs_rounds_and_averages(tmp_path, capsys):
+def test_time_budget_runs_the_chains_until_it_is_spent(tmp_path, capsys):
     rc, out, _ = _run(capsys, "cornell_box", "--method", "pssmlt", "--size", 16, 12,
                       "--time", 1.5, "--chains", 64, "--direct-spp", 1, "--out", tmp_path)
     assert rc == 0
-    rounds = int(out.split(" round(s)")[0].rsplit(", ", 1)[1])
     mpp = float(out.split("mutations per pixel: ")[1].split()[0])
-    assert rounds >= 2 and mpp > 4
+    assert mpp > 4
     assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_pssmlt.exr")).all()
 
 

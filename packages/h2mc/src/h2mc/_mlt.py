@@ -224,7 +224,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                bootstrap_samples=1 << 16, direct_spp=16, seed=0, checkpoints=(),
                path_space=None, progress=None, parameterization="kelemen",
                roughness_threshold=0.03, time_mode="hessian", lens_perturb_prob=0.3,
-               lens_sigma2=1e-4, light_coordinates=None):
+               lens_sigma2=1e-4, light_coordinates=None, seconds=None):
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
@@ -248,7 +248,11 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     prior variance ``lens_sigma2`` in screen units (spec: sigma 0.01);
     ``light_coordinates``: in the modified coordinates, the last direction of a path that hits
     the light as a point on it (spec 5.1 (ii), PathSpace's ``light_coordinates``); None: the
-    given path_space's choice, or True (the spec's default) when render_mlt builds it.
+    given path_space's choice, or True (the spec's default) when render_mlt builds it;
+    ``seconds``: a wall-clock budget (bootstrap included): the chains take steps until it is
+    spent, ``mutations_per_pixel`` then being a cap (``np.inf``: none). One run of long
+    chains, not several restarted ones: short chains are the start-up error on caustic scenes
+    (a seed on a rare bright path stays there for its whole life).
     """
     if method not in METHODS:
         raise MLTError(f"render_mlt: method must be one of {tuple(METHODS)}, got {method!r}")
@@ -264,8 +268,12 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         raise MLTError("render_mlt: large_step_prob and uniform_mixing must be in [0, 1]")
     if not 0.0 < s1 < s2 < 0.5:
         raise MLTError(f"render_mlt: need 0 < s1 < s2 < 0.5, got s1={s1}, s2={s2}")
-    if int(chains) < 1 or mutations_per_pixel <= 0:
+    if int(chains) < 1 or not mutations_per_pixel > 0:
         raise MLTError("render_mlt: chains and mutations_per_pixel must be positive")
+    if seconds is None and not np.isfinite(mutations_per_pixel):
+        raise MLTError("render_mlt: an unbounded mutations_per_pixel needs a seconds budget")
+    if seconds is not None and not 0.0 < seconds < np.inf:
+        raise MLTError(f"render_mlt: seconds must be positive and finite, got {seconds!r}")
     if parameterization not in PARAMETERIZATIONS:
         raise MLTError(f"render_mlt: parameterization must be one of {PARAMETERIZATIONS}, "
                        f"got {parameterization!r}")
@@ -310,7 +318,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     t0 = time.perf_counter()
     boot = bootstrap(ps, bootstrap_samples, rng)
     C = int(chains)
-    steps = int(np.ceil(mutations_per_pixel * npix / C))
+    steps = (int(np.ceil(mutations_per_pixel * npix / C)) if np.isfinite(mutations_per_pixel)
+             else np.iinfo(np.int64).max)
     checkpoints = {int(np.ceil(m * npix / C)): m for m in checkpoints}
 
     multiplexed = large_step != "uniform"
@@ -353,7 +362,10 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     nonfinite = 0
     snapshots = {}
     lanes_all = np.arange(C)
-    for step in range(1, steps + 1):
+    step = 0
+    # at least one step, whatever the budget: the image needs a mutation
+    while step < steps and (seconds is None or step == 0 or time.perf_counter() - t0 < seconds):
+        step += 1
         large = rng.random(C) < large_step_prob
         iso = ~large & (rng.random(C) < uniform_mixing) if use_h2mc else ~large
         h2 = ~large & ~iso
@@ -439,6 +451,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
             progress(step * C)
         if step in checkpoints:
             snapshots[checkpoints[step]] = _image(accum, boot.b, npix, step * C, w, h)
+    steps = step  # fewer than asked when the time budget ran out
     indirect = _image(accum, boot.b, npix, steps * C, w, h)
     seconds = time.perf_counter() - t0
     direct = np.zeros_like(indirect)

@@ -1061,6 +1061,24 @@ class PathSpace:
             self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
         return self._kernels[key]
 
+    def compile_kernels(self, derivatives=False, lens=False):
+        """Compile (or load from the disk cache) now, for every technique, the kernels a
+        render uses: values (and, in the modified coordinates, directions and positions),
+        with ``derivatives`` the Hessians of ``log f*``, with ``lens`` the lens
+        perturbation's of every reconnection vertex (modified coordinates). They are
+        otherwise built on first use: a technique rare in the first samples (a BSDF sample
+        that hits a small light) would compile inside a timed render."""
+        kinds = ["value"] + (["directions", "positions"] if self.roughness_threshold is not None
+                             else []) + (["hessian"] if derivatives else [])
+        if lens:
+            self._need_modified()
+        for k, s in self.techniques:
+            for kind in kinds:
+                self._kernel(kind, k, s)
+            for j in range(1, k - 1) if lens else ():  # lens_vertex's range
+                for kind in ("lens_direction", "lens_hessian"):
+                    self._lens_kernel(kind, k, s, j)
+
     def _run_lens(self, kind, u, paths, coords, j, anchor, lanes):
         """``[(lanes, outputs)]`` of a lens kernel per (technique, j) group of ``lanes``
         (with ``j > 0``), on ``paths``' structure and ``u``'s coordinates."""

@@ -3,9 +3,8 @@
     python -m h2mc.render cornell_box --method h2mc --time 60 --size 64 64 --out out/
 
 SCENE is a built-in scene name or a JSON scene dict (``edge_rt.from_dict``). ``--time``
-renders independent rounds (fresh seeds, one compiled PathSpace) until the wall-clock budget
-is spent and averages their images weighted by mutation count (each round's image is a mean
-over its own mutations); ``--mutations`` renders one round. Writes ``<scene>_<method>.exr``
+runs the chains until the wall-clock budget (after compiling the kernels) is spent;
+``--mutations`` runs them for that many mutations per pixel. Writes ``<scene>_<method>.exr``
 (linear) and ``.png`` (clamped to [0, 1], gamma 2.2) and prints acceptance per mutation type,
 mutations per second and mutations per pixel. Bad input: one line on stderr, exit status 2.
 """
@@ -24,7 +23,7 @@ from tqdm import tqdm
 import edge_rt
 from edge_rt import SceneError, scenes
 
-from ._mlt import METHODS, TIME_MODES, MLTError, MutationStats, render_mlt
+from ._mlt import METHODS, TIME_MODES, MLTError, render_mlt
 from ._pathspace import PathSpace, PathSpaceError
 from ._png import write_png
 
@@ -107,27 +106,24 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
            seed=0, chains=1024, sigma2=1e-3, direct_spp=16, time_mode="hessian",
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
            lens_perturb_prob=0.3):
-    """``(image, stats, mutations, chain_seconds, rounds)`` of ``method`` (a render_mlt
-    method: pssmlt, mmlt, h2mc): one round of ``mutations_per_pixel``, or rounds until
-    ``seconds`` of wall clock (after compiling the kernels) are spent; ``time_mode``,
+    """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
+    pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
+    clock (after compiling the kernels) are spent; ``time_mode``,
     ``parameterization``, ``roughness_threshold``, ``light_coordinates`` and
     ``lens_perturb_prob`` as render_mlt's (the last three only in the modified one)."""
     modified = parameterization == "modified"
     ps = PathSpace(scene, max_length=max_length,
                    roughness_threshold=roughness_threshold if modified else None,
                    light_coordinates=modified and light_coordinates)
-    # compile the path kernels now, outside the budget and the mutations-per-second figure
-    u = np.random.default_rng(seed).random((256, ps.dim))
-    paths = ps.trace(u)
-    if METHODS[method][0] == "h2mc":
-        ps.log_f_star_derivatives(u, paths)  # every technique's Hessian kernel
+    # compile every technique's kernels now, outside the budget and the mutations-per-second
+    # figure
+    ps.compile_kernels(derivatives=METHODS[method][0] == "h2mc",
+                       lens=modified and METHODS[method][0] == "h2mc" and lens_perturb_prob > 0)
     npix = ps.width * ps.height
     kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps, time_mode=time_mode,
               parameterization=parameterization, lens_perturb_prob=lens_perturb_prob)
     if modified:
         kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates)
-    indirect, direct, stats = 0.0, None, {}
-    mutations, chain_seconds, rounds = 0, 0.0, 0
     t0 = time.perf_counter()
     if seconds is None:
         bar = tqdm(total=int(np.ceil(mutations_per_pixel * npix / chains)) * chains,
@@ -135,30 +131,16 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     else:
         bar = tqdm(total=seconds, unit="s", bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s")
 
-    def tick(done):  # after each step of the current round (tqdm limits the redraws)
-        bar.update((mutations + done if seconds is None
-                    else min(time.perf_counter() - t0, seconds)) - bar.n)
+    def tick(done):  # after each step (tqdm limits the redraws)
+        bar.update((done if seconds is None else min(time.perf_counter() - t0, seconds))
+                   - bar.n)
 
-    mpp, min_mpp = mutations_per_pixel or 1.0, chains / npix  # min_mpp: one step
     with bar:
-        while True:
-            r = render_mlt(scene, mpp, seed=(seed, rounds), progress=tick,
-                           direct_spp=direct_spp if direct is None else 0, **kw)
-            direct = r.direct if direct is None else direct
-            indirect = indirect + r.indirect * r.mutations
-            for name, s in r.stats.items():
-                acc = stats.setdefault(name, MutationStats())
-                acc.proposed += s.proposed
-                acc.accepted += s.accepted
-            mutations += r.mutations
-            chain_seconds += r.seconds
-            rounds += 1
-            remaining = (seconds or 0.0) - (time.perf_counter() - t0)
-            if remaining <= 0:
-                break
-            # next round sized to the time left at this round's rate, growing at most 4x
-            mpp = float(np.clip(remaining / (r.seconds / mpp), min_mpp, 4 * mpp))
-    return indirect / mutations + direct, stats, mutations, chain_seconds, rounds
+        # a time budget is one run of chains until it is spent: restarted short rounds are
+        # dominated by start-up error on caustic scenes (render_mlt's ``seconds``)
+        r = render_mlt(scene, np.inf if seconds is not None else mutations_per_pixel,
+                       seconds=seconds, seed=seed, progress=tick, direct_spp=direct_spp, **kw)
+    return r.image, r.stats, r.mutations, r.seconds
 
 
 def main(argv=None):
@@ -180,7 +162,7 @@ def main(argv=None):
                              f"{args.lens_prob} and {args.roughness_threshold}")
         scene, stem = load_scene(args.scene, args.size)
         mpp = None if args.time is not None else (args.mutations or 64.0)
-        image, stats, mutations, secs, rounds = render(
+        image, stats, mutations, secs = render(
             scene, args.method, seconds=args.time, mutations_per_pixel=mpp,
             max_length=args.max_length, seed=args.seed, chains=args.chains,
             sigma2=args.sigma2, direct_spp=args.direct_spp, time_mode=args.time_mode,
@@ -199,8 +181,7 @@ def main(argv=None):
     small, large = METHODS[args.method]
     labels = {"large": f"large ({large})", "small": small,
               "isotropic": "kelemen (uniform mixing)", "lens": "h2 lens"}
-    print(f"{stem} {w}x{h}, {args.method}, paths of 3..{args.max_length} segments, "
-          f"{rounds} round(s)")
+    print(f"{stem} {w}x{h}, {args.method}, paths of 3..{args.max_length} segments")
     for name, s in stats.items():
         print(f"acceptance {labels[name]}: {s.acceptance:.3f} ({s.accepted}/{s.proposed})")
     print(f"mutations per second: {mutations / secs:.0f}")
