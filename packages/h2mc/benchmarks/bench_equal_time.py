@@ -27,7 +27,7 @@ import numpy as np
 
 import h2mc
 from edge_rt import scenes
-from h2mc.render import render
+from h2mc.render import path_space_for, render
 
 SCENES = {"ring": "ring_scene", "torus": "torus_glass_cube", "glossy_cornell": "glossy_cornell"}
 # H2MC prior variance per scene, for 50-70% small-step acceptance (spec 4.5; measured at 32x32,
@@ -88,13 +88,19 @@ def main(argv=None):
              dict(parameterization=p, lens_perturb_prob=args.lens_prob,
                   light_coordinates=not args.no_light_coordinates))
             for p in args.parameterization]
+        spaces = {}  # one compiled PathSpace per parameterisation, shared by the seeds
         for label, method, modified in runs:
             errs, mpps, accs = [], [], []
+            p = modified.get("parameterization", "kelemen")
+            if p not in spaces:
+                spaces[p] = path_space_for(
+                    scene, args.max_length, p,
+                    light_coordinates=modified.get("light_coordinates", True))
             for s in range(args.seeds):
                 image, stats, mutations, _ = render(
                     scene, method, seconds=args.seconds, max_length=args.max_length, seed=s,
                     chains=args.chains, sigma2=args.sigma2 or SIGMA2[name],
-                    direct_spp=args.direct_spp,
+                    direct_spp=args.direct_spp, path_space=spaces[p],
                     **modified)
                 errs.append(h2mc.rel_mse(image, ref))
                 mpps.append(mutations / (args.size * args.size))

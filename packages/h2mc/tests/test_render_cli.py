@@ -10,6 +10,7 @@ import pytest
 
 import edge_rt
 from h2mc import read_png_size, render_mlt
+from h2mc import render as render_module
 from h2mc.render import main
 
 
@@ -57,6 +58,26 @@ def test_time_budget_runs_the_chains_until_it_is_spent(tmp_path, capsys):
     mpp = float(out.split("mutations per pixel: ")[1].split()[0])
     assert mpp > 4
     assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_pssmlt.exr")).all()
+
+
+def test_renders_of_one_scene_can_share_its_compiled_path_space(monkeypatch):
+    """An equal-time comparison renders one scene per seed and method: with
+    ``path_space=path_space_for(...)`` the PathSpace (its compiled kernels) is built once, and
+    the images still depend on the seed."""
+    from edge_rt import scenes
+    built = []
+    real = render_module.PathSpace
+    monkeypatch.setattr(render_module, "PathSpace",
+                        lambda *a, **kw: built.append(1) or real(*a, **kw))
+    scene = scenes.cornell_box()
+    scene.camera.resolution = (8, 6)
+    ps = render_module.path_space_for(scene)
+    kw = dict(mutations_per_pixel=1, chains=16, direct_spp=1, path_space=ps)
+    a = render_module.render(scene, "pssmlt", seed=0, **kw)[0]
+    b = render_module.render(scene, "mmlt", seed=1, **kw)[0]
+    c = render_module.render(scene, "pssmlt", seed=1, **kw)[0]
+    assert len(built) == 1
+    assert not np.array_equal(a, c) and np.isfinite(b).all()
 
 
 def _json_scene(path, lit):

@@ -102,19 +102,30 @@ def load_scene(name, size):
         raise UsageError(f"bad scene file {name}: {e}") from e
 
 
+def path_space_for(scene, max_length=3, parameterization="kelemen",
+                   roughness_threshold=0.03, light_coordinates=True):
+    """The PathSpace that :func:`render` builds for these settings: pass it back as
+    ``render(..., path_space=)`` to render one scene several times (an equal-time
+    comparison's seeds) with its kernels compiled once."""
+    modified = parameterization == "modified"
+    return PathSpace(scene, max_length=max_length,
+                     roughness_threshold=roughness_threshold if modified else None,
+                     light_coordinates=modified and light_coordinates)
+
+
 def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=3,
            seed=0, chains=1024, sigma2=1e-3, direct_spp=16, time_mode="hessian",
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
-           lens_perturb_prob=0.3):
+           lens_perturb_prob=0.3, path_space=None):
     """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
     clock (after compiling the kernels) are spent; ``time_mode``,
     ``parameterization``, ``roughness_threshold``, ``light_coordinates`` and
-    ``lens_perturb_prob`` as render_mlt's (the last three only in the modified one)."""
+    ``lens_perturb_prob`` as render_mlt's (the last three only in the modified one);
+    ``path_space``: one from :func:`path_space_for` with the same settings, reused."""
     modified = parameterization == "modified"
-    ps = PathSpace(scene, max_length=max_length,
-                   roughness_threshold=roughness_threshold if modified else None,
-                   light_coordinates=modified and light_coordinates)
+    ps = path_space or path_space_for(scene, max_length, parameterization, roughness_threshold,
+                                      light_coordinates)
     # compile every technique's kernels now, outside the budget and the mutations-per-second
     # figure
     ps.compile_kernels(derivatives=METHODS[method][0] == "h2mc",
