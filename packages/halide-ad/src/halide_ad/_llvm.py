@@ -382,16 +382,14 @@ class ModuleBuilder:
                 slot = self.slots.ptr_slot(("store", fid, k))
                 p = b.load(b.gep(ptrs, [ir.Constant(I64, slot)]))
                 ps.append(b.bitcast(p, _mem_type(dt).as_pointer()))
-            if kind in ("buffer", "strided"):
-                leaf = "hl.bufdim" if kind == "buffer" else "hl.store"
-                mins = [env[sym.leaf(leaf, (fid, d, "min"), np.int32)] for d in range(ndim)]
-                # ``inner`` has unit stride (dimension 0 of a Buffer: Buffers copy arrays whose
-                # last axis does not; a root Func's storage order, reorder_storage)
-                strides = [ir.Constant(I32, 1) if d == inner else
-                           b.trunc(b.load(b.gep(ints, [ir.Constant(I64, self.slots.int_slot(
-                               ("stride", fid, d)))])), I32) for d in range(ndim)]
-            else:
-                mins, strides, _ = self._dense_layout(b, env, fid, ndim)
+            # Buffers and root Funcs ("strided") alike: strides from the arrays, ``inner`` of
+            # unit stride (dimension 0 of a Buffer: Buffers copy arrays whose last axis does
+            # not; a root Func's storage order, reorder_storage)
+            leaf = "hl.bufdim" if kind == "buffer" else "hl.store"
+            mins = [env[sym.leaf(leaf, (fid, d, "min"), np.int32)] for d in range(ndim)]
+            strides = [ir.Constant(I32, 1) if d == inner else
+                       b.trunc(b.load(b.gep(ints, [ir.Constant(I64, self.slots.int_slot(
+                           ("stride", fid, d)))])), I32) for d in range(ndim)]
             storage[fid] = _Storage(ps, mins, strides, dtypes, self.alias.get(fid), inner)
         return env, storage
 
@@ -755,8 +753,7 @@ class ModuleBuilder:
             raise ScheduleError(f"{s.func.name()} is computed inside a vectorized loop")
         f = s.func
         ndim = f.dimensions()
-        order = f.storage_order if f.storage_order is not None and \
-            len(f.storage_order) == ndim else None
+        order = f.storage_order  # checked against its dimensions by reorder_storage
         mins, strides, total = self._dense_layout(b, env, f.fid, ndim, order)
         too_big = b.icmp_signed(">=", total, ir.Constant(I64, 2**31))
         ok = b.function.append_basic_block("alloc.size_ok")

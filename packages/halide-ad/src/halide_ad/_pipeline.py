@@ -90,9 +90,6 @@ class _Compiled:
             dtypes, ndim, _, _ = storage[fid]
             order = g.funcs[fid].storage_order
             if order is not None and fid not in output_fids:
-                if sorted(order) != list(range(ndim)):
-                    raise ScheduleError(f"{g.funcs[fid].name()}.reorder_storage names"
-                                        f" {len(order)} dimensions; it has {ndim}")
                 self.storage_orders[fid] = order
             storage[fid] = (dtypes, ndim, "strided", self.storage_orders.get(fid, [0])[0])
             for d in range(ndim):
