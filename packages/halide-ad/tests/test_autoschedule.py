@@ -195,6 +195,50 @@ def test_a_small_buffer_gathered_at_data_dependent_points_is_staged():
         _assert_close(np.asarray(got[1]), want[1])
 
 
+def _shifted_sample(image, offsets, channel=lambda c: c):
+    """out[x, y, c] = image[x + offsets[x, y], y, channel(c)] through constant_exterior (a
+    flow warp's gather: positions read data, the channel passes through), and its adjoint
+    w.r.t. the image."""
+    x, y, c = hl.Var("x"), hl.Var("y"), hl.Var("c")
+    im, off = hl.Buffer(image, name="image"), hl.Buffer(offsets, name="offsets")
+    padded = hl.BoundaryConditions.constant_exterior(im, 0.0)
+    out = hl.Func("warped")
+    out[x, y, c] = padded[x + hl.clamp(off[x, y], -3, 3), y, channel(c)] * 2.0
+    d = hl.propagate_adjoints(out, np.ones(image.shape))
+    return out, padded, d[im]
+
+
+@pytest.mark.parametrize("channels, channel, interleaved", [
+    (8, lambda c: c, True),          # 8 channels passed through: one copy, channels innermost
+    (2, lambda c: c, False),         # too few to fill a cache line's worth
+    (8, lambda c: 7 - c, False),     # the channel is computed, not passed through
+])
+def test_a_buffer_gathered_per_channel_gets_an_interleaved_copy(channels, channel,
+                                                                 interleaved):
+    """A Buffer read at data-dependent points, whose channel every such read passes through
+    unchanged, is copied at the root with the channels innermost (each gathered point's
+    channels then share cache lines), the copy vectorised along x with the channel loop just
+    outside; otherwise its boundary condition stays inline. Values equal the unscheduled
+    pipeline's either way."""
+    image = RNG.random((channels, 64, 128))  # 8 x 4 tiles: the rows are tiled, not copied
+    offsets = RNG.integers(-3, 4, (64, 128)).astype(np.int32)
+    out, padded, d_image = _shifted_sample(image, offsets, channel)
+    sizes = [[128, 64, channels], [128, 64, channels]]
+    want = [_realize(out, sizes[0]), _realize(d_image, sizes[1])]
+    decided = hl.auto_schedule([out, d_image], dict(zip([out, d_image], sizes)))
+    level = decided.levels[padded.name()]
+    assert ("innermost" in level) == interleaved, level
+    assert level.startswith("root") == interleaved, level
+    if interleaved:
+        c_dim = padded._pure_arg_names[2]
+        assert padded.storage_order == [2, 0, 1]
+        dims = [(d.name, d.kind) for d in padded._definition().schedule.dims]
+        assert dims[0][1] == "vectorized" and dims[1][0] == c_dim, dims
+    got = hl.Pipeline([out, d_image]).realize(sizes)
+    _assert_close(np.asarray(got[0]), want[0])
+    _assert_close(np.asarray(got[1]), want[1])
+
+
 def test_rules_paper_inlines_single_caller_stencils():
     p = _separable(RNG.random((64, 64)))
     decided = hl.auto_schedule(p["blur_y"], {p["blur_y"]: [64, 64]}, rule="paper")
