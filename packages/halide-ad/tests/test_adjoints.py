@@ -192,6 +192,44 @@ def test_histogram_scatter():
     _fd_check(build, {"a": a, "w": rng.standard_normal((H, W))})
 
 
+@pytest.mark.parametrize("channels, intermediate", [(4, True), (1, False)])
+def test_buffer_scattered_per_channel_accumulates_in_an_intermediate(channels, intermediate):
+    """A Buffer read at data-dependent points (a flow warp reading its image directly, the
+    coordinates clamped) scatters its adjoint. When every scatter passes a dimension of at
+    least 4 points through (the channels), the scatters accumulate in an intermediate Func
+    (which the auto-scheduler can store channels-innermost) and the Buffer's adjoint reads
+    it; with one channel there is nothing to vectorise along and no intermediate. Both
+    against finite differences, unscheduled and auto-scheduled."""
+    c = hl.Var("c")
+
+    def build(arrs, prms):
+        im, off = hl.Buffer(arrs["image"], "image"), hl.Buffer(arrs["offsets"], "offsets")
+        warped = hl.Func("warped")
+        sx = hl.clamp(x + hl.i32(hl.floor(off[x, y] * 3.0)), 0, W - 1)
+        warped[x, y, c] = hl.sin(im[sx, y, c]) * off[x, y]
+        lo = hl.Func("loss")
+        r = hl.RDom([(0, W), (0, H), (0, channels)])
+        lo[()] = hl.f64(0)
+        lo[()] += warped[r.x, r.y, r.z] * warped[r.x, r.y, r.z] * hl.f64(r.z + 1)
+        return lo, {"image": im, "offsets": off}, {}
+
+    rng = _rng(5)
+    # offsets away from the floor's steps, so that +-h never moves a sample
+    offsets = (rng.integers(-2, 3, (H, W)) + 0.3 + 0.4 * rng.random((H, W))) / 3.0
+    arrays = {"image": rng.standard_normal((channels, H, W)), "offsets": offsets}
+    _fd_check(build, arrays)
+    loss, bufs, _ = build(arrays, {})
+    d_image = hl.propagate_adjoints(loss)[bufs["image"]]
+    names = {f.name() for f in hl.Pipeline(d_image)._compile().graph.funcs.values()}
+    assert ("image_d_scattered" in names) == intermediate, names
+    want = np.asarray(d_image.realize([W, H, channels])).copy()
+    decided = hl.auto_schedule(d_image, {d_image: [W, H, channels]})
+    if intermediate:
+        assert "scatter" in decided.levels["image_d_scattered"], decided.levels
+    got = np.asarray(hl.Pipeline(d_image).realize([W, H, channels]))
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-14)
+
+
 def test_upsample_adjoint_uses_new_rdom():
     """out(x) = in(x / 2): the adjoint of in sums d_out over the 2 preimages (a new RDom
     of extent 2, gathered over x)."""

@@ -360,8 +360,7 @@ class _Adjoints:
             self._process(f)
         for fid, buf in g.buffers.items():
             if buf.type().is_float():
-                self.inputs[fid] = self._materialise(buf, f"{buf.name()}_d", buf.type(),
-                                                     buf.dimensions(), self.contribs.get(fid, []))
+                self.inputs[fid] = self._buffer_adjoint(buf, self.contribs.get(fid, []))
         for p in g.params:
             if np.dtype(p.dtype).kind == "f":
                 obj = E.PARAMS.get(p.key)
@@ -738,6 +737,29 @@ class _Adjoints:
         return _Contribution(lhs, value, rdims, mask)
 
     # ---- building the adjoint Funcs -----------------------------------------------------
+    def _buffer_adjoint(self, buf, contribs):
+        """A Buffer's adjoint. Its scatters (updates at data-dependent points)
+        accumulate in an intermediate Func when every one of them passes a dimension of at
+        least 4 points through unchanged (a pixel's channels): unlike the adjoint, which
+        takes the layout of the array it is realized into, an intermediate can be stored
+        with that dimension innermost, so each scattered point is one vector
+        read-modify-write (``auto_schedule``'s scatter lanes); the adjoint then reads it."""
+        name, t, dims = f"{buf.name()}_d", buf.type(), buf.dimensions()
+        us = self.adjoint_vars(dims)
+        scatters = [c for c in contribs if any(sym.calls([a], E.CALL) for a in c.lhs)]
+        lanes = set(range(1, dims))
+        for c in scatters:
+            moved = {leaf for a, u in zip(c.lhs, us) if a is not u for leaf in _uses(a, us)}
+            lanes &= {k for k, (a, u) in enumerate(zip(c.lhs, us)) if a is u and u not in moved}
+        if not scatters or not all(c.rdims for c in scatters) or not any(
+                buf.dim(k).extent() >= 4 for k in lanes):
+            return self._materialise(buf, name, t, dims, contribs)
+        inner = self._materialise(buf, f"{name}_scattered", t, dims, scatters)
+        xs = [E.Var(u.key) for u in us]
+        direct = [c for c in contribs if c not in scatters]
+        whole = _Contribution(us, inner[tuple(xs)].node, [], None)
+        return self._materialise(buf, name, t, dims, direct + [whole])
+
     def _materialise(self, obj, name, t, dims, contribs):
         f = Func(name)
         us = self.adjoint_vars(dims)
