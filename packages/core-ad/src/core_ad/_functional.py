@@ -15,10 +15,13 @@ function that turns out to read arrays traced outside is traced again without it
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from . import _lazy
 from . import _rules as R
+from ._device import is_device_array, on_device
 from ._pytree import flatten, unflatten
 from ._tracing import Array, _backprop, _grad_mode, _push_tangents, _toposort
 
@@ -29,7 +32,7 @@ def _is_traced(x) -> bool:
 
 def _float_input(x, where: str):
     """``x``'s value (an Array's is not evaluated: it may stay pending)."""
-    v = x if isinstance(x, Array) else np.asarray(x)
+    v = x if isinstance(x, Array) or is_device_array(x) else np.asarray(x)
     if v.dtype.kind not in "fc":
         raise TypeError(
             f"{where}: cannot differentiate with respect to an array of dtype {v.dtype};"
@@ -120,7 +123,19 @@ def _lazy_results(args, nums) -> bool:
 def _cotangent(found: dict, node: Array):
     """The cotangent the sweep found for ``node``; zeros (allocated only then) when none."""
     ct = found.get(id(node))
-    return np.zeros(node.shape, dtype=node.dtype) if ct is None else ct
+    return _zeros_like(node) if ct is None else ct
+
+
+def _untraced_value(v):
+    """The value of an untraced tangent or vector: a CuPy array as it is, else numpy."""
+    v = v.value if isinstance(v, Array) else v
+    return v if is_device_array(v) else np.asarray(v)
+
+
+def _zeros_like(x: Array):
+    """Zeros of ``x``'s shape and dtype, on ``x``'s device."""
+    xp = sys.modules["cupy"] if on_device(x) else np
+    return xp.zeros(x.shape, dtype=x.dtype)
 
 
 def value_and_grad(f, argnums=0, has_aux: bool = False):
@@ -252,7 +267,7 @@ def jvp(f, primals, tangents):
         if ttd != td:
             raise ValueError(f"jvp: tangent {i} structure {ttd} does not match primal {td}")
         for x, tv in zip(group, tl):
-            tv = tv if _is_traced(tv) else np.asarray(tv.value if isinstance(tv, Array) else tv)
+            tv = tv if _is_traced(tv) else _untraced_value(tv)
             if tuple(tv.shape) != x.shape:
                 raise ValueError(
                     f"jvp: tangent {i} has shape {tuple(tv.shape)} but primal {i} has shape"
@@ -267,7 +282,7 @@ def jvp(f, primals, tangents):
     create = nested or any(_is_traced(s) for s in seeds.values())
     touts = _push_tangents(outs, seeds, 0, create_graph=create)
     touts = [
-        _finish(t, create) if t is not None else np.zeros(o.shape, o.dtype)
+        _finish(t, create) if t is not None else _zeros_like(o)
         for o, t in zip(outs, touts)
     ]
     return (
@@ -374,16 +389,16 @@ def hvp(f, x, v):
     node, out, nested = _single_array_fn(f, x, "hvp")
     if out.shape != ():
         raise TypeError(f"hvp requires a scalar output, got shape {out.shape}")
-    vv = v if _is_traced(v) else np.asarray(v.value if isinstance(v, Array) else v)
+    vv = v if _is_traced(v) else _untraced_value(v)
     if tuple(vv.shape) != node.shape:
         raise ValueError(f"hvp: v has shape {tuple(vv.shape)} but x has shape {node.shape}")
     g = _gradient_node(out, node)
     if g is None:
-        return _finish(np.zeros(node.shape, node.dtype), nested)
+        return _finish(_zeros_like(node), nested)
     seed = vv if _is_traced(vv) else vv.astype(node.dtype, copy=False)
     (t,) = _push_tangents([g], {id(node): seed}, 0, create_graph=nested or _is_traced(vv))
     if t is None:
-        return _finish(np.zeros(node.shape, node.dtype), nested)
+        return _finish(_zeros_like(node), nested)
     return _finish(t, nested or _is_traced(vv))
 
 
