@@ -82,7 +82,7 @@ def describe(x) -> str:
 
     name = f", {x.name!r}" if isinstance(x, Array) and x.name else ""
     v = x._value if isinstance(x, Array) else x
-    where = "CuPy" if getattr(v, "device", None) == "cuda" or is_device_array(v) else "numpy"
+    where = "CuPy" if on_device(x) else "numpy"
     return f"a {where} array ({np.dtype(v.dtype)}, shape {tuple(v.shape)}{name})"
 
 

@@ -23,7 +23,7 @@ from . import _lazy
 from . import _rules as R
 from ._device import is_device_array, on_device
 from ._pytree import flatten, unflatten
-from ._tracing import Array, _backprop, _grad_mode, _push_tangents, _toposort
+from ._tracing import Array, _backprop, _check_seed, _grad_mode, _push_tangents, _toposort
 
 
 def _is_traced(x) -> bool:
@@ -176,7 +176,7 @@ def value_and_grad(f, argnums=0, has_aux: bool = False):
         if out.requires_grad:
             found = _backprop(
                 [out],
-                [np.ones((), out.dtype)],
+                [_check_seed(out, None)],
                 targets=flat_inputs,
                 create_graph=nested,
                 retain_graph=nested,
@@ -230,7 +230,7 @@ def vjp(f, *primals):
             )
         seeds = []
         for i, (o, c) in enumerate(zip(outs, cts)):
-            cv = c if _is_traced(c) else np.asarray(c.value if isinstance(c, Array) else c)
+            cv = c if _is_traced(c) else _untraced_value(c)
             if tuple(cv.shape) != o.shape:
                 raise ValueError(
                     f"vjp: cotangent {i} has shape {tuple(cv.shape)} but output {i} has shape"
@@ -376,7 +376,7 @@ def _gradient_node(out: Array, node: Array):
     """The gradient of ``out`` at ``node`` as a recorded (differentiable) array, or None."""
     if not out.requires_grad:
         return None
-    found = _backprop([out], [np.ones(out.shape, out.dtype)], targets=[node], create_graph=True,
+    found = _backprop([out], [_check_seed(out, None)], targets=[node], create_graph=True,
                       retain_graph=True, accumulate=False)
     g = found.get(id(node))
     if g is not None and not isinstance(g, Array):

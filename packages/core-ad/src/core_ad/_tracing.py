@@ -14,6 +14,7 @@ nesting to any order.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from contextlib import contextmanager
@@ -531,17 +532,20 @@ def _toposort(roots, stop=frozenset()):
 
 def _check_seed(out: Array, seed, what="seed"):
     if seed is None:
-        if on_device(out):
-            return np.broadcast_to(np.ones((), out.dtype), out.shape)  # a host scalar
+        if on_device(out):  # one number read by every lane (a 0-d leaf of the kernel)
+            cp = sys.modules["cupy"]
+            return cp.broadcast_to(cp.ones((), out.dtype), out.shape)
         return np.ones(out.shape, dtype=out.dtype)
     if isinstance(seed, Array) and seed.requires_grad:
         if seed.shape != out.shape:
             raise ValueError(f"{what} has shape {seed.shape} but the output has shape {out.shape}")
         return seed
-    seed = np.asarray(seed.value if isinstance(seed, Array) else seed)
+    seed = seed.value if isinstance(seed, Array) else seed
+    xp = array_module(seed)
+    seed = xp.asarray(seed)
     if seed.shape != out.shape:
         if seed.shape == () or seed.size == 1 and seed.ndim <= out.ndim:
-            seed = np.broadcast_to(seed.reshape(()), out.shape)
+            seed = xp.broadcast_to(seed.reshape(()), out.shape)
         else:
             raise ValueError(f"{what} has shape {seed.shape} but the output has shape {out.shape}")
     if seed.dtype.kind not in "fc":
@@ -618,6 +622,8 @@ def _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumul
                 # every rule, as they have no eager path)
                 in_args = tuple(Array._view(a) if isinstance(a, Array) else a for a in args)
                 out = Array._view(node)
+                if is_device_array(ct):  # a seed: recorded like the rest
+                    ct = Array(ct)
             else:
                 in_args = tuple(a.value if isinstance(a, Array) else a for a in args)
                 out = node.value
