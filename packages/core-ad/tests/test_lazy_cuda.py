@@ -154,6 +154,13 @@ def test_sum_spread_over_lanes_and_mean(cp):
     np.testing.assert_allclose(host(cp, y.value), x * np.sum(x * x) - np.mean(x), rtol=RTOL)
 
 
+def test_sums_of_lanes_that_read_only_one_number(cp):
+    a = ad.Array(cp.asarray(np.linspace(0.0, 1.0, N)))
+    assert float(anp.sum(a * 0.0 + 2.0)) == 2.0 * N
+    one = ad.Array(cp.asarray(np.array([2.0])))
+    assert float(anp.sum(anp.broadcast_to(one * 3.0, (N,)) * 1.5)) == 9.0 * N
+
+
 def test_gradient_descent_loop_hits_the_kernel_cache(cp):
     """The iterations repeat the same operations: kernels are compiled in the first one only,
     and the result is the CPU lazy path's."""

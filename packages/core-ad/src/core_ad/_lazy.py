@@ -563,6 +563,14 @@ def _evaluate_group(scope, group, arrays, extra, backend=None):
     outs += extra
     where = arrays[0]._value.where if arrays else "<a sum>"
     leaves = sorted(sym.free_leaves(outs), key=lambda v: int(v.key[5:].split("_")[0]))
+    var_buf = {v: buf for v, buf in scope.leaves.values()}
+    lane_input = None
+    if extra and lanes > 1 and not any(v.kind != "buffer" and var_buf[v].size == lanes
+                                       for v in leaves):
+        # a kernel's lane count is the length of its per-lane inputs: sums and scatters over
+        # lanes whose operands are all one number (a broadcast, a constant) need one anyway
+        lane_input = xp.zeros(lanes, np.bool_)
+        leaves.append(sym.var("_lazy_lanes", np.bool_))
     misses = KERNELS.misses
     try:
         # a few lanes gain nothing from vector code, whose staged tail costs compile time
@@ -572,10 +580,9 @@ def _evaluate_group(scope, group, arrays, extra, backend=None):
     except Exception as e:  # a lowering problem: name the user's line of the first op
         raise type(e)(f"{e} (lazy evaluation of the operation at {where})") from e
     _STATS["compiled"] += KERNELS.misses - misses
-    var_buf = {v: buf for v, buf in scope.leaves.values()}
     ins = []
     for v in leaves:
-        buf = var_buf[v]
+        buf = lane_input if v.key == "_lazy_lanes" else var_buf[v]
         if v.kind == "buffer":  # read (or copied and scattered into) whole
             buf = xp.ascontiguousarray(buf)
         elif buf.ndim and (buf.size != 1 or lanes == 1):
