@@ -120,6 +120,7 @@ def test_backward_and_forward_on_arrays_stay_on_device(cp):
     np.testing.assert_allclose(host(cp, a.grad), want, rtol=RTOL)
     np.testing.assert_allclose(host(cp, y.value), np.sin(x) * x + np.exp(-x), rtol=RTOL)
     assert isinstance(y.numpy(), np.ndarray) and "device='cuda'" in repr(y)
+    assert ad.whos([y]).evaluated_bytes >= y.size * 8  # diagnostics read device arrays too
     with pytest.raises(TypeError, match="numpy"):
         np.asarray(y)
 

@@ -29,6 +29,12 @@ freed, so intermediates that nothing references any more are never stored.
 A scope also evaluates when it has recorded ``max_pending_nodes`` operations (bounds the
 kernel size and its compile time).
 
+Arrays whose data are CuPy arrays (:mod:`core_ad._device`) are recorded the same way, at every
+size (device data have no eager path), together with 1-D gathers and scatters (``lane_gather``
+/ ``lane_scatter_add`` nodes over the index's lanes, bounds-checked by the kernel), and
+evaluated by ``sym.compile(..., backend="cuda")`` kernels: pending arrays are grouped by
+(device, lane count). What has no device path raises ``DeviceUnsupportedError``.
+
 Before each evaluation the graph is simplified by vertex elimination (:mod:`core_ad._eliminate`,
 on by default, ``set_vertex_elimination(False)`` turns it off), so that intermediates that only
 the graph holds are folded into edge weights and never stored.
@@ -74,10 +80,14 @@ class Scope:
     """The leaves and pending arrays recorded since the last evaluation."""
 
     def __init__(self):
-        self.leaves = {}  # id(buffer) -> (var, buffer)
+        # id(buffer) -> (var, buffer); ("cuda", id) for a host scalar uploaded to the device,
+        # ("buffer", id) for a device array read whole by gathers / scatters
+        self.leaves = {}
         self.aliases = []  # arrays whose leaf buffer is another array
         self.pending = []  # weakrefs to Arrays holding a Pending of this scope
-        self.sums = {}  # id(lane_sum node) -> (node, lane count of its operand, device)
+        # id(lane_sum or device lane_scatter_add node) -> (node, (device, lanes of the kernel
+        # that computes it))
+        self.sums = {}
         self.n_ops = 0
         self.closed = False
 
@@ -534,7 +544,7 @@ def evaluate_scope(scope: Scope | None = None):
                 rest.append(a)
             else:
                 a._value = m
-        if rest:  # arithmetic on a few numbers: numpy, no kernel to compile or launch
+        if rest:  # arithmetic on a few numbers: numpy on the host (no kernel to compile)
             _evaluate_group(scope, (device, lanes), rest, [],
                             backend="numpy" if device == "cpu" else "cuda")
     for a, p in computed:  # for views sharing the Pending (they are not tracked)
