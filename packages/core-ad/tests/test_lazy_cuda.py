@@ -245,7 +245,16 @@ def test_what_is_not_on_the_device_raises_a_named_error(cp):
         anp.sum(a.reshape(4, 2), axis=1)
     with pytest.raises(ad.DeviceUnsupportedError, match="checkpoint"):
         ad.grad(lambda v: anp.sum(ad.checkpoint(lambda w: anp.sin(w) * w, v)))(x)
-    with pytest.raises(ad.DeviceUnsupportedError):
+    with pytest.raises(ad.DeviceUnsupportedError, match="hessian"):
         ad.hessian(lambda v: anp.sum(anp.sin(v)))(x)
+    with pytest.raises(ad.DeviceUnsupportedError, match="jacobian"):
+        ad.jacobian(anp.sin)(x)
+    with pytest.raises(ad.DeviceUnsupportedError, match="batch_hessian"):
+        ad.batch_hessian(lambda v: anp.sum(v * v, axis=1), x.reshape(4, 2))
+    with pytest.raises(ad.DeviceUnsupportedError, match="checkpointed_loop"):
+        ad.checkpointed_loop(lambda s, w: anp.sin(s) * w, a, 4, (ad.Array(x, requires_grad=True),),
+                             snapshots=2)
+    with pytest.raises(ad.DeviceUnsupportedError, match="eigh"):
+        ad.eigh(ad.Array(cp.asarray(np.eye(2)[None]), requires_grad=True))
     with ad.lazy(False), pytest.raises(ad.DeviceUnsupportedError, match="lazy mode only"):
         a * 2.0

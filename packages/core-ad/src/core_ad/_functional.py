@@ -21,7 +21,7 @@ import numpy as np
 
 from . import _lazy
 from . import _rules as R
-from ._device import is_device_array, on_device
+from ._device import is_device_array, on_device, unsupported
 from ._pytree import flatten, unflatten
 from ._tracing import Array, _backprop, _check_seed, _grad_mode, _push_tangents, _toposort
 
@@ -293,6 +293,9 @@ def jvp(f, primals, tangents):
 
 def _single_array_fn(f, x, where):
     """Call ``f`` on one differentiable array input; returns (input node, output, nested)."""
+    if where != "hvp" and on_device(x):  # (hvp: one tangent, fused like the rest)
+        raise unsupported(f"{where} (derivatives along a batch of directions)",
+                          _lazy._user_frame())
     args, nums, single, inputs, defs, nested = _prepare((x,), 0, where)
     node = inputs[0][0]
     if len(inputs[0]) != 1:
@@ -422,6 +425,8 @@ def batch_hessian(f, x, *, compiled: bool = False, seed: int = 0):
     baked in on the first call for a given ``(f, n, dtype)``).
     """
     xv = _float_input(x, "batch_hessian")
+    if on_device(xv):
+        raise unsupported("batch_hessian", _lazy._user_frame())
     xv = xv.value if isinstance(xv, Array) else xv
     if xv.ndim != 2:
         raise ValueError(f"batch_hessian: x must have shape (B, n), got {xv.shape}")
