@@ -219,6 +219,13 @@ def test_gather_out_of_range_names_the_array_and_the_lane(cp):
         anp.take(th, i).value
     with pytest.raises(IndexError, match="index 9 at position .* of array 'theta'"):
         anp.take(th, np.array([0, 9]))  # host indices: checked on the host, as numpy's
+    # the failed kernel left i pending in a scope that reopened: it is still usable
+    acc = ad.Array(cp.asarray(np.zeros(5)), name="acc")
+    with pytest.raises(IndexError, match=r"scatter_add: index 6 at position \(2,\) \(lane 2\)"
+                                         r" is out of range for axis of size 5 of array 'acc'"):
+        anp.scatter_add(acc, i, u * 2.0).value
+    ok = anp.scatter_add(acc, anp.floor(u * 3).astype(np.int64), u * 2.0)
+    np.testing.assert_allclose(host(cp, ok.value), [0.6, 1.0, 0.0, 2.6, 0.0], rtol=RTOL)
 
 
 def test_mixing_numpy_and_cupy_names_both(cp):

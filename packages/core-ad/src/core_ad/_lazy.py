@@ -489,7 +489,6 @@ def materialize(p: Pending, scope: Scope):
 
 def evaluate_scope(scope: Scope | None = None):
     """Compute every live pending array of ``scope`` (default: the current one)."""
-    from . import sym
 
     scope = getattr(_state, "scope", None) if scope is None else scope
     if scope is None or scope.closed:
@@ -508,6 +507,21 @@ def evaluate_scope(scope: Scope | None = None):
     if not live:
         return
     _STATS["evaluations"] += 1
+    try:
+        _evaluate_live(scope, live)
+    except BaseException:
+        # a kernel that failed (an index out of range ...) leaves the arrays it did not compute
+        # pending: the scope reopens, so reading one evaluates (and reports) again instead of
+        # finding it stranded in a closed scope
+        if getattr(_state, "scope", None) is scope:
+            scope.closed = False
+        raise
+
+
+def _evaluate_live(scope, live):
+    """The body of :func:`evaluate_scope`: compute the ``live`` pending arrays."""
+    from . import sym
+
     computed = [(a, a._value) for a in live]
     lane_groups: dict = {}  # (device, lanes) -> arrays
     sum_groups: dict = {}  # arrays whose expressions read sums: evaluated after the sums
