@@ -94,6 +94,20 @@ def test_value_and_grad_match_eager_numpy(cp, f):
     np.testing.assert_allclose(host(cp, g), want_g, rtol=RTOL, atol=1e-14)
 
 
+def test_primal_sum_and_gradient_are_one_kernel(cp):
+    """Enoki's fusion: the value, the partials and the adjoint arithmetic of the loss run in
+    one launch (the stand-in counts launches)."""
+    x = cp.asarray(np.random.default_rng(8).uniform(-2, 2, N))
+    vg = ad.value_and_grad(lambda a: bench_f(anp, a))
+    vg(x)
+    kernels = _lazy.stats()["kernels"]
+    launches = getattr(cp, "launches", None)
+    vg(x)
+    assert _lazy.stats()["kernels"] - kernels == 1
+    if launches is not None:
+        assert cp.launches - launches == 1
+
+
 @pytest.mark.parametrize("f", FUNCTIONS, ids=lambda f: f.__name__)
 def test_reverse_and_forward_mode_match_central_differences(cp, f):
     rng = np.random.default_rng(2)
