@@ -27,6 +27,7 @@ __all__ = [
     "is_host_scalar",
     "on_device",
     "to_host",
+    "unsupported",
 ]
 
 
@@ -36,11 +37,6 @@ class DeviceMismatchError(TypeError):
 
 class DeviceUnsupportedError(NotImplementedError):
     """An operation on CuPy data that core_ad does not run on the device (yet)."""
-
-
-def cupy_module():
-    """The CuPy module if it has been imported, else None (never imports it)."""
-    return sys.modules.get("cupy")
 
 
 def is_device_array(x) -> bool:
