@@ -4,7 +4,12 @@
    (float64 and float32): core_ad ``sym.compile([f, df/dx], backend="cuda")`` (one fused
    kernel), PyTorch eager autograd on CUDA tensors (``f(x).sum().backward()``) and
    ``jax.jit(jax.vmap(jax.value_and_grad(f)))``. Outputs are checked to agree first.
-2. Batched symmetric eigendecomposition (``--eigh-batch`` matrices of size 4 and 16, float64):
+2. bench_grad.py's function ``f(x) = sum(sin(x) exp(-x^2) + x^3)`` on ``--n`` float64 lanes,
+   value and gradient from traced arrays: core_ad lazy mode on a CuPy array
+   (``core_ad.value_and_grad(f)(x_cupy)``: the primal, the reverse sweep and the sum fused into
+   CUDA kernels, cached across calls) next to PyTorch eager autograd on a CUDA tensor and
+   ``jax.jit(jax.value_and_grad(f))`` on the GPU.
+3. Batched symmetric eigendecomposition (``--eigh-batch`` matrices of size 4 and 16, float64):
    core_ad's per-lane Jacobi kernel (``core_ad.eigh`` on CuPy arrays), ``torch.linalg.eigh``
    on CUDA and ``cupy.linalg.eigh``.
 
@@ -82,6 +87,56 @@ def value_and_grad_cases(cp, torch, jax, n, dtype, seed, notes):
     return x_host, cases, fetch
 
 
+def grad_of_sum_cases(cp, torch, jax, n, seed, notes):
+    """Callables returning ``(value, grad)`` as numpy after a device sync: bench_grad's
+    function on traced arrays (core_ad lazy on CuPy), torch CUDA eager and jax.jit."""
+    import core_ad as ad
+    import core_ad.numpy as anp
+
+    def f(m, x):
+        return m.sum(m.sin(x) * m.exp(-x * x) + x**3)
+
+    x_host = np.random.default_rng(seed).uniform(-2.0, 2.0, n)
+    x_cp = cp.asarray(x_host)
+    vg = ad.value_and_grad(lambda v: f(anp, v))
+    sync = cp.cuda.Device().synchronize
+
+    def ours():
+        with ad.lazy():
+            v, g = vg(x_cp)
+        sync()
+        return float(v), cp.asnumpy(g)
+
+    cases = {"core_ad lazy cuda": ours}
+    if torch is not None and torch.cuda.is_available():
+        x_t = torch.tensor(x_host, device="cuda")
+
+        def torch_eager():
+            x = x_t.detach().requires_grad_()
+            y = f(torch, x)
+            (g,) = torch.autograd.grad(y, x)
+            torch.cuda.synchronize()
+            return float(y), g.cpu().numpy()
+
+        cases["torch cuda eager"] = torch_eager
+    if jax is not None and any(d.platform == "gpu" for d in jax.devices()):
+        import jax.numpy as jnp
+
+        jvg = jax.jit(jax.value_and_grad(lambda v: f(jnp, v)))
+        x_j = jax.device_put(jnp.asarray(x_host), jax.devices("gpu")[0])
+
+        def jax_jit():
+            v, g = jvg(x_j)
+            jax.block_until_ready(g)
+            return float(v), np.asarray(g)
+
+        cases["jax.jit gpu"] = jax_jit
+    e = np.exp(-x_host * x_host)
+    terms = np.sin(x_host) * e + x_host**3
+    grad = np.cos(x_host) * e - 2.0 * x_host * np.sin(x_host) * e + 3.0 * x_host * x_host
+    return (float(np.sum(terms)), grad, float(np.abs(terms).sum())), cases
+
+
 def eigh_cases(cp, torch, batch, size, seed):
     import core_ad as ad
 
@@ -153,6 +208,22 @@ def main() -> int:
         res = bench.compare_and_report(cases, args.repeats, first_calls=first)
         bench.side_by_side(res, "core_ad cuda", first_calls=first,
                            title=f"value+grad, n = {args.n}, {dtype}, median of {args.repeats}")
+
+    want, cases = grad_of_sum_cases(cp, torch, jax, args.n, args.seed, notes)
+    first = {}
+    print(f"\nbench_grad's function, value and gradient on traced arrays, {args.n} float64 lanes")
+    for case, fn in cases.items():
+        t, (v, g) = bench.time_first_call(fn)
+        first[case] = t
+        d = max(abs(v - want[0]) / want[2], bench.max_rel_diff(g, want[1]))
+        print(f"  {case:18s} rel diff vs numpy float64 {d:.1e}")
+        if d > 1e-12:
+            print("outputs disagree beyond 1e-12; not timing")
+            return 1
+    res = bench.compare_and_report(cases, args.repeats, first_calls=first)
+    bench.side_by_side(res, "core_ad lazy cuda", first_calls=first,
+                       title=f"value_and_grad of a sum, n = {args.n}, float64, median of"
+                             f" {args.repeats}")
 
     for size in (4, 16):
         want, cases = eigh_cases(cp, torch, args.eigh_batch, size, args.seed)

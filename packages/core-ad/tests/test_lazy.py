@@ -150,6 +150,22 @@ def test_sums_spread_over_lanes_or_of_other_shapes_evaluate_correctly(xy):
                                    rtol=1e-6)
 
 
+def test_sums_of_lanes_that_read_only_one_number_count_every_lane():
+    """A kernel's lane count comes from its per-lane inputs: a sum over lanes whose
+    expression reads only a broadcast number or a constant still sums every lane (it used to
+    sum one: 2.0 for sum(x * 0 + 2) over 100 lanes)."""
+    x0 = np.linspace(0.0, 1.0, 100)
+    with ad.lazy():
+        x = ad.Array(x0)
+        assert float(anp.sum(x * 0.0 + 2.0)) == 200.0
+        spread = anp.broadcast_to(ad.Array(np.array([2.0])) * 3.0, (100,))
+        assert float(anp.sum(spread * 1.5)) == 900.0
+        v, g = ad.value_and_grad(
+            lambda t: anp.sum(anp.broadcast_to(anp.sin(t), (100,)) * t))(np.array([0.5]))
+    np.testing.assert_allclose(float(v), 100 * 0.5 * np.sin(0.5), rtol=1e-14)
+    np.testing.assert_allclose(g, [100 * (0.5 * np.cos(0.5) + np.sin(0.5))], rtol=1e-14)
+
+
 def test_lazy_switch_restores_the_previous_mode():
     before = ad.lazy_mode()  # "auto", or True / False from CORE_AD_LAZY
     with ad.lazy():

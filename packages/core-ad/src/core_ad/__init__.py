@@ -1,6 +1,7 @@
 """core_ad: the shared automatic-differentiation engine.
 
-* :class:`Array` and :mod:`core_ad.numpy`: Enoki-style tracing arrays over numpy.
+* :class:`Array` and :mod:`core_ad.numpy`: Enoki-style tracing arrays over numpy; in lazy
+  mode over CuPy arrays too (fused CUDA kernels, see :mod:`core_ad._device`).
 * ``grad``, ``value_and_grad``, ``jvp``, ``vjp``, ``jacobian``, ``hessian``, ``hvp``,
   ``batch_hessian``: functional transforms (JAX conventions) on numpy inputs and pytrees.
 * ``custom_vjp``, ``custom_jvp``, :class:`Function`: custom derivatives.
@@ -24,6 +25,7 @@ from ._compiled_hessian import (
     compiled_batch_grad,
     compiled_batch_hessian,
 )
+from ._device import DeviceMismatchError, DeviceUnsupportedError
 from ._diagnostics import WhosReport, graphviz, whos
 from ._eliminate import GraphSimplifiedError, simplify_graph
 from ._custom import (
@@ -84,6 +86,8 @@ __all__ = [
     "CheckpointClosureError",
     "CompiledBatchGrad",
     "CompiledBatchHessian",
+    "DeviceMismatchError",
+    "DeviceUnsupportedError",
     "Function",
     "FunctionCtx",
     "GraphFreedError",

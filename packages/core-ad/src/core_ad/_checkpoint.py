@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import _lazy
 from . import _revolve as rv
 from ._custom import custom_call, jvp_through
+from ._device import on_device, unsupported
 from ._pytree import flatten, unflatten
 from ._tracing import Array, _backprop, _grad_enabled, _grad_mode
 from . import _rules as R
@@ -83,6 +85,8 @@ def checkpointed_loop(step, state, n_steps: int, params=(), *, policy: str = "re
     stats.policy, stats.n_steps = policy, int(n_steps)
     leaves, td = flatten(state)
     params = tuple(params)
+    if any(on_device(a) for a in (*leaves, *params)):
+        raise unsupported("checkpointed_loop", _lazy._user_frame())
     nl = len(leaves)
     args = tuple(leaves) + params
     raw_params = [p.value if isinstance(p, Array) else p for p in params]

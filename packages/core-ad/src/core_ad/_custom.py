@@ -17,7 +17,9 @@ import functools
 
 import numpy as np
 
+from . import _lazy
 from . import _rules as R
+from ._device import is_device_array, unsupported
 from ._primitives import Primitive
 from ._pytree import flatten, unflatten
 from ._tracing import Array, _backprop, _grad_enabled, _grad_mode, _push_tangents, _toposort
@@ -49,6 +51,9 @@ def custom_call(name, raw_outs, args, vjp_fn, jvp_fn):
     ``vjp_fn(cts, node_args)`` returns one cotangent (or None) per arg; ``jvp_fn(tangents,
     node_args, nb)`` returns one tangent (or None) per output.
     """
+    if any(is_device_array(o) for o in raw_outs):
+        raise unsupported(f"{name} (a node with custom derivative rules: custom_vjp, custom_jvp,"
+                          " Function, checkpoint, eigh)", _lazy._user_frame())
     raw_outs = [np.asarray(o) for o in raw_outs]
     if not (_grad_enabled() and any(_traced(a) for a in args)):
         return [Array(o) for o in raw_outs]

@@ -15,12 +15,15 @@ function that turns out to read arrays traced outside is traced again without it
 
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from . import _lazy
 from . import _rules as R
+from ._device import is_device_array, on_device, unsupported
 from ._pytree import flatten, unflatten
-from ._tracing import Array, _backprop, _grad_mode, _push_tangents, _toposort
+from ._tracing import Array, _backprop, _check_seed, _grad_mode, _push_tangents, _toposort
 
 
 def _is_traced(x) -> bool:
@@ -29,7 +32,7 @@ def _is_traced(x) -> bool:
 
 def _float_input(x, where: str):
     """``x``'s value (an Array's is not evaluated: it may stay pending)."""
-    v = x if isinstance(x, Array) else np.asarray(x)
+    v = x if isinstance(x, Array) or is_device_array(x) else np.asarray(x)
     if v.dtype.kind not in "fc":
         raise TypeError(
             f"{where}: cannot differentiate with respect to an array of dtype {v.dtype};"
@@ -120,7 +123,19 @@ def _lazy_results(args, nums) -> bool:
 def _cotangent(found: dict, node: Array):
     """The cotangent the sweep found for ``node``; zeros (allocated only then) when none."""
     ct = found.get(id(node))
-    return np.zeros(node.shape, dtype=node.dtype) if ct is None else ct
+    return _zeros_like(node) if ct is None else ct
+
+
+def _untraced_value(v):
+    """The value of an untraced tangent or vector: a CuPy array as it is, else numpy."""
+    v = v.value if isinstance(v, Array) else v
+    return v if is_device_array(v) else np.asarray(v)
+
+
+def _zeros_like(x: Array):
+    """Zeros of ``x``'s shape and dtype, on ``x``'s device."""
+    xp = sys.modules["cupy"] if on_device(x) else np
+    return xp.zeros(x.shape, dtype=x.dtype)
 
 
 def value_and_grad(f, argnums=0, has_aux: bool = False):
@@ -161,7 +176,7 @@ def value_and_grad(f, argnums=0, has_aux: bool = False):
         if out.requires_grad:
             found = _backprop(
                 [out],
-                [np.ones((), out.dtype)],
+                [_check_seed(out, None)],
                 targets=flat_inputs,
                 create_graph=nested,
                 retain_graph=nested,
@@ -215,7 +230,7 @@ def vjp(f, *primals):
             )
         seeds = []
         for i, (o, c) in enumerate(zip(outs, cts)):
-            cv = c if _is_traced(c) else np.asarray(c.value if isinstance(c, Array) else c)
+            cv = c if _is_traced(c) else _untraced_value(c)
             if tuple(cv.shape) != o.shape:
                 raise ValueError(
                     f"vjp: cotangent {i} has shape {tuple(cv.shape)} but output {i} has shape"
@@ -252,7 +267,7 @@ def jvp(f, primals, tangents):
         if ttd != td:
             raise ValueError(f"jvp: tangent {i} structure {ttd} does not match primal {td}")
         for x, tv in zip(group, tl):
-            tv = tv if _is_traced(tv) else np.asarray(tv.value if isinstance(tv, Array) else tv)
+            tv = tv if _is_traced(tv) else _untraced_value(tv)
             if tuple(tv.shape) != x.shape:
                 raise ValueError(
                     f"jvp: tangent {i} has shape {tuple(tv.shape)} but primal {i} has shape"
@@ -267,7 +282,7 @@ def jvp(f, primals, tangents):
     create = nested or any(_is_traced(s) for s in seeds.values())
     touts = _push_tangents(outs, seeds, 0, create_graph=create)
     touts = [
-        _finish(t, create) if t is not None else np.zeros(o.shape, o.dtype)
+        _finish(t, create) if t is not None else _zeros_like(o)
         for o, t in zip(outs, touts)
     ]
     return (
@@ -278,6 +293,9 @@ def jvp(f, primals, tangents):
 
 def _single_array_fn(f, x, where):
     """Call ``f`` on one differentiable array input; returns (input node, output, nested)."""
+    if where != "hvp" and on_device(x):  # (hvp: one tangent, fused like the rest)
+        raise unsupported(f"{where} (derivatives along a batch of directions)",
+                          _lazy._user_frame())
     args, nums, single, inputs, defs, nested = _prepare((x,), 0, where)
     node = inputs[0][0]
     if len(inputs[0]) != 1:
@@ -361,7 +379,7 @@ def _gradient_node(out: Array, node: Array):
     """The gradient of ``out`` at ``node`` as a recorded (differentiable) array, or None."""
     if not out.requires_grad:
         return None
-    found = _backprop([out], [np.ones(out.shape, out.dtype)], targets=[node], create_graph=True,
+    found = _backprop([out], [_check_seed(out, None)], targets=[node], create_graph=True,
                       retain_graph=True, accumulate=False)
     g = found.get(id(node))
     if g is not None and not isinstance(g, Array):
@@ -374,16 +392,16 @@ def hvp(f, x, v):
     node, out, nested = _single_array_fn(f, x, "hvp")
     if out.shape != ():
         raise TypeError(f"hvp requires a scalar output, got shape {out.shape}")
-    vv = v if _is_traced(v) else np.asarray(v.value if isinstance(v, Array) else v)
+    vv = v if _is_traced(v) else _untraced_value(v)
     if tuple(vv.shape) != node.shape:
         raise ValueError(f"hvp: v has shape {tuple(vv.shape)} but x has shape {node.shape}")
     g = _gradient_node(out, node)
     if g is None:
-        return _finish(np.zeros(node.shape, node.dtype), nested)
+        return _finish(_zeros_like(node), nested)
     seed = vv if _is_traced(vv) else vv.astype(node.dtype, copy=False)
     (t,) = _push_tangents([g], {id(node): seed}, 0, create_graph=nested or _is_traced(vv))
     if t is None:
-        return _finish(np.zeros(node.shape, node.dtype), nested)
+        return _finish(_zeros_like(node), nested)
     return _finish(t, nested or _is_traced(vv))
 
 
@@ -407,6 +425,8 @@ def batch_hessian(f, x, *, compiled: bool = False, seed: int = 0):
     baked in on the first call for a given ``(f, n, dtype)``).
     """
     xv = _float_input(x, "batch_hessian")
+    if on_device(xv):
+        raise unsupported("batch_hessian", _lazy._user_frame())
     xv = xv.value if isinstance(xv, Array) else xv
     if xv.ndim != 2:
         raise ValueError(f"batch_hessian: x must have shape (B, n), got {xv.shape}")

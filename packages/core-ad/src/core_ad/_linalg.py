@@ -21,6 +21,8 @@ import numpy as np
 from . import _rules as R
 from ._codegen import eigh as _kernels
 from ._custom import custom_call
+from ._device import on_device, unsupported
+from ._lazy import _user_frame
 from ._tracing import Array
 
 
@@ -58,6 +60,8 @@ def eigh(H):
     """
     if not isinstance(H, Array):
         return _numeric_eigh(H)
+    if on_device(H):
+        raise unsupported("eigh of a traced Array", _user_frame())
     lam0, E0 = _numeric_eigh(H.value)
 
     def parts(node_args):

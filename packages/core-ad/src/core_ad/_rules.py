@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import builtins
 import math
+import sys
 
 import numpy as np
 import scipy.special as _sp
 
+from ._device import array_module, is_device_array, on_device
 from ._primitives import (
     NEG_ONE,
     ONE,
@@ -1144,15 +1146,19 @@ def _take_impl(x, indices, axis, name):
     return np.take(x, indices, axis=axis)
 
 
+def _zeros_like_on(x, dtype, lead=()):
+    """Zeros of shape ``lead + x.shape`` on ``x``'s device (numpy, or CuPy for device data)."""
+    xp = sys.modules["cupy"] if on_device(x) else np
+    return xp.zeros(tuple(lead) + shape_of(x), dtype=dtype)
+
+
 take_p = register(
     Primitive(
         "take",
         _take_impl,
         jvp=lambda ts, args, out, nb, indices, axis, name: take(ts[0], indices, axis, name),
         vjp=lambda ct, args, out, indices, axis, name: (
-            scatter_add(
-                np.zeros(shape_of(args[0]), dtype=dtype_of(ct)), indices, ct, axis, name
-            ),
+            scatter_add(_zeros_like_on(args[0], dtype_of(ct)), indices, ct, axis, name),
         ),
         doc="gather along one axis; reverse mode is scatter_add (duplicates accumulate)",
     )
@@ -1164,8 +1170,23 @@ def take(x, indices, axis=0, name=None):
     s = shape_of(x)
     ax = _norm_axes(axis, len(s), "take")[0]
     name = name or getattr(x, "name", None)
+    if on_device(x) or on_device(indices):
+        return bind(take_p, x, indices=_device_indices(indices, s[ax], "take", name), axis=ax,
+                    name=name)
     idx = _check_indices(_value(indices), s[ax], "take", name)
     return bind(take_p, x, indices=idx, axis=ax, name=name)
+
+
+def _device_indices(indices, size, opname, name):
+    """Indices of a gather / scatter on device data: a CuPy array or a traced Array over one
+    (maybe pending: checked in the fused kernel, whose error names the array and the lane);
+    host indices are checked here and uploaded."""
+    if on_device(indices):
+        if dtype_of(indices).kind not in "iu":
+            raise TypeError(f"{opname}: indices must be an integer array, got dtype"
+                            f" {dtype_of(indices)}")
+        return indices
+    return sys.modules["cupy"].asarray(_check_indices(_value(indices), size, opname, name))
 
 
 gather = take
@@ -1180,8 +1201,7 @@ def _scatter_add_impl(target, values, indices, axis, name):
 def _scatter_add_jvp(ts, args, out, nb, indices, axis, name):
     tt, tv = ts
     if tt is None:
-        lead = shape_of(tv)[:nb]
-        tt = np.zeros(lead + shape_of(args[0]), dtype=dtype_of(out))
+        tt = _zeros_like_on(args[0], dtype_of(out), shape_of(tv)[:nb])
     if tv is None:
         return tt
     return scatter_add(tt, indices, tv, axis, name)
@@ -1206,12 +1226,13 @@ def _values_shape(tshape, ax, idx_shape):
 
 def _values_to(values, want, opname):
     """``values`` broadcast to the indexed shape ``want``; a ValueError naming both otherwise."""
-    if kind_of(values) is None:
+    if kind_of(values) is None and not is_device_array(values):
         values = np.asarray(values)
     if shape_of(values) == want:
         return values
     try:
-        return broadcast_to(values, want) if kind_of(values) else np.broadcast_to(values, want)
+        return (broadcast_to(values, want) if kind_of(values)
+                else array_module(values).broadcast_to(values, want))
     except ValueError:
         raise ValueError(
             f"{opname}: values of shape {shape_of(values)} do not broadcast to the indexed shape"
@@ -1224,8 +1245,11 @@ def scatter_add(target, indices, values, axis=0, name=None):
     s = shape_of(target)
     ax = _norm_axes(axis, len(s), "scatter_add")[0]
     name = name or getattr(target, "name", None)
-    idx = _check_indices(_value(indices), s[ax], "scatter_add", name)
-    values = _values_to(values, _values_shape(s, ax, idx.shape), "scatter_add")
+    if on_device(target) or on_device(indices) or on_device(values):
+        idx = _device_indices(indices, s[ax], "scatter_add", name)
+    else:
+        idx = _check_indices(_value(indices), s[ax], "scatter_add", name)
+    values = _values_to(values, _values_shape(s, ax, shape_of(idx)), "scatter_add")
     return bind(scatter_add_p, target, values, indices=idx, axis=ax, name=name)
 
 

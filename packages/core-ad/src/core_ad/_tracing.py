@@ -14,6 +14,7 @@ nesting to any order.
 
 from __future__ import annotations
 
+import sys
 import threading
 import weakref
 from contextlib import contextmanager
@@ -22,6 +23,7 @@ import numpy as np
 
 from . import _lazy
 from . import _rules as R
+from ._device import array_module, is_device_array, on_device, to_host, unsupported
 from ._primitives import Primitive, register_kind
 
 _state = threading.local()
@@ -81,11 +83,13 @@ _TAPE = _Tape()
 def _as_value(x, dtype=None):
     if isinstance(x, Array):
         x = x.value
+    if is_device_array(x):  # CuPy data stay on the device
+        return x if dtype is None else x.astype(dtype, copy=False)
     return np.asarray(x, dtype=dtype)
 
 
 class Array:
-    """A differentiable array over numpy.
+    """A differentiable array over numpy (or CuPy: see :mod:`core_ad._device`).
 
     ``Array(value, requires_grad=True)`` creates a leaf whose gradient accumulates in ``.grad``
     after :meth:`backward`. Arithmetic, comparisons, indexing and the functions of
@@ -141,7 +145,8 @@ class Array:
 
     @property
     def value(self) -> np.ndarray:
-        """The numpy value (evaluates pending lazy arithmetic, see :mod:`core_ad._lazy`)."""
+        """The numpy value, or the CuPy one for data on the device (evaluates pending lazy
+        arithmetic, see :mod:`core_ad._lazy`)."""
         v = self._value
         if isinstance(v, _lazy.Pending):
             return _lazy.force(self)
@@ -226,16 +231,21 @@ class Array:
         return self.value.item()
 
     def numpy(self) -> np.ndarray:
-        """The primal value (detached)."""
-        return self.value
+        """The primal value (detached), as a numpy array (a host copy of device data)."""
+        return to_host(self.value)
 
     def __array__(self, dtype=None, copy=None):
-        return self.value if dtype is None else self.value.astype(dtype)
+        v = self.value
+        if is_device_array(v):  # as CuPy: no implicit transfer
+            raise TypeError("implicit conversion of an Array on the device to a numpy array is"
+                            " not allowed; use .numpy() (a host copy) or .value (the CuPy array)")
+        return v if dtype is None else v.astype(dtype)
 
     def __repr__(self):
         tag = ", requires_grad=True" if self.requires_grad else ""
         label = f", name={self.name!r}" if self.name else ""
-        return f"Array({np.array2string(self.value, precision=6)}{tag}{label})"
+        device = ", device='cuda'" if is_device_array(self.value) else ""
+        return (f"Array({np.array2string(self.numpy(), precision=6)}{tag}{label}{device})")
 
     def __hash__(self):
         return id(self)
@@ -463,6 +473,8 @@ def _process(prim: Primitive, args: tuple, params: dict):
     out = _lazy.record(prim, args, params, Array) if _lazy.is_lazy() else None
     if out is None:
         vals = tuple(a.value if isinstance(a, Array) else a for a in args)
+        if any(is_device_array(v) for v in vals):
+            raise unsupported(prim.name, _lazy._user_frame(), _lazy.is_lazy())
         out = np.asarray(prim.impl(*vals, **params))
     if (
         prim.differentiable
@@ -520,15 +532,20 @@ def _toposort(roots, stop=frozenset()):
 
 def _check_seed(out: Array, seed, what="seed"):
     if seed is None:
+        if on_device(out):  # one number read by every lane (a 0-d leaf of the kernel)
+            cp = sys.modules["cupy"]
+            return cp.broadcast_to(cp.ones((), out.dtype), out.shape)
         return np.ones(out.shape, dtype=out.dtype)
     if isinstance(seed, Array) and seed.requires_grad:
         if seed.shape != out.shape:
             raise ValueError(f"{what} has shape {seed.shape} but the output has shape {out.shape}")
         return seed
-    seed = np.asarray(seed.value if isinstance(seed, Array) else seed)
+    seed = seed.value if isinstance(seed, Array) else seed
+    xp = array_module(seed)
+    seed = xp.asarray(seed)
     if seed.shape != out.shape:
         if seed.shape == () or seed.size == 1 and seed.ndim <= out.ndim:
-            seed = np.broadcast_to(seed.reshape(()), out.shape)
+            seed = xp.broadcast_to(seed.reshape(()), out.shape)
         else:
             raise ValueError(f"{what} has shape {seed.shape} but the output has shape {out.shape}")
     if seed.dtype.kind not in "fc":
@@ -599,11 +616,14 @@ def _backprop_sweep(outputs, seeds, targets, create_graph, retain_graph, accumul
                 if not isinstance(ct, Array):
                     ct = Array(ct)
             elif fuse and (node._prim.vjp is None or node._prim.extra.get("lanewise")
-                           or node._prim.extra.get("shape_only_vjp")):
+                           or node._prim.extra.get("shape_only_vjp") or on_device(node)):
                 # lazy: the partials and adjoint arithmetic are recorded on the (possibly
-                # pending) primal values and fused with them into one kernel
+                # pending) primal values and fused with them into one kernel (device data:
+                # every rule, as they have no eager path)
                 in_args = tuple(Array._view(a) if isinstance(a, Array) else a for a in args)
                 out = Array._view(node)
+                if is_device_array(ct):  # a seed: recorded like the rest
+                    ct = Array(ct)
             else:
                 in_args = tuple(a.value if isinstance(a, Array) else a for a in args)
                 out = node.value
@@ -639,9 +659,11 @@ def _accumulate(node: Array, ct, create_graph):
         if g.dtype != node.dtype:
             g = R.astype(g, node.dtype)
     else:
-        g = np.array(ct.value if isinstance(ct, Array) else ct, dtype=node.dtype)
+        g = ct.value if isinstance(ct, Array) else ct
+        xp = array_module(g)
+        g = g.astype(node.dtype, copy=True) if xp is not np else np.array(g, dtype=node.dtype)
         if g.shape != node.shape:
-            g = np.broadcast_to(g, node.shape).copy()
+            g = xp.broadcast_to(g, node.shape).copy()
     if node.grad is None:
         node.grad = g
     else:
@@ -686,6 +708,7 @@ def _push_tangents(outputs, seeds: dict, nb: int = 0, create_graph: bool = False
     """Forward sweep from seeded arrays (dict id -> tangent) to ``outputs``."""
     order = _toposort(outputs)
     tan = dict(seeds)
+    fused = []
     with _grad_mode(create_graph), np.errstate(divide="ignore", invalid="ignore"), \
             _lazy.no_elimination():
         for node in order:
@@ -696,14 +719,27 @@ def _push_tangents(outputs, seeds: dict, nb: int = 0, create_graph: bool = False
                 continue
             if create_graph:
                 args, out = node._args, node
+            elif on_device(node):
+                # device data: tangent arithmetic recorded on the (maybe pending) primal values
+                # and fused into CUDA kernels, evaluated together after the sweep
+                args = tuple(Array._view(a) if isinstance(a, Array) else a for a in node._args)
+                out = Array._view(node)
+                ts = [t if t is None or isinstance(t, Array) else Array(t) for t in ts]
+                fused.append(node)
             else:
                 args = tuple(a.value if isinstance(a, Array) else a for a in node._args)
                 out = node.value
                 ts = [t.value if isinstance(t, Array) else t for t in ts]
             t = R.apply_jvp(node._prim, ts, args, out, nb, node._params)
             tan[id(node)] = t
-            if store:
-                node.tangent = t
+    if fused:  # the values of the device sweep's tangents (one evaluation for all)
+        for node in fused:
+            t = tan[id(node)]
+            tan[id(node)] = t.value if isinstance(t, Array) else t
+    if store:
+        for node in order:
+            if id(node) in tan and id(node) not in seeds:
+                node.tangent = tan[id(node)]
     return [tan.get(id(o)) for o in outputs]
 
 

@@ -209,6 +209,7 @@ class HostDeviceArray(NDArrayOperatorsMixin):
     strides = property(lambda self: self.host.strides)
     flags = property(lambda self: self.host.flags)
     itemsize = property(lambda self: self.host.itemsize)
+    nbytes = property(lambda self: self.host.nbytes)
     T = property(lambda self: HostDeviceArray(self.host.T))
     # ``a.data.ptr``: the address kernels read through a pointer table (the host memory here)
     data = property(lambda self: types.SimpleNamespace(ptr=self.host.ctypes.data))

@@ -378,6 +378,12 @@ def spell_node(n: Apply, operands) -> str:
     return spell(n.prim, operands, [a.dtype for a in n.args], n.dtype)
 
 
+def _buffer_label(n: Apply) -> str:
+    """The array a gather / scatter node indexes, as its errors name it: the node's ``name``
+    (the traced array's label) or the buffer's."""
+    return str((n.params or {}).get("name") or n.args[0].key)
+
+
 class _Writer:
     def __init__(self, prog: Program, roots, inputs, name: str):
         self.prog = prog
@@ -472,7 +478,7 @@ class _Writer:
             if prim is R.lane_gather_p:
                 k = self._buffer_operand(n, 0)
                 ct = c_type(n.dtype, "a gather")
-                self.sites.append(("gather", str(n.args[0].key), k))
+                self.sites.append(("gather", _buffer_label(n), k))
                 body.line(f"{ct} {var} = ({ct})0;")
                 body.checked(self.ref(n.args[1]), f"len{k}", len(self.sites), "i",
                              f"{var} = in{k}[ix];")
@@ -484,7 +490,7 @@ class _Writer:
         for j, r in enumerate(self.roots):
             if is_scatter(r):
                 k = self._buffer_operand(r, 0)
-                self.sites.append(("scatter_add", str(r.args[0].key), k))
+                self.sites.append(("scatter_add", _buffer_label(r), k))
                 val = _cast(self.ref(r.args[2]), r.args[2].dtype, r.dtype)
                 body.checked(self.ref(r.args[1]), f"len{k}", len(self.sites), "i",
                              CudaWriter.atomic_add(f"out{j}[ix]", val))
