@@ -210,19 +210,19 @@ class Pipeline:
         for buf in g.buffers.values():
             _check_index_range(buf.name(), buf.array())
         ints = np.zeros(max(len(c.slots.int), 1), np.int64)
-        for key, slot in c.slots.int.items():
-            ints[slot] = self._int_value(key, g, regions, values, arrays)
+        for slot_key, slot in c.slots.int.items():
+            ints[slot] = self._int_value(slot_key, g, regions, values, arrays)
         if c.gpu:
             _run_gpu(c, g, arrays, {f.fid for f, _ in outs}, ints, values, extents)
             return self._results(outs, arrays)
         keep = []
         ptrs = np.zeros(max(len(c.slots.ptr), 1), np.uintp)
-        for key, slot in c.slots.ptr.items():
-            if key[0] == "store":
-                _, fid, k = key
+        for slot_key, slot in c.slots.ptr.items():
+            if slot_key[0] == "store":
+                _, fid, k = slot_key
                 a = g.buffers[fid].numpy() if fid in g.buffers else arrays[fid][k]
             else:
-                p = key[1]
+                p = slot_key[1]
                 a = np.array(values[p], dtype=p.dtype).reshape(1)
             keep.append(a)
             ptrs[slot] = a.__array_interface__["data"][0]
