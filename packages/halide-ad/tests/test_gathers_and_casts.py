@@ -73,3 +73,48 @@ def test_unbounded_float_to_int_cast_keeps_saturating():
                     dtype=np.int32)
     np.testing.assert_array_equal(np.asarray(f.realize([8])), want)
     assert "fptosi.sat" in hl.Pipeline(f).ir()
+
+
+@pytest.mark.parametrize("channels", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize("parallel", [False, True])
+def test_unrolled_channel_scatter_matches_numpy_for_any_channel_count(channels, parallel):
+    """A histogram computed per row of its consumer, its channel loop innermost and
+    ``unroll(c, 2)`` (the bilateral grid's schedule): the channel count equal to the factor
+    runs one straight tile, other counts the tiles and a guarded tail."""
+    h, w, nb = 6, 40, 5
+    img = RNG.uniform(0, 1, (h, w)).astype(np.float32)
+    x, y, z, c = hl.Var("x"), hl.Var("y"), hl.Var("z"), hl.Var("c")
+    im = hl.Buffer(img, name="img")
+    r = hl.RDom([hl.Range(0, 4)], name="r")
+    val = hl.clamp(im[x * 4 + r.x, y], hl.f32(0), hl.f32(1))
+    hist = hl.Func("hist")
+    hist[x, y, z, c] = hl.f32(0)
+    hist[x, y, hl.i32(val * hl.f32(nb - 1) + hl.f32(0.5)), c] += \
+        hl.select(c == 0, val, hl.f32(1)) * hl.f32(1 + c)
+    out = hl.Func("out")
+    out[x, y, z, c] = hist[x, y, z, c] * hl.f32(2)
+    out.reorder(c, z, x, y)
+    if parallel:
+        out.parallel(y)
+    hist.compute_at(out, y)
+    hist.update(0).reorder(c, r.x, x, y).unroll(c, 2)
+    got = np.asarray(out.realize([w // 4, h, nb, channels]))
+    want = np.zeros((channels, nb, h, w // 4))
+    bins = (img * np.float32(nb - 1) + np.float32(0.5)).astype(int)
+    for cc in range(channels):
+        for yy in range(h):
+            for xx in range(w):
+                add = img[yy, xx] if cc == 0 else 1.0
+                want[cc, bins[yy, xx], yy, xx // 4] += 2 * add * (1 + cc)
+    np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+@pytest.mark.parametrize("extent", [6, 8, 12, 16])
+def test_vector_split_whose_extent_is_one_tile_matches_numpy(extent):
+    x, y = hl.Var("x"), hl.Var("y")
+    a = RNG.standard_normal((5, extent)).astype(np.float32)
+    A = hl.Buffer(a, name="a")
+    f = hl.Func("f")
+    f[x, y] = A[x, y] * 3 + 1
+    f.vectorize(x, 8)
+    np.testing.assert_allclose(np.asarray(f.realize([extent, 5])), a * 3 + 1, rtol=1e-6)

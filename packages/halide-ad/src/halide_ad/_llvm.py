@@ -570,11 +570,31 @@ class ModuleBuilder:
             w = inner.factor
             scalars = {k: v for k, v in env.items() if not isinstance(v.type, ir.VectorType)}
             e = self._emit(b, s.split_extent, scalars, storage, None)
-            full = b.sdiv(e, ir.Constant(I32, w))
-            mid = _imin(b, _imax(b, full, lo), hi)
-            self._serial(b, s, env, storage, vec, lo, mid,
-                         emit_body=lambda e2: self._full(b, inner, e2, storage, vec))
-            self._serial(b, s, env, storage, vec, mid, hi)
+
+            def tiles():
+                full = b.sdiv(e, ir.Constant(I32, w))
+                mid = _imin(b, _imax(b, full, lo), hi)
+                self._serial(b, s, env, storage, vec, lo, mid,
+                             emit_body=lambda e2: self._full(b, inner, e2, storage, vec))
+                self._serial(b, s, env, storage, vec, mid, hi)
+
+            if not (isinstance(lo, ir.Constant) and lo.constant == 0):
+                tiles()
+                return
+            # the whole dimension one full tile (channels: unroll(c, 2) over 2 channels) runs
+            # straight, without loop control, and what its copies compute from the tile's
+            # origin alone (a channel's offset, a test of the channel) is invariant in the
+            # enclosing loops: the bilateral grid's histogram (its blurz stage) 68 -> 56 ms at
+            # 4096^2, one thread (Halide 21: 54 ms)
+            one_tile = b.and_(b.icmp_signed("==", e, ir.Constant(I32, w)),
+                              b.icmp_signed("==", hi, ir.Constant(I32, 1)))
+            with b.if_else(one_tile) as (then, other):
+                with then:
+                    one = dict(env)
+                    one[s.leaf] = ir.Constant(I32, 0)
+                    self._full(b, inner, one, storage, vec)
+                with other:
+                    tiles()
             return
         self._serial(b, s, env, storage, vec, lo, hi)
 
