@@ -212,6 +212,11 @@ def test_seconds_budget_runs_whole_steps_within_the_mutation_cap(cornell):
         render_mlt(scene, np.inf, **kw)
     with pytest.raises(MLTError, match="seconds must be positive"):
         render_mlt(scene, 1, seconds=0.0, **kw)
+    # the budget runs on ``clock``: one that advances 1 per reading (read at the start and
+    # after each step but the first) stops the chains after 3 steps with seconds=2.5
+    ticks = iter(range(100))
+    fake = render_mlt(scene, np.inf, seconds=2.5, clock=lambda: next(ticks), **kw)
+    assert fake.mutations == 3 * 32 and fake.seconds == 4
 
 
 def test_mmlt_converges_to_path_traced_reference(cornell):
