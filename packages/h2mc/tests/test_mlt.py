@@ -212,6 +212,11 @@ def test_seconds_budget_runs_whole_steps_within_the_mutation_cap(cornell):
         render_mlt(scene, np.inf, **kw)
     with pytest.raises(MLTError, match="seconds must be positive"):
         render_mlt(scene, 1, seconds=0.0, **kw)
+    # the budget runs on ``clock``: one that advances 1 per reading (read at the start and
+    # after each step but the first) stops the chains after 3 steps with seconds=2.5
+    ticks = iter(range(100))
+    fake = render_mlt(scene, np.inf, seconds=2.5, clock=lambda: next(ticks), **kw)
+    assert fake.mutations == 3 * 32 and fake.seconds == 4
 
 
 def test_mmlt_converges_to_path_traced_reference(cornell):
@@ -646,6 +651,47 @@ def test_motion_blurred_render_agrees_with_plain_monte_carlo():
     assert r.stats["small"].acceptance > 0.5
     # the direct part is the emitters seen directly: the light is out of view here
     assert (r.direct == 0).all()
+
+
+@pytest.mark.parametrize("parameterization, large_step, lens",
+                         [("kelemen", "resample", 0.0), ("kelemen", "uniform", 0.0),
+                          ("modified", "resample", 0.5)])
+def test_cached_gaussians_are_the_ones_at_the_states(cornell, monkeypatch, parameterization,
+                                                     large_step, lens):
+    """An H2MC step evaluates derivatives once, at the proposals, in one call per technique
+    that also covers the chains moved by accepted large / isotropic / lens steps; the
+    Gaussians are cached with the states. At every step, each proposing chain's cached
+    Gaussian equals one computed afresh at its current state (to 1e-12 of its scale;
+    eigenvector signs aside: covariances and means are compared)."""
+    from h2mc import _mlt
+
+    scene, _, _ = cornell
+    modified = parameterization == "modified"
+    ps = PathSpace(scene, max_length=3, roughness_threshold=0.03 if modified else None,
+                   light_coordinates=modified)
+    propose, checked = _mlt._Gaussians.propose, []
+
+    def check(self, state, h2, y, rng):
+        lanes = np.flatnonzero(h2)
+        px = self.ps.trace(state.x, coords=state.t if modified else None)
+        for g in np.unique(state.t[lanes]):
+            sel = lanes[state.t[lanes] == g]
+            fresh, cached = self.compute(g, state.x, px, sel), self.cache[g].take(sel)
+            np.testing.assert_array_equal(cached.isotropic, fresh.isotropic)
+            for a, b in ((cached.covariance(), fresh.covariance()), (cached.mean, fresh.mean)):
+                np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * np.abs(b).max())
+            checked.append(len(sel))
+        return propose(self, state, h2, y, rng)
+
+    monkeypatch.setattr(_mlt._Gaussians, "propose", check)
+    r = render_mlt(scene, 4, method="h2mc", large_step=large_step, chains=128,
+                   bootstrap_samples=1 << 13, direct_spp=0, seed=5, path_space=ps, sigma2=1e-3,
+                   parameterization=parameterization, lens_perturb_prob=lens,
+                   **({"roughness_threshold": 0.03} if modified else {}))
+    # the cache was exercised across every kind of move
+    assert sum(checked) == r.stats["small"].proposed > 0
+    assert r.stats["isotropic"].accepted > 0 and r.stats["large"].accepted > 0
+    assert not modified or r.stats["lens"].accepted > 0
 
 
 def test_time_independent_mode_keeps_time_out_of_the_gaussians():

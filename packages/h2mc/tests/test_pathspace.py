@@ -796,7 +796,7 @@ def _traced_lens_score(ps, w, t, j, anchor, screen):
     py = ps.trace(y, coords=coords)
     _, res = ps._run("positions", y, *ps.techniques[t], py)
     pos = np.full((len(w), 3 * (ps.techniques[t][0] - 1)), np.nan)
-    pos[py.structure[ps.techniques[t]][0]] = np.stack(res, 1)
+    pos[py.structure[ps.techniques[t]][0]] = res.T
     pos = pos.reshape(len(w), -1, 3)
     x_j, x_next = pos[lanes, j - 1], pos[lanes, j]
     nv = len(ps._vertex_names)

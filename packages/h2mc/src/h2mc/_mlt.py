@@ -224,7 +224,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                bootstrap_samples=1 << 16, direct_spp=16, seed=0, checkpoints=(),
                path_space=None, progress=None, parameterization="kelemen",
                roughness_threshold=0.03, time_mode="hessian", lens_perturb_prob=0.3,
-               lens_sigma2=1e-4, light_coordinates=None, seconds=None):
+               lens_sigma2=1e-4, light_coordinates=None, seconds=None, clock=time.perf_counter):
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
@@ -252,7 +252,9 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     ``seconds``: a wall-clock budget (bootstrap included): the chains take steps until it is
     spent, ``mutations_per_pixel`` then being a cap (``np.inf``: none). One run of long
     chains, not several restarted ones: short chains are the start-up error on caustic scenes
-    (a seed on a rare bright path stays there for its whole life).
+    (a seed on a rare bright path stays there for its whole life). ``clock``: the clock of
+    ``seconds`` and of ``MLTResult.seconds`` (``time.process_time``: CPU time, for equal-time
+    comparisons on a machine shared with other work).
     """
     if method not in METHODS:
         raise MLTError(f"render_mlt: method must be one of {tuple(METHODS)}, got {method!r}")
@@ -315,7 +317,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     rng = np.random.default_rng([*seed, 0x6D6C74])
     w, h = ps.width, ps.height
     npix = w * h
-    t0 = time.perf_counter()
+    t0 = clock()
     boot = bootstrap(ps, bootstrap_samples, rng)
     C = int(chains)
     steps = (int(np.ceil(mutations_per_pixel * npix / C)) if np.isfinite(mutations_per_pixel)
@@ -364,7 +366,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     lanes_all = np.arange(C)
     step = 0
     # at least one step, whatever the budget: the image needs a mutation
-    while step < steps and (seconds is None or step == 0 or time.perf_counter() - t0 < seconds):
+    while step < steps and (seconds is None or step == 0 or clock() - t0 < seconds):
         step += 1
         large = rng.random(C) < large_step_prob
         iso = ~large & (rng.random(C) < uniform_mixing) if use_h2mc else ~large
@@ -412,7 +414,6 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
             if pmf is not None:
                 log_a[large] += np.log(pmf[state.t[large]] / pmf[ty[large]])
             log_a[resampled] = np.log(S_y[resampled]) - np.log(state.S[resampled])
-        gy = [gauss.at_proposal(y, py, g, sel, z, gx, log_a) for g, sel, gx, z in pending]
         if lens is not None:
             j_y = ps.lens_vertex(py, ty)
             # the small step is picked with probability 1 - p [lensScore > 0]: its ratio
@@ -422,14 +423,21 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                               - np.log1p(-lens.prob * (lens.j[h2] > 0)))
             if lens_pending is not None:
                 lens.at_proposal(y, py, ty, j_y, lens_pending, log_a)
-        a = np.where((fy > 0) & (fwy > 0), np.exp(np.minimum(log_a, 0.0)), 0.0)
+        draw = rng.random(C)  # accepted where draw < a
+        if use_h2mc:
+            # a large / isotropic / lens move's acceptance is known before the H2MC ratios:
+            # the chains it moves get their Gaussians at the new state in the same kernel
+            # calls as the H2MC proposals' (the Gaussians are needed at accepted states only)
+            moved = ~h2 & (draw < _acceptance(log_a, fy, fwy))
+            gauss.at_proposals(y, py, ty, pending, lanes_all[moved], log_a)
+        a = _acceptance(log_a, fy, fwy)
         _splat(accum, state.pixel, (1.0 - a) / state.f, state.rgb)
         # a resampling large step's proposal: the expectation over its technique choice
         prop_rgb = np.where(resampled[:, None], py.rgb, rgb_y)
         prop_f = np.where(resampled, S_y, fy)
         live = a > 0
         _splat(accum, py.pixel[live], a[live] / prop_f[live], prop_rgb[live])
-        accept = rng.random(C) < a
+        accept = draw < a
         for name, sel in (("large", large), ("small", h2 if use_h2mc else iso),
                           ("isotropic", iso if use_h2mc else None),
                           ("lens", on_lens if lens is not None else None)):
@@ -440,11 +448,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         state.f[accept], state.fw[accept], state.S[accept] = fy[accept], fwy[accept], S_y[accept]
         state.pixel[accept] = py.pixel[accept]
         if use_h2mc:
-            for (g, sel, _, _), gp in zip(pending, gy):
-                gauss.put(g, sel[accept[sel]], gp.take(accept[sel]))
-            moved = lanes_all[accept & ~h2]
-            if moved.size:  # large / isotropic / lens moves: derivatives at the new state
-                gauss.update(y, py, moved, ty)
+            gauss.accept(accept)
         if lens is not None:
             lens.accept(accept, py, ty, j_y, lens_pending)
         if progress is not None:
@@ -453,7 +457,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
             snapshots[checkpoints[step]] = _image(accum, boot.b, npix, step * C, w, h)
     steps = step  # fewer than asked when the time budget ran out
     indirect = _image(accum, boot.b, npix, steps * C, w, h)
-    seconds = time.perf_counter() - t0
+    seconds = clock() - t0
     direct = np.zeros_like(indirect)
     if direct_spp and scene.moving_meshes:
         direct = _emitters_seen(ps, int(direct_spp), rng)
@@ -483,6 +487,11 @@ def _target(paths, t):
         return paths.rgb, paths.f_star, paths.f_star
     lanes = np.arange(len(t))
     return paths.contrib[lanes, t], paths.scores[lanes, t], paths.scores_w[lanes, t]
+
+
+def _acceptance(log_a, fy, fwy):
+    """``min(1, exp(log_a))``, 0 where the proposal has no contribution."""
+    return np.where((fy > 0) & (fwy > 0), np.exp(np.minimum(log_a, 0.0)), 0.0)
 
 
 def _pick(scores, rng):
@@ -546,11 +555,26 @@ class _Gaussians:
             pending.append((g, sel, gx, z))
         return pending
 
-    def at_proposal(self, y, py, g, sel, z, gx, log_a):
-        """The Gaussians at the proposals; adds the proposal-density ratio to ``log_a``."""
-        gy = self.compute(g, y, py, sel)
-        log_a[sel] += gy.log_density(-z) - gx.log_density(z)
-        return gy
+    def at_proposals(self, y, py, ty, pending, moved, log_a):
+        """The Gaussians at the H2MC proposals ``pending`` (from :meth:`propose`; adds their
+        proposal-density ratio to ``log_a``) and at the new states ``y`` of the chains
+        ``moved`` by accepted large / isotropic / lens steps: one evaluation per group (the
+        technique ``ty``) for both, kept until :meth:`accept`."""
+        lanes = np.sort(np.concatenate([moved] + [sel for _, sel, _, _ in pending]))
+        self.pending = {}
+        for g in np.unique(ty[lanes]):
+            sel = lanes[ty[lanes] == g]
+            self.pending[g] = (sel, self.compute(g, y, py, sel))
+        for g, sel, gx, z in pending:
+            at, gy = self.pending[g]
+            gy = gy.take(np.searchsorted(at, sel))
+            log_a[sel] += gy.log_density(-z) - gx.log_density(z)
+
+    def accept(self, accept):
+        """The chains that accepted a proposal of :meth:`at_proposals` keep its Gaussian."""
+        for g, (sel, gy) in self.pending.items():
+            keep = accept[sel]
+            self.put(g, sel[keep], gy.take(keep))
 
 
 class _Lens:

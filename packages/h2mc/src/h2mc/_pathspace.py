@@ -85,6 +85,7 @@ coordinate's 1D density. Lights and the camera do not move.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -213,6 +214,24 @@ class Paths:
             same &= a[ia] == b[ib]
         out[common[same]] = True
         return out
+
+
+def _stacked(outputs, n):
+    """A compiled kernel's outputs (1-D lanes, or 0-d where an output is a constant) as one
+    ``(len(outputs), n)`` array."""
+    out = np.empty((len(outputs), n))
+    for row, r in zip(out, outputs):
+        row[...] = r
+    return out
+
+
+@functools.cache
+def _lower_index(n):
+    """For each entry ``(i, j)`` of an ``n x n`` symmetric matrix, row-major, the position of
+    ``(max(i, j), min(i, j))`` among the lower-triangle outputs ``(i, j), j <= i``."""
+    i, j = np.maximum.outer(np.arange(n), np.arange(n)), np.minimum.outer(np.arange(n),
+                                                                          np.arange(n))
+    return (i * (i + 1) // 2 + j).ravel()
 
 
 def _dot(a, b):
@@ -421,7 +440,7 @@ class PathSpace:
             lanes, res = self._run("directions", u, *self.techniques[t], paths,
                                    np.flatnonzero(tech == t))
             for i in range(len(res) // 3 if len(lanes) else 0):
-                exact[i + 1, t] = (lanes, np.stack(res[3 * i:3 * i + 3], 1))
+                exact[i + 1, t] = (lanes, res[3 * i:3 * i + 3].T)
         for i, (lanes, wo, rough) in enumerate(paths.directions, start=1):
             wo = wo.copy()
             for t in np.unique(tech[tech >= 0]):
@@ -453,8 +472,8 @@ class PathSpace:
             if s != HIT or not len(lanes):
                 continue
             _, out = self._run("directions", u, k, s, paths, lanes)
-            p = np.stack(pos[3 * (k - 2):], 1)  # the last bounce and its direction
-            d = np.stack(out[3 * (k - 2):], 1)
+            p = pos[3 * (k - 2):].T  # the last bounce and its direction
+            d = out[3 * (k - 2):].T
             v = params[lanes, (k - 1) * nv:(k - 1) * nv + 9].reshape(-1, 3, 3)
             e1, e2 = v[:, 1] - v[:, 0], v[:, 2] - v[:, 0]  # Moller-Trumbore barycentrics
             pvec, tvec = np.cross(d, e2), p - v[:, 0]
@@ -558,17 +577,17 @@ class PathSpace:
             lanes_k, light_params = ends.get(key, (np.zeros(0, np.int64), None))
             if len(lanes_k) == 0:
                 continue
-            cols = self._columns(u, key, verts, lanes_k, light_params)
+            params = self._params(key, verts, lanes_k, light_params)
             with np.errstate(all="ignore"):
-                out = np.stack([np.broadcast_to(np.asarray(c), (len(lanes_k),))
-                                for c in self._value_kernel(*key)(*cols)], 1)
+                out = _stacked(self._value_kernel(*key)(*self._u_columns(u, key, lanes_k),
+                                                        *params), len(lanes_k)).T
             if out.shape[1] == 4:  # the kernel's contribution is in w: back to PSS
                 jacobian[lanes_k, t] = out[:, 3]
                 with np.errstate(all="ignore"):
                     out = out[:, :3] / out[:, 3:]
             contrib[lanes_k, t] = out
             valid[lanes_k, t] = True
-            structure[key] = (lanes_k, cols[len(self.dims(*key)):])
+            structure[key] = (lanes_k, params)
             if self.time_dim is not None:
                 moving[lanes_k, t] = self._on_moving_mesh(structure[key][1], key[0])
         # A non-finite contribution (rounding at grazing angles) voids the whole state: its
@@ -581,7 +600,7 @@ class PathSpace:
         if nonfinite.any():
             for key, (lanes_k, params) in structure.items():
                 keep = ~nonfinite[lanes_k]
-                structure[key] = (lanes_k[keep], [c[keep] for c in params])
+                structure[key] = (lanes_k[keep], np.compress(keep, params, axis=1))
         return Paths(xy, pixel, contrib, valid, nonfinite, structure, list(self.techniques),
                      jacobian, directions, moving)
 
@@ -679,17 +698,18 @@ class PathSpace:
         sel = torch.nonzero(ok).flatten()
         return lanes[sel].numpy(), self._light_params(tri[sel].numpy(), pmf[sel].numpy())
 
-    def _columns(self, u, key, verts, lanes_k, light_params):
-        """Kernel input columns for the lanes ``lanes_k`` of technique ``key``: their ``u``
-        on :meth:`dims`, then each vertex's parameters, then the light's."""
-        cols = [np.ascontiguousarray(u[lanes_k, j]) for j in self.dims(*key)]
-        for i in range(key[0] - 1):
-            lanes_i, params = verts[i]
-            rows = np.searchsorted(lanes_i, lanes_k)  # lanes stay sorted through tracing
-            cols.extend(np.ascontiguousarray(params[rows, c]) for c in range(params.shape[1]))
-        cols.extend(np.ascontiguousarray(light_params[:, c])
-                    for c in range(light_params.shape[1]))
-        return cols
+    def _u_columns(self, u, key, lanes):
+        """The kernel inputs of technique ``key`` from ``u``: its coordinates :meth:`dims` of
+        ``lanes``, (n_dims, len(lanes)), each row contiguous."""
+        return np.ascontiguousarray(u[np.ix_(lanes, self.dims(*key))].T)
+
+    @staticmethod
+    def _params(key, verts, lanes_k, light_params):
+        """The frozen kernel parameters of the lanes ``lanes_k`` of technique ``key``, one row
+        per parameter (each vertex's, then the light's): (P, len(lanes_k))."""
+        rows = [verts[i][1][np.searchsorted(verts[i][0], lanes_k)]  # lanes stay sorted
+                for i in range(key[0] - 1)]
+        return np.ascontiguousarray(np.concatenate(rows + [light_params], 1).T)
 
     # ------------------------------------------------------------------ the smooth piece
     def expressions(self, length, technique=NEE):
@@ -957,20 +977,18 @@ class PathSpace:
         return self._kernel("value", length, technique)
 
     def _run(self, kind, u, length, technique, paths, lanes=None):
-        """``(lanes, outputs)`` of one kernel on the lanes (of ``lanes``, if given) that have
-        a path of technique ``(length, technique)``."""
+        """``(lanes, outputs (n_out, len(lanes)))`` of one kernel on the lanes (of ``lanes``,
+        if given) that have a path of technique ``(length, technique)``."""
         key = self._check_technique(length, technique)
         if key not in paths.structure:
             return np.zeros(0, np.int64), None
         lanes_k, params = paths.structure[key]
         if lanes is not None:
             keep = np.isin(lanes_k, lanes)
-            lanes_k, params = lanes_k[keep], [c[keep] for c in params]
-        cols = [np.ascontiguousarray(u[lanes_k, j]) for j in self.dims(*key)] + list(params)
+            lanes_k, params = lanes_k[keep], np.compress(keep, params, axis=1)
         with np.errstate(all="ignore"):
-            res = [np.broadcast_to(np.asarray(r), (len(lanes_k),))
-                   for r in self._kernel(kind, *key)(*cols)]
-        return lanes_k, res
+            return lanes_k, _stacked(self._kernel(kind, *key)(
+                *self._u_columns(u, key, lanes_k), *params), len(lanes_k))
 
     def mis_weights(self, u, length, technique, paths=None):
         """Power-heuristic MIS weight of technique ``(length, technique)`` per lane, (B,);
@@ -996,7 +1014,7 @@ class PathSpace:
                 continue
             lanes_k, params = paths.structure[key]
             sel = coords[lanes_k] == t
-            out[lanes_k[sel], :len(params)] = np.stack(params, 1)[sel]
+            out[lanes_k[sel], :len(params)] = params[:, sel].T
         return out
 
     def structure_of(self, params, coords):
@@ -1010,8 +1028,7 @@ class PathSpace:
             lanes = np.flatnonzero((coords == t) & np.isfinite(params[:, 0]))
             if len(lanes):
                 width = (key[0] - 1) * nv + len(_LIGHT)
-                structure[key] = (lanes, [np.ascontiguousarray(params[lanes, c])
-                                          for c in range(width)])
+                structure[key] = (lanes, np.ascontiguousarray(params[lanes, :width].T))
         T = len(self.techniques)
         return Paths(np.zeros((n, 2)), np.zeros(n, np.int64), np.zeros((n, T, 3)),
                      np.zeros((n, T), bool), np.zeros(n, bool), structure,
@@ -1080,8 +1097,8 @@ class PathSpace:
                     self._lens_kernel(kind, k, s, j)
 
     def _run_lens(self, kind, u, paths, coords, j, anchor, lanes):
-        """``[(lanes, outputs)]`` of a lens kernel per (technique, j) group of ``lanes``
-        (with ``j > 0``), on ``paths``' structure and ``u``'s coordinates."""
+        """``[(lanes, outputs (n_out, len(lanes)))]`` of a lens kernel per (technique, j)
+        group of ``lanes`` (with ``j > 0``), on ``paths``' structure and ``u``'s coordinates."""
         out = []
         lanes = np.asarray(lanes, np.int64)
         lanes = lanes[j[lanes] > 0]
@@ -1091,12 +1108,10 @@ class PathSpace:
             lanes_k, params = paths.structure[key]
             keep = np.isin(lanes_k, group)
             lanes_k = lanes_k[keep]
-            cols = ([np.ascontiguousarray(u[lanes_k, c]) for c in self.dims(*key)]
-                    + [c[keep] for c in params]
-                    + [np.ascontiguousarray(anchor[lanes_k, a]) for a in range(3)])
             with np.errstate(all="ignore"):
-                res = [np.broadcast_to(np.asarray(r), (len(lanes_k),))
-                       for r in self._lens_kernel(kind, *key, jj)(*cols)]
+                res = _stacked(self._lens_kernel(kind, *key, jj)(
+                    *self._u_columns(u, key, lanes_k), *np.compress(keep, params, axis=1),
+                    *np.ascontiguousarray(anchor[lanes_k].T)), len(lanes_k))
             out.append((lanes_k, res))
         return out
 
@@ -1110,7 +1125,7 @@ class PathSpace:
                                    np.flatnonzero((coords == t) & (j > 0)))
             if not len(lanes):  # no lane has a path of that technique
                 continue
-            pos = np.stack(res, 1).reshape(len(lanes), -1, 3)
+            pos = res.T.reshape(len(lanes), -1, 3)
             out[lanes] = pos[np.arange(len(lanes)), j[lanes]]
         return out
 
@@ -1135,7 +1150,7 @@ class PathSpace:
                                            lanes):
             for jj in np.unique(j[lanes_k]):
                 sel = j[lanes_k] == jj
-                omega = np.stack(res, 1)[sel]
+                omega = res.T[sel]
                 y[np.ix_(lanes_k[sel], self.bsdf_dims[jj - 1][1:])] = spherical_coordinates(
                     omega / np.linalg.norm(omega, axis=1, keepdims=True))
         return y
@@ -1157,7 +1172,7 @@ class PathSpace:
             ok = np.isfinite(res[0])
             lanes_k = lanes_k[ok]
             logf[lanes_k] = res[0][ok]
-            grad[lanes_k] = np.stack(res[1:3], 1)[ok]
+            grad[lanes_k] = res[1:3, ok].T
             hess[lanes_k, 0, 0], hess[lanes_k, 1, 1] = res[3][ok], res[5][ok]
             hess[lanes_k, 0, 1] = hess[lanes_k, 1, 0] = res[4][ok]
         return logf, grad, hess
@@ -1188,13 +1203,10 @@ class PathSpace:
         # f* = 0 on an existing path (a BSDF gate): log f = -inf and no derivatives, as for
         # a missing path.
         ok = np.isfinite(res[0])
-        lanes = lanes[ok]
-        logf[lanes] = res[0][ok]
-        grad[lanes] = np.stack(res[1:n + 1], 1)[ok]
-        tri = [(i, j) for i in range(n) for j in range(i + 1)]
-        for (i, j), h in zip(tri, res[n + 1:]):
-            hess[lanes, i, j] = h[ok]
-            hess[lanes, j, i] = h[ok]
+        lanes, res = lanes[ok], res[:, ok]
+        logf[lanes] = res[0]
+        grad[lanes] = res[1:n + 1].T
+        hess[lanes] = res[n + 1:][_lower_index(n)].T.reshape(-1, n, n)
         if self.time_dim is not None:  # static paths: time is no H2MC dimension (spec 5.1)
             static = lanes[~paths.moving[lanes, self.techniques.index((length, technique))]]
             grad[static, self.time_dim] = 0.0
@@ -1217,7 +1229,7 @@ class PathSpace:
         if res is None:
             return np.zeros((len(u), 0), bool)
         out = np.zeros((len(u), len(res)), bool)
-        out[lanes] = np.stack(res, 1) > 0.5
+        out[lanes] = res.T > 0.5
         return out
 
     def log_f_star_derivatives(self, u, paths=None, lanes=None):

@@ -116,13 +116,14 @@ def path_space_for(scene, max_length=3, parameterization="kelemen",
 def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=3,
            seed=0, chains=1024, sigma2=1e-3, direct_spp=16, time_mode="hessian",
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
-           lens_perturb_prob=0.3, path_space=None):
+           lens_perturb_prob=0.3, path_space=None, clock=time.perf_counter):
     """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
     clock (after compiling the kernels) are spent; ``time_mode``,
     ``parameterization``, ``roughness_threshold``, ``light_coordinates`` and
     ``lens_perturb_prob`` as render_mlt's (the last three only in the modified one);
-    ``path_space``: one from :func:`path_space_for` with the same settings, reused."""
+    ``path_space``: one from :func:`path_space_for` with the same settings, reused;
+    ``clock``: the budget's (render_mlt's)."""
     modified = parameterization == "modified"
     ps = path_space or path_space_for(scene, max_length, parameterization, roughness_threshold,
                                       light_coordinates)
@@ -132,10 +133,11 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
                        lens=modified and METHODS[method][0] == "h2mc" and lens_perturb_prob > 0)
     npix = ps.width * ps.height
     kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps, time_mode=time_mode,
-              parameterization=parameterization, lens_perturb_prob=lens_perturb_prob)
+              parameterization=parameterization, lens_perturb_prob=lens_perturb_prob,
+              clock=clock)
     if modified:
         kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates)
-    t0 = time.perf_counter()
+    t0 = clock()
     if seconds is None:
         bar = tqdm(total=int(np.ceil(mutations_per_pixel * npix / chains)) * chains,
                    unit="mut", unit_scale=True)
@@ -143,7 +145,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
         bar = tqdm(total=seconds, unit="s", bar_format="{l_bar}{bar}| {n:.1f}/{total:.1f} s")
 
     def tick(done):  # after each step (tqdm limits the redraws)
-        bar.update((done if seconds is None else min(time.perf_counter() - t0, seconds))
+        bar.update((done if seconds is None else min(clock() - t0, seconds))
                    - bar.n)
 
     with bar:
