@@ -379,7 +379,7 @@ def _wrapped_buffer(graph, f):
 
 def _gathers(graph, f, callers):
     """(caller fid, call) for each call of ``f`` whose coordinates read data."""
-    return [(c, call) for c in callers for d in graph.funcs[c].definitions()
+    return [(c, call) for c in sorted(callers) for d in graph.funcs[c].definitions()
             for call in sym.calls(_def_nodes(d), E.CALL)
             if call.params["fid"] == f.fid and any(sym.calls([a], E.CALL) for a in call.args)]
 
@@ -399,7 +399,7 @@ def _staged_gather(graph, f, callers, sizes):
     if not any(st % ALIAS_BYTES == 0 for st, n in zip(arr.strides[:-1], arr.shape[:-1])
                if n > 1):
         return None
-    for c in {c for c, _ in _gathers(graph, f, callers)}:
+    for c in dict.fromkeys(c for c, _ in _gathers(graph, f, callers)):
         domain = int(np.prod(sizes[c][0])) if c in sizes else 0
         if domain >= STAGE_REUSE * arr.size:
             return (f"root (gathered at data-dependent points by {graph.funcs[c].name()}, "
@@ -430,7 +430,7 @@ def _interleaved_gather(graph, f, callers, sizes, opts):
         candidates &= {k for k, a in enumerate(call.args)
                        if E.is_rvar(a) or (E.is_var(a) and a.key not in tiled)}
     extents = list(reversed(arr.shape))
-    runs = [k for k in candidates
+    runs = [k for k in sorted(candidates)  # ties: the inner dimension
             if opts.vector // 2 <= extents[k] and extents[k] * arr.itemsize <= INTERLEAVE_BYTES]
     covering = [c for c, _ in gathers
                 if c in sizes and int(np.prod(sizes[c][0])) >= arr.size]
