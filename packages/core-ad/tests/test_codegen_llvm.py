@@ -309,6 +309,29 @@ def test_integer_arithmetic_matches_numpy(it):
         np.testing.assert_array_equal(g, w, err_msg=f"{o!r} {it}")
 
 
+@pytest.mark.parametrize("ft", FLOATS)
+@pytest.mark.parametrize("it", ["int32", "int64"])
+def test_in_range_float_to_int_cast_is_a_plain_truncation_with_the_same_values(ft, it):
+    """``astype(..., in_range=True)`` drops the range checks (no ``fptosi.sat``, no compare
+    against the int's bounds) and gives numpy's values on in-range operands and NaN (INT_MIN);
+    an operand that breaks the promise still gives some int (frozen, never poison)."""
+    x = sym.var("x", ft)
+    hinted, plain = sym.astype(x, it, in_range=True), sym.astype(x, it)
+    assert hinted is not plain and hinted.params["in_range"]
+    values = np.array([0.0, -0.0, 0.5, -0.5, 1.99, -1.99, 1e6, -1e6, 3e4 + 0.25, np.nan,
+                       *np.random.default_rng(8).uniform(-1e6, 1e6, 41)], dtype=ft)
+    fn = llvm([hinted, plain], [x])
+    got_hinted, got_plain = fn(values)
+    with np.errstate(invalid="ignore"):
+        np.testing.assert_array_equal(got_hinted, values.astype(it))
+    np.testing.assert_array_equal(got_hinted, got_plain)
+    ir_text = llvm([hinted], [x]).ir
+    assert "freeze" in ir_text and "fptosi" in ir_text and "fptosi.sat" not in ir_text
+    assert "fcmp oge" not in ir_text and "fcmp oge" in llvm([plain], [x]).ir  # range checks
+    (broken,) = llvm([hinted], [x])(np.array([1e30, -np.inf, np.inf], dtype=ft))
+    assert broken.dtype == np.dtype(it)
+
+
 def test_integer_pow_with_negative_exponent_truncates():
     a, e = sym.var("a", "int64"), sym.var("e", "int64")
     fn = llvm([sym.pow(a, e)], [a, e])

@@ -459,7 +459,12 @@ def _cast_impl(x, dtype):
     return np.asarray(x).astype(dtype, copy=False)
 
 
-cast_p = _nondiff("cast", _cast_impl)
+def _cast_hinted_impl(x, dtype, in_range=False):
+    return _cast_impl(x, dtype)
+
+
+# ``in_range``: a compiler hint (see ``astype``); the values are those of the plain cast
+cast_p = _nondiff("cast", _cast_hinted_impl)
 
 convert_p = _elementwise(
     "convert",
@@ -708,13 +713,20 @@ def where(cond, a, b):
     return _lanewise(select_p, cond, a, b)
 
 
-def astype(x, dtype):
-    """Cast; float-to-float casts are differentiable, casts to int/bool have zero derivative."""
+def astype(x, dtype, in_range=False):
+    """Cast; float-to-float casts are differentiable, casts to int/bool have zero derivative.
+
+    ``in_range=True`` promises that a float operand cast to a signed 32/64-bit int lies inside
+    that int's range or is NaN (a bin index computed from a clamped value, say): the LLVM
+    backend then emits a plain truncation without the saturating range checks. The values
+    are the same; a broken promise gives an unspecified in-range int, never UB."""
     dtype = np.dtype(dtype)
     if _float_dtype(x) and dtype.kind in "fc":
         if dtype_of(x) == dtype and kind_of(x) is not None:
             return x
         return bind(convert_p, x, dtype=dtype)
+    if in_range:
+        return bind(cast_p, x, dtype=dtype, in_range=True)
     return bind(cast_p, x, dtype=dtype)
 
 

@@ -25,8 +25,9 @@ variable plus a value independent of it; otherwise ``llvm.masked.gather`` loads 
 stores); a partial (tail) iteration runs as a scalar loop.
 
 Float to int32 / int64 casts are core_ad's saturating conversions, except where the operand
-has constant bounds inside the int range (``_in_range_casts``): a plain ``fptosi`` with NaN
-sent to 0, the same values.
+has constant bounds inside the int range (``_in_range_casts``): those are marked
+``astype(..., in_range=True)``, which core_ad emits as a plain ``fptosi`` with NaN sent to 0,
+the same values.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
-from core_ad import Primitive, codegen, sym
+from core_ad import codegen, sym
 from llvmlite import ir
 from llvmlite.ir.instructions import GEPInstr
 
@@ -163,39 +164,22 @@ class _Ctx:
         return [sym.substitute(n, mapping) for n in nodes], env
 
 
-def _lower_trunc(em, node, args):
-    """``hl_trunc``: float to int, truncating, for an operand proven inside the int range (or
-    NaN): a plain ``fptosi`` with NaN sent to 0, equal to the saturating conversion it
-    replaces there (``fptosi.sat`` costs a compare and a select more per side on x86)."""
-    b, (v,) = em.b, args
-    it = codegen.llvm_type(node.dtype)
-    if isinstance(v.type, ir.VectorType):
-        it = ir.VectorType(it, v.type.count)
-    return b.select(b.fcmp_unordered("uno", v, v), ir.Constant(it, None), b.fptosi(v, it))
-
-
-TRUNC = Primitive(
-    "hl_trunc",
-    lambda v, dtype: np.where(np.isnan(v), 0, v).astype(dtype),
-    partials=lambda args, out, wrt, **p: (None,),
-    elementwise=True,
-    extra={"llvm_lowering": _lower_trunc},
-)
-
-
 def _in_range_casts(nodes, memo):
     """``nodes`` with each float to int32 / int64 cast whose operand has constant bounds inside
-    the int range (a bin index ``int(clamp(v, 0, 1) * n)``, say) read through ``hl_trunc``."""
+    the int range (a bin index ``int(clamp(v, 0, 1) * n)``, say) marked ``in_range``: core_ad
+    then emits a plain truncation (``fptosi.sat`` costs a compare and a select more per side
+    on x86)."""
     m = {}
     for n in sym.toposort(list(nodes)):
         if getattr(n, "prim", None) is None or n.prim.name != "cast" or \
-                n.dtype not in (np.int32, np.int64) or n.args[0].dtype.kind != "f":
+                n.dtype not in (np.int32, np.int64) or n.args[0].dtype.kind != "f" or \
+                n.params.get("in_range"):
             continue
         iv = interval(n.args[0], {}, memo)
         lo, hi = (None, None) if iv is None else (const_value(iv[0]), const_value(iv[1]))
         top = 2.0 ** (8 * n.dtype.itemsize - 1)
         if lo is not None and hi is not None and -top <= lo and hi < top:
-            m[n] = sym.call(TRUNC, n.args[0], dtype=n.dtype, out_dtype=n.dtype)
+            m[n] = sym.astype(n.args[0], n.dtype, in_range=True)
     return [sym.substitute(n, m) for n in nodes] if m else nodes
 
 

@@ -41,6 +41,7 @@ del _n
 select = globals()["where"]
 
 
-def astype(x, dtype) -> Expr:
-    """Cast; float-to-float casts are differentiable, casts to int/bool have zero derivative."""
-    return R.astype(as_expr(x, "sym.astype"), dtype)
+def astype(x, dtype, in_range=False) -> Expr:
+    """Cast; float-to-float casts are differentiable, casts to int/bool have zero derivative.
+    ``in_range=True``: see :func:`core_ad.astype` (a float operand known to fit the int)."""
+    return R.astype(as_expr(x, "sym.astype"), dtype, in_range)

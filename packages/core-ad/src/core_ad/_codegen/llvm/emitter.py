@@ -48,6 +48,7 @@ from typing import Callable, NamedTuple
 
 import numpy as np
 from llvmlite import ir
+from llvmlite.ir.instructions import Instruction
 
 from ... import _rules as R
 from ..._sym.program import Program, _schedule, cse
@@ -290,6 +291,21 @@ class Emitter:
                     b.fcmp_ordered("<", v, self.const(hi, src)))
         r = b.fptosi(v, it)
         return b.select(ok, r, self.const(-(2 ** (bits - 1)), np.dtype(f"int{bits}")))
+
+    def truncate_in_range(self, v, src, dst) -> ir.Value:
+        """``convert`` to a signed 32/64-bit int for an operand known to lie inside its range
+        or be NaN (``astype(..., in_range=True)``): a plain ``fptosi`` and one select for NaN,
+        where the range checks of ``_cvtt`` would cost a compare and a select more per side.
+        Equal to ``convert`` on every such operand; an operand that breaks the promise gives
+        an arbitrary int, frozen so that it is never poison (a poison index would be UB even
+        behind a bounds check)."""
+        b = self.b
+        nan_value = 0 if self.c_semantics else -(2 ** (8 * dst.itemsize - 1))
+        r = b.select(b.fcmp_unordered("uno", v, v), self.const(nan_value, dst),
+                     b.fptosi(v, self.ty(dst)))
+        frozen = Instruction(b.block, r.type, "freeze", [r])  # llvmlite has no builder.freeze
+        b._insert(frozen)
+        return frozen
 
     def _float_to_int(self, v, src, dst) -> ir.Value:
         """numpy's float -> integer ``astype`` on x86, bit for bit (also where C leaves it
@@ -832,7 +848,10 @@ def _lower_isnan(em, node, args):
 
 
 def _lower_cast(em, node, args):
-    return em.convert(args[0], node.args[0].dtype, node.dtype)
+    src, dst = node.args[0].dtype, node.dtype
+    if node.params.get("in_range") and _is_float(src) and dst in (np.int32, np.int64):
+        return em.truncate_in_range(args[0], src, dst)
+    return em.convert(args[0], src, dst)
 
 
 def _lower_select(em, node, args):
