@@ -87,6 +87,37 @@ def test_simplification_identities(xyz):
     assert e is x + y
 
 
+def _stage(i, coordinate_first):
+    """``8 * nx * exp(t)`` over stage ``i``'s own leaves, its operands created in either order."""
+    x, t = sym.leaf("loop", (i, "x")), sym.leaf("buf", (i, "theta"))
+    if coordinate_first:
+        nx = 0.25 * sym.astype(x, "float64") - 0.875
+        tv = sym.exp(t)
+    else:
+        tv = sym.exp(t)
+        nx = 0.25 * sym.astype(x, "float64") - 0.875
+    return 8.0 * nx * tv, x, t
+
+
+def test_sums_and_products_that_differ_only_in_their_leaves_are_evaluated_alike():
+    """The operand order of an n-ary add / mul depends on structure, not on which operand
+    was created first: expressions equal up to their leaves (a bilinear adjoint's k scatters,
+    each over its own loop variables) round alike. In creation order, ``(8 nx) t`` and
+    ``(8 t) nx`` differ by an ulp, enough for ``floor`` to pick two corners."""
+    e1, x1, t1 = _stage(1, coordinate_first=True)
+    e2, x2, t2 = _stage(2, coordinate_first=False)
+    assert [type(a).__name__ + str(getattr(a, "op", "")) for a in e1.args] == \
+        [type(a).__name__ + str(getattr(a, "op", "")) for a in e2.args]
+    f1 = sym.compile([e1], [x1, t1], backend="numpy")
+    f2 = sym.compile([e2], [x2, t2], backend="numpy")
+    xs = np.arange(64, dtype=np.float64)
+    ts = np.random.default_rng(3).uniform(0.5, 1.5, 64)
+    np.testing.assert_array_equal(f1(xs, ts)[0], f2(xs, ts)[0])
+    s1 = sym.compile([e1 + t1 * x1 * 3.0], [x1, t1], backend="numpy")
+    s2 = sym.compile([3.0 * x2 * t2 + e2], [x2, t2], backend="numpy")
+    np.testing.assert_array_equal(s1(xs, ts)[0], s2(xs, ts)[0])
+
+
 def test_intern_table_is_weak():
     sym.clear_build_cache()  # the memo of recent constructions holds nodes until it is cleared
     gc.collect()

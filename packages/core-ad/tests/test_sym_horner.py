@@ -24,7 +24,7 @@ def test_pulls_out_the_most_shared_factor_with_its_smallest_power():
     assert _ops(h, "mul") + _ops(h, "pow") < _ops(e, "mul") + _ops(e, "pow")
     # x is in three monomials, y in three: the first seen (x) goes out, at power 1, twice
     assert _ops(h, "pow") == 0
-    assert sym.to_str(h) == "((4.0 * y) + (x * ((x * (y + (x * z))) + (y * z))))"
+    assert sym.to_str(h) == "((4.0 * y) + (x * ((((x * z) + y) * x) + (y * z))))"
 
 
 def test_shared_conditions_are_tested_once():

@@ -619,6 +619,36 @@ def test_scatter_over_few_images_splits_the_channels_for_parallelism():
     np.testing.assert_array_equal(_realize(d, [size, size, ch, imgs]), want)
 
 
+@pytest.mark.parametrize("host_lanes", [8, 16])
+def test_scattered_channels_are_not_split_below_a_host_vector(monkeypatch, host_lanes):
+    """A spatial transformer's image adjoint scatters 16 channels stored innermost over 4
+    images (4 parallel iterations, below min_threads): with 8-lane host vectors (AVX2) the
+    channels split into 2 parallel parts of one vector each; with 16 lanes (AVX-512) one
+    16-lane vector per corner, not 2 parts that would each redo the pixel's coordinates.
+    Values match the unscheduled pipeline's."""
+    from halide_ad.apps import _common, spatial_transformer
+    monkeypatch.setattr(_autoschedule.codegen, "host_vector_width", lambda dtype: host_lanes)
+    image = RNG.standard_normal((4, 16, 24, 24)).astype(np.float32)
+    theta = np.tile(np.array([[0.1, 0.9, 0.05], [0.95, -0.1, 0.0]], np.float32), (4, 1, 1))
+    app = spatial_transformer.build(hl, image, theta)
+    d_out = RNG.standard_normal((4, 16, 24, 24)).astype(np.float32)
+    _, _, want = _common.adjoint_pipeline(hl, app, d_out, ("image",), schedule=False)
+    p, funcs, got = _common.adjoint_pipeline(hl, app, d_out, ("image",), schedule=False)
+    hl.Pipeline(funcs).realize([hl.Buffer(a) for a in want])
+    decided = hl.auto_schedule(funcs, {f: list(reversed(a.shape)) for f, a in zip(funcs, got)})
+    stage = next(v for k, v in decided.stages.items()
+                 if k.endswith("_d.update(0)") and any("stored innermost" in s for s in v))
+    if host_lanes == 16:
+        assert "_d2 not split below 16 lanes" in stage and "parallel(_d3)" in stage, stage
+        assert "vectorize(_d2, 16): stored innermost" in stage, stage
+    else:
+        assert "split(_d2, 8): 2 parts in parallel" in stage, stage
+        assert "vectorize(_d2.i, 8): stored innermost" in stage, stage
+    hl.Pipeline(funcs).realize([hl.Buffer(a) for a in got])
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g, w, rtol=1e-5, atol=1e-5 * np.abs(w).max())
+
+
 def _warp(n, ch, data_dependent, images=2):
     """``out(x, y, c, b) = img(x + dx, y + dy, c, b)``, the offsets read from data (a flow
     warp) or known from the loops (``(1, -1)``); ``"affine"``: a transpose scaled by a

@@ -135,6 +135,27 @@ def test_gradients_match_float64_central_differences(op):
             assert abs(got - want) <= 1e-6 * abs(want), (k, got, want)
 
 
+@pytest.mark.parametrize("schedule", [False, True])
+def test_image_gradient_at_exact_pixel_centres_matches_torch(schedule):
+    """A transposing, shrinking theta puts samples exactly on pixel centres (ix = 2.0, or
+    5.999999999999998 after rounding), where ``floor`` decides which two corners a sample
+    reaches. The image adjoint is continuous there, so every schedule must agree with torch:
+    unscheduled, the sampling grid is inlined into each corner's scatter, and each must
+    round its coordinates alike (they once rounded differently: a sample reached a pixel
+    twice, or not at all)."""
+    rng = np.random.default_rng(0)
+    image = rng.standard_normal((1, 2, 16, 16))
+    theta = np.array([[[0.1, 0.9, 0.05], [0.95, -0.1, 0.0]]])
+    app = spatial_transformer.build(hl, image, theta)
+    g = rng.standard_normal((1, 2, 16, 16))
+    p, _, arrays = _common.adjoint_pipeline(hl, app, g, ("image",), schedule=schedule)
+    p.realize([hl.Buffer(a) for a in arrays])
+    leaf = torch.tensor(image, requires_grad=True)
+    spatial_transformer.torch_reference(torch, leaf, torch.tensor(theta)).backward(
+        torch.from_numpy(g))
+    assert _rel(arrays[1], leaf.grad.numpy()) <= 1e-12
+
+
 def test_bad_inputs_are_refused():
     img = np.zeros((1, 2, 8, 8), np.float32)
     with pytest.raises(ValueError, match="theta must be"):

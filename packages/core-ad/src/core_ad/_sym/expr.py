@@ -27,6 +27,7 @@ from __future__ import annotations
 import itertools
 import threading
 import weakref
+import zlib
 
 import numpy as np
 
@@ -61,7 +62,8 @@ _LOCK = threading.Lock()
 _SERIAL = itertools.count()
 
 
-def _intern(key, make):
+def _intern(key, make, shape):
+    """The interned node for ``key`` (made by ``make`` when new, with ``shape``)."""
     node = _TABLE.get(key)
     if node is not None:
         return node
@@ -70,8 +72,24 @@ def _intern(key, make):
         if node is None:
             node = make()
             object.__setattr__(node, "serial", next(_SERIAL))
+            object.__setattr__(node, "shape", shape)
             _TABLE[key] = node
     return node
+
+
+def _name_code(name: str) -> int:
+    return zlib.crc32(name.encode())
+
+
+def order_key(node):
+    """The canonical position of an operand of an n-ary add or mul: its ``shape`` (a hash of
+    its structure with every leaf reduced to its kind and dtype), then its creation serial.
+    Float sums and products are evaluated in this order, so two expressions that differ only
+    in their leaves round alike: the k scatters of a bilinear adjoint, each built over its
+    own loop variables, compute the same corner from the same coordinates. (Creation order
+    alone made ``8 * nx * theta`` in one scatter and ``8 * theta * nx`` in the next: one
+    ulp apart, so a sample exactly at a pixel centre reached that pixel twice.)"""
+    return node.shape, node.serial
 
 
 def intern_table_size() -> int:
@@ -98,7 +116,9 @@ class Expr:
     comparison. ``bool(expr)`` raises: use :func:`core_ad.sym.where` for lane-wise choices.
     """
 
-    __slots__ = ("dtype", "serial", "flags", "__weakref__")
+    # shape: a hash of the structure, leaves reduced to kind and dtype (ints only, so the same
+    # in every process); see order_key
+    __slots__ = ("dtype", "serial", "shape", "flags", "__weakref__")
     __array_ufunc__ = None  # numpy defers to our reflected operators
     args: tuple = ()
 
@@ -311,7 +331,7 @@ def _make_const(value, dtype: np.dtype, weak: bool) -> Const:
         object.__setattr__(n, "flags", F_FINITE if finite else 0)
         return n
 
-    return _intern(key, make)
+    return _intern(key, make, hash((1, dtype.num, zlib.crc32(key[3]))))
 
 
 def const(value, dtype=None) -> Const:
@@ -407,7 +427,7 @@ def leaf(kind: str, key, dtype="float64", *, finite: bool = True) -> Leaf:
         return n
 
     return _intern(("leaf", kind, key, dt) if finite else ("leaf", kind, key, dt, "nonfinite"),
-                   make)
+                   make, hash((2, _name_code(kind), dt.num)))
 
 
 def var(name: str, dtype="float64") -> Var:
@@ -459,4 +479,10 @@ def make_apply(prim: Primitive, args: tuple, pkey: tuple, params: dict, dtype: n
         object.__setattr__(n, "flags", flags)
         return n
 
-    return _intern(key, make)
+    code = _PRIM_CODES.get(prim)
+    if code is None:
+        code = _PRIM_CODES[prim] = _name_code(prim.name)
+    return _intern(key, make, hash((3, code, dtype.num, *(a.shape for a in args))))
+
+
+_PRIM_CODES: dict = {}

@@ -21,7 +21,7 @@ false and ``a`` is not finite.
 from __future__ import annotations
 
 from .. import _rules as R
-from .expr import Apply, Const, as_expr, is_const
+from .expr import Apply, Const, as_expr, is_const, order_key
 from .graph import as_expr_list, toposort
 from .simplify import CORE_PRIMITIVES, _split_pow, build, one, zero
 
@@ -94,18 +94,23 @@ def _guard(conds, e, dtype):
 def _best(monos, bool_bonus):
     """(kind, key, power) of the factor shared by the most monomials, or None."""
     score: dict = {}
+    node: dict = {}
     for _, factors, conds in monos:
-        for k in conds:
+        for k, c in conds.items():
             score[("c", k)] = score.get(("c", k), 0) + 1
-        for k, (_, p) in factors.items():
+            node[("c", k)] = c
+        for k, (b, p) in factors.items():
             if p > 0:
                 score[("f", k)] = score.get(("f", k), 0) + 1
+                node[("f", k)] = b
     best, best_s = None, 0
-    for key, n in score.items():  # dict order: first appearance, so ties are deterministic
+    for key, n in score.items():
         if n < 2:
             continue
         s = n * (bool_bonus if key[0] == "c" else 1)
-        if s > best_s:
+        # ties go to the canonically first factor (order_key), not the first one the sum's
+        # operand order shows: the choice depends on the structure only
+        if s > best_s or (s == best_s and order_key(node[key]) < order_key(node[best])):
             best, best_s = key, s
     if best is None:
         return None

@@ -47,6 +47,7 @@ from .expr import (
     freeze_params,
     is_const,
     make_apply,
+    order_key,
 )
 
 __all__ = ["build", "process", "call", "CORE_PRIMITIVES", "impl_of"]
@@ -295,10 +296,6 @@ def _fold_consts(prim, consts):
     return _fold(prim, tuple(sorted(consts, key=_const_key)), {})
 
 
-def _serial(n):
-    return n.serial
-
-
 # Nested adds (muls) are flattened into their parent only up to this many operands: long
 # chains (the adjoint products of reverse mode through a deep composition) then cost linear,
 # not quadratic, construction; canonical operand order holds for sums/products this size.
@@ -372,7 +369,7 @@ def _rw_add(args, params, dtype):
         k = None
     if not terms:
         return k if k is not None else zero(dtype)
-    terms.sort(key=_serial)
+    terms.sort(key=order_key)
     if k is None and len(terms) == 1:
         return terms[0]
     return _node(R.add_p, ((k,) if k is not None else ()) + tuple(terms))
@@ -429,7 +426,7 @@ def _rw_mul(args, params, dtype):
             factors.append(build(R.pow_p, (base, _weak(k)), {}))
     if not factors:
         return coef if coef is not None else one(dtype)
-    factors.sort(key=_serial)
+    factors.sort(key=order_key)
     if coef is None and len(factors) == 1:
         return factors[0]
     return _node(R.mul_p, ((coef,) if coef is not None else ()) + tuple(factors))
