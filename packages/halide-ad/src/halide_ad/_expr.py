@@ -83,6 +83,11 @@ def unique_name(prefix: str) -> str:
     return f"{prefix}${next(_uid)}"
 
 
+def creation_index(name: str) -> int:
+    """The counter of a ``unique_name``: names made earlier sort first."""
+    return int(name.rsplit("$", 1)[1])
+
+
 def is_call(n) -> bool:
     return getattr(n, "prim", None) is CALL
 

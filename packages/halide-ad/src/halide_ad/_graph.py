@@ -140,15 +140,14 @@ class Graph:
 
     # ---- order and levels --------------------------------------------------------------
     def callees_of(self, fid):
-        """Realized Funcs and Buffers called by the (inlined) definitions of ``fid``."""
-        out = []
+        """Realized Funcs and Buffers called by the (inlined) definitions of ``fid``, in the
+        order they were created: independent producers are realized in definition order,
+        whatever the operand order of the expressions that call them."""
+        out = set()
         for d in self.defs[fid]:
             nodes = d.nodes() + [n for _, lo, ext in d.rvars for n in (lo, ext)]
-            for c in sym.calls(nodes, E.CALL):
-                g = c.params["fid"]
-                if g not in out:
-                    out.append(g)
-        return out
+            out.update(c.params["fid"] for c in sym.calls(nodes, E.CALL))
+        return sorted(out, key=E.creation_index)
 
     def _topo(self):
         order, state = [], {}

@@ -83,7 +83,8 @@ def _name_code(name: str) -> int:
 
 def order_key(node):
     """The canonical position of an operand of an n-ary add or mul: its ``shape`` (a hash of
-    its structure with every leaf reduced to its kind and dtype), then its creation serial.
+    its float structure: leaves reduced to kind and dtype, non-constant integer and bool
+    operands to their dtype; see ``_operand_shape``), then its creation serial.
     Float sums and products are evaluated in this order, so two expressions that differ only
     in their leaves round alike: the k scatters of a bilinear adjoint, each built over its
     own loop variables, compute the same corner from the same coordinates. (Creation order
@@ -482,7 +483,18 @@ def make_apply(prim: Primitive, args: tuple, pkey: tuple, params: dict, dtype: n
     code = _PRIM_CODES.get(prim)
     if code is None:
         code = _PRIM_CODES[prim] = _name_code(prim.name)
-    return _intern(key, make, hash((3, code, dtype.num, *(a.shape for a in args))))
+    return _intern(key, make, hash((3, code, dtype.num, *map(_operand_shape, args))))
+
+
+def _operand_shape(a):
+    """An operand's part of its parent's shape: an integer or bool operand (an index, a
+    condition) counts by its dtype alone unless it is a constant, so a Func read's shape
+    does not change when a schedule rewrites its coordinates (``y + 1`` inside a strip is
+    ``8 yo + yi + 1``): the taps of a stencil keep their relative order, and every schedule
+    sums them alike."""
+    if a.dtype.kind in "fc" or isinstance(a, Const):
+        return a.shape
+    return -1 - a.dtype.num
 
 
 _PRIM_CODES: dict = {}

@@ -518,7 +518,7 @@ class Plan:
         if t.is_graph:
             where = f"edge {lane} of graph {t.graph!r}"
             slots = {s: int(np.asarray(idx)[lane]) if np.ndim(idx) == 1 else np.asarray(idx)[lane].tolist()
-                     for s, idx in self.graphs[t.graph].items() if s != EDGE_SLOT}
+                     for s, idx in sorted(self.graphs[t.graph].items()) if s != EDGE_SLOT}
             where += f" (slots {slots})"
         else:
             pos = tuple(int(i) for i in np.unravel_index(lane, t.shape))
