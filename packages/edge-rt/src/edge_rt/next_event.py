@@ -16,7 +16,7 @@ import torch
 from core_ad import sym
 
 from . import bsdf
-from ._compiled import CompiledOp, columns, lanes_to_tensor
+from ._compiled import CompiledOp, columns, run_kernel
 
 
 def _dot(a, b):
@@ -93,8 +93,7 @@ def shadow_rays(p, ng, light_verts, u, pmf, eps, two_sided=False):
     else:
         cols = columns([p, ng, light_verts[:, 0], light_verts[:, 1], light_verts[:, 2], u,
                         pmf[:, None]])
-        out = lanes_to_tensor(_SHADOW_RAY[key](*cols, np.asarray(eps, dtype=dtype)),
-                              p.shape[0])
+        out = run_kernel(_SHADOW_RAY[key], [*cols, np.asarray(eps, dtype=dtype)], p.shape[0])
     return out[:, :3], out[:, 3:6], out[:, 6], out[:, 7], out[:, 8] > 0
 
 
