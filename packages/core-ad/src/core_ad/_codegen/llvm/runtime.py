@@ -115,9 +115,8 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
-def _extent(a: np.ndarray) -> tuple[int, int]:
-    """The byte range [start, end) a 1-D array's elements lie in."""
-    start = _addr(a)
+def _extent(a: np.ndarray, start: int) -> tuple[int, int]:
+    """The byte range [start, end) a 1-D array at address ``start`` lies in."""
     return start, start + (a.shape[0] - 1) * a.strides[0] + a.itemsize
 
 
@@ -330,14 +329,16 @@ class LLVMKernel:
 
     # ---- call --------------------------------------------------------------------------
     def _out(self, out, arrays, n):
-        """The checked ``out=`` arrays."""
-        if self.scatter_out.count(False) != len(self.outputs) or self.sum_out:
+        """The checked ``out=`` arrays, and the addresses of the inputs and outputs."""
+        if any(self.scatter_out) or self.sum_out:
             raise ValueError("out=: this kernel has scatter_add or lane_sum outputs; out= "
                              "takes lane outputs only")
         out = list(out)
         if len(out) != len(self.outputs):
             raise ValueError(f"out=: expected {len(self.outputs)} arrays (one per output), "
                              f"got {len(out)}")
+        in_addrs = [_addr(a) for a in arrays]
+        out_addrs = []
         spans = []  # the byte ranges the outputs may write
         for k, (o, r) in enumerate(zip(out, self.outputs)):
             what = f"out[{k}]"
@@ -351,20 +352,21 @@ class LLVMKernel:
             if n > 1 and (o.strides[0] <= 0 or o.strides[0] % o.itemsize):
                 raise ValueError(f"{what}: stride {o.strides[0]} bytes is not a positive "
                                  f"multiple of the itemsize {o.itemsize}")
-            spans.append(_extent(o))
+            out_addrs.append(_addr(o))
+            spans.append(_extent(o, out_addrs[-1]))
         merged = []  # the columns of one block merge into the block's range
         for lo, hi in sorted(spans):
             if merged and lo < merged[-1][1]:
                 merged[-1][1] = max(merged[-1][1], hi)
             else:
                 merged.append([lo, hi])
-        for j, a in enumerate(arrays):
+        for j, (a, start) in enumerate(zip(arrays, in_addrs)):
             if a.ndim == 1 and a.size:
-                s, e = _extent(a)
+                s, e = _extent(a, start)
                 if any(s < hi and lo < e for lo, hi in merged):
                     raise ValueError(f"out=: the outputs overlap input {j} "
                                      f"({self.names[j]!r})")
-        return out
+        return out, in_addrs + out_addrs
 
     def __call__(self, *args, num_threads=None, out=None):
         if len(args) != self.n_in:
@@ -378,9 +380,9 @@ class LLVMKernel:
             (not self.is_buf[j]) and a.ndim == 0 and n > 1 for j, a in enumerate(arrays)
         )
         if out is not None:
-            outs = self._out(out, arrays, n)
+            outs, addrs = self._out(out, arrays, n)
             if n > 0:
-                self._run(arrays, outs, n, mask, num_threads)
+                self._run(arrays, outs, n, mask, num_threads, addrs)
             return tuple(outs)
         outs = []
         for k, r in enumerate(self.outputs):
@@ -399,7 +401,7 @@ class LLVMKernel:
                     for k, o in enumerate(outs)]
         return tuple(outs)
 
-    def _run(self, arrays, outs, n, mask, requested):
+    def _run(self, arrays, outs, n, mask, requested, addrs=None):
         lanes = [j for j in range(self.n_in) if not (self.is_buf[j] or mask[j])]
         outputs = [k for k in range(len(outs)) if not (self.scatter_out[k] or k in self.sum_out)]
         strided = n > 1 and (any(arrays[j].strides[0] != arrays[j].itemsize for j in lanes)
@@ -431,7 +433,8 @@ class LLVMKernel:
                 lens[j] = arrays[j].strides[0] // arrays[j].itemsize
             for k in outputs:
                 lens[n_in + k] = outs[k].strides[0] // outs[k].itemsize
-        addrs = [_addr(a) for a in arrays] + [_addr(o) for o in outs]
+        if addrs is None:
+            addrs = [_addr(a) for a in arrays] + [_addr(o) for o in outs]
         lens_p = ctypes.addressof(lens)
         if t == 1:
             err = (ctypes.c_int64 * 4)()
