@@ -114,7 +114,7 @@ def test_next_event_values_match_torch():
     y, wo, dist2, cos_l, area = light_points_in_torch(p, a, b, c, u)
     pmf, eps = torch.full((len(p),), 0.25, dtype=torch.float64), 1e-3
     origin, direction, tmax, p_light, usable = shadow_rays(
-        p, ng, torch.stack([a, b, c], 1), u, pmf, eps)
+        p, ng, (a, b, c), u, pmf, eps)
     torch.testing.assert_close(direction, wo)
     torch.testing.assert_close(origin, p + eps * ng)
     torch.testing.assert_close(tmax, (y - origin).norm(dim=1) * (1.0 - 1e-3))
@@ -126,7 +126,7 @@ def test_next_event_values_match_torch():
     # A light seen from behind contributes nothing and is not usable.
     value, = CONTRIBUTION(p, ns, ng, wi, kd, ks, rough, a, c, b, u, emission, weight)
     assert (value == 0).all()
-    assert not shadow_rays(p, ng, torch.stack([a, c, b], 1), u, pmf, eps)[4].any()
+    assert not shadow_rays(p, ng, (a, c, b), u, pmf, eps)[4].any()
 
 
 def test_next_event_vjp_and_jvp_match_finite_differences():

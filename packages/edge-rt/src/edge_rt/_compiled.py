@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from typing import Callable, Sequence
 
-import numpy as np
 import torch
 
 from core_ad import sym
@@ -99,8 +98,7 @@ class CompiledOp:
         dtype = str(inputs[0].dtype).removeprefix("torch.")
         if n == 0:
             return inputs[0].new_zeros(0, self._n_results(kind))
-        cols = columns([*inputs, *extra])
-        return lanes_to_tensor(self._kernel(kind, dtype)(*cols), n)
+        return run_kernel(self._kernel(kind, dtype), columns([*inputs, *extra]), n)
 
     def _n_results(self, kind):
         if kind == "vjp":
@@ -116,27 +114,20 @@ class CompiledOp:
 
 
 def columns(tensors):
-    """Contiguous numpy columns of (N, width) tensors, in order (one transposing copy per
-    tensor, into core_ad's host pool: fresh arrays of this size cost more in page faults than
-    the copy, which made these copies a sixth of a forward render)."""
+    """The lanes of (N, width) tensors as numpy column views, in order: no copies, the
+    kernels read strided columns in place (transposing copies into contiguous columns and
+    back were a quarter of a forward + backward render)."""
     cols = []
     for t in tensors:
-        a = t.detach().cpu().numpy()
-        if a.shape[1] == 1 and a.strides[0] == a.itemsize:
-            cols.append(a[:, 0])
-            continue
-        block = host_empty(a.size, a.dtype).reshape(a.shape[1], a.shape[0])
-        np.copyto(block, a.T)
-        cols.extend(block)
+        a = t.detach().numpy()
+        cols.extend(a[:, k] for k in range(a.shape[1]))
     return cols
 
 
-def lanes_to_tensor(arrays, n):
-    """Kernel results (each N lanes, or 0-d for a lane-independent result) as one row-major
-    (N, len(arrays)) tensor, in one copy (into core_ad's host pool). Row-major: torch's
-    index_select of a column-major (N, 3) tensor is ~20x slower."""
-    arrays = [np.asarray(x) for x in arrays]
-    out = host_empty(n * len(arrays), np.result_type(*arrays)).reshape(n, len(arrays))
-    for k, x in enumerate(arrays):
-        out[:, k] = x
+def run_kernel(kernel, args, n):
+    """``kernel(*args)`` (N lanes) written into one row-major (N, outputs) tensor, in
+    core_ad's host pool (fresh arrays of this size cost more in page faults than the kernel).
+    Row-major: torch's index_select of a column-major (N, 3) tensor is ~20x slower."""
+    out = host_empty(n * len(kernel.outputs), kernel.outputs[0].dtype).reshape(n, -1)
+    kernel(*args, out=list(out.T))
     return torch.from_numpy(out)

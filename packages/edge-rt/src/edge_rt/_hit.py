@@ -10,7 +10,7 @@ import numpy as np
 
 from core_ad import sym
 
-from ._compiled import columns, lanes_to_tensor
+from ._compiled import columns, run_kernel
 
 _KERNELS: dict = {}
 
@@ -50,7 +50,7 @@ def hit_values(tri, o, d, tri_verts, tri_uvs):
         out = o.new_zeros(0, 13)
     else:
         tables = [x.detach().reshape(-1).numpy() for x in (tri_verts, tri_uvs)]
-        out = lanes_to_tensor(_KERNELS[dtype](*columns([o, d]), tri.numpy().astype(np.int64),
-                                               *tables), n)
+        out = run_kernel(_KERNELS[dtype], [*columns([o, d]), tri.numpy().astype(np.int64),
+                                           *tables], n)
     return (out[:, 0:3], out[:, 3], out[:, 4:7], out[:, 7:9], out[:, 9], out[:, 10:12],
             out[:, 12] > 0)

@@ -17,7 +17,7 @@ import torch
 
 from core_ad import sym
 
-from ._compiled import CompiledOp, columns, lanes_to_tensor
+from ._compiled import CompiledOp, columns, run_kernel
 
 _INPUTS = ("nx", "ny", "nz", "gx", "gy", "gz", "ix", "iy", "iz", "ox", "oy", "oz",
            "kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")
@@ -167,7 +167,7 @@ def _run(kernel, tensors, like):
     """(N, outputs) results of a kernel without derivatives."""
     if like.shape[0] == 0:
         return like.new_zeros(0, len(kernel.outputs))
-    return lanes_to_tensor(kernel(*columns(tensors)), like.shape[0])
+    return run_kernel(kernel, columns(tensors), like.shape[0])
 
 
 def sample(n, wi, kd, ks, rough, u):

@@ -61,6 +61,10 @@ class Geometry:
         self.mesh_of = torch.as_tensor(np.concatenate(mesh_of))
         self.vertex_offset = offsets
         self.tri_verts = self.vertices[self.faces]  # (T, 3, 3)
+        # Its corners, (T, 3) each: hits and light samples gather them one by one, so the
+        # backward adds into these small tables (slicing a gathered (N, 3, 3) block instead
+        # made each slice's backward allocate and fill an (N, 3, 3) gradient).
+        self.tri_corners = self.tri_verts.unbind(1)
         self.tri_uvs = torch.cat(uvs, 0)  # (T, 3, 2)
         movers = {id(m) for m in scene.moving_meshes}
         moving = [mi for mi, m in enumerate(scene.meshes) if id(m) in movers]
@@ -154,13 +158,13 @@ class Geometry:
             best = np.where(hit, out["tfar"], best).astype(np.float32)
         return torch.as_tensor(ids)
 
-    def vertices_at(self, tri, time=None):
-        """(N, 3, 3) corners of triangles ``tri`` at times ``time`` (N,) (None: t = 0)."""
-        v = self.tri_verts.index_select(0, tri)
+    def corners(self, tri, time=None):
+        """The corners a, b, c ((N, 3) each) of triangles ``tri`` at times ``time`` (N,)
+        (None: t = 0)."""
         if self.tri_velocity is None or time is None:
-            return v
-        return v + time.to(self.dtype)[:, None, None] * self.tri_velocity.index_select(
-            0, tri)[:, None, :]
+            return tuple(c.index_select(0, tri) for c in self.tri_corners)
+        shift = time.to(self.dtype)[:, None] * self.tri_velocity.index_select(0, tri)
+        return tuple(c.index_select(0, tri) + shift for c in self.tri_corners)
 
     # -- differentiable interactions ------------------------------------------------------
     def interact(self, tri, o, d, time=None):
@@ -169,8 +173,7 @@ class Geometry:
         mesh = self.mesh_of.index_select(0, tri)
         moves = self.tri_velocity is not None and time is not None
         if torch.is_grad_enabled() or moves:
-            v = self.vertices_at(tri, time)
-            p, t, ng, bary, area = RAY_TRIANGLE(v[:, 0], v[:, 1], v[:, 2], o, d)
+            p, t, ng, bary, area = RAY_TRIANGLE(*self.corners(tri, time), o, d)
             t, area = t[:, 0], area[:, 0]
             w = torch.stack([1.0 - bary[:, 0] - bary[:, 1], bary[:, 0], bary[:, 1]], 1)
             uv = (self.tri_uvs.index_select(0, tri) * w[:, :, None]).sum(1)

@@ -212,10 +212,9 @@ def _shade(g, si, wi, kd, ks, rough, u_light, u):
     forward render): one SHADE kernel and one shadow-ray batch; as ``next_event`` and
     ``BOUNCE``, up to float rounding."""
     tri, pmf = g.pick_light(u_light[:, 0])
-    verts = g.tri_verts.index_select(0, tri)
     origin, wo_light, tmax, light, *bounce = SHADE(
-        si.p, si.ns, si.ng, wi, kd, ks, rough[:, None], verts[:, 0], verts[:, 1], verts[:, 2],
-        u_light[:, 1:], pmf[:, None], g.light_emission(tri), u, g.eps_column(len(wi)))
+        si.p, si.ns, si.ng, wi, kd, ks, rough[:, None], *g.corners(tri), u_light[:, 1:],
+        pmf[:, None], g.light_emission(tri), u, g.eps_column(len(wi)))
     blocked = g.occluded(origin, wo_light, tmax[:, 0])
     return light.masked_fill(blocked[:, None], 0.0), bounce
 

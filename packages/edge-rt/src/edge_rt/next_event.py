@@ -16,7 +16,7 @@ import torch
 from core_ad import sym
 
 from . import bsdf
-from ._compiled import CompiledOp, columns, lanes_to_tensor
+from ._compiled import CompiledOp, columns, run_kernel
 
 
 def _dot(a, b):
@@ -80,9 +80,10 @@ def _shadow_ray_expressions(dtype, two_sided):
 _SHADOW_RAY: dict = {}
 
 
-def shadow_rays(p, ng, light_verts, u, pmf, eps, two_sided=False):
+def shadow_rays(p, ng, light_corners, u, pmf, eps, two_sided=False):
     """Detached (origin (N, 3), direction (N, 3), tmax (N,), light pdf (N,), usable (N,)
-    bool) for light points ``u`` (N, 2) on triangles ``light_verts`` (N, 3, 3)."""
+    bool) for light points ``u`` (N, 2) on triangles with corners ``light_corners`` (a, b,
+    c; (N, 3) each)."""
     dtype = str(p.dtype).removeprefix("torch.")
     key = (dtype, two_sided)
     if key not in _SHADOW_RAY:
@@ -91,10 +92,8 @@ def shadow_rays(p, ng, light_verts, u, pmf, eps, two_sided=False):
     if p.shape[0] == 0:
         out = p.new_zeros(0, 9)
     else:
-        cols = columns([p, ng, light_verts[:, 0], light_verts[:, 1], light_verts[:, 2], u,
-                        pmf[:, None]])
-        out = lanes_to_tensor(_SHADOW_RAY[key](*cols, np.asarray(eps, dtype=dtype)),
-                              p.shape[0])
+        cols = columns([p, ng, *light_corners, u, pmf[:, None]])
+        out = run_kernel(_SHADOW_RAY[key], [*cols, np.asarray(eps, dtype=dtype)], p.shape[0])
     return out[:, :3], out[:, 3:6], out[:, 6], out[:, 7], out[:, 8] > 0
 
 
@@ -178,38 +177,37 @@ def power_heuristic(a, b):
 
 
 def _light_sample(g, si, u, two_sided):
-    """One light sample per interaction: (triangle, its vertices, direction, light pdf,
+    """One light sample per interaction: (triangle, its corners, direction, light pdf,
     pmf, usable and visible)."""
     tri, pmf = g.pick_light(u[:, 0])
-    verts = g.tri_verts.index_select(0, tri)
-    origin, wo, tmax, p_light, usable = shadow_rays(si.p, si.ng, verts, u[:, 1:], pmf, g.eps,
-                                                    two_sided)
+    corners = g.corners(tri)
+    origin, wo, tmax, p_light, usable = shadow_rays(si.p, si.ng, corners, u[:, 1:], pmf,
+                                                    g.eps, two_sided)
     visible = ~g.occluded(origin, wo, tmax)
-    return tri, verts, wo, p_light, pmf, usable & visible
+    return tri, corners, wo, p_light, pmf, usable & visible
 
 
 def next_event(g, si, wi, kd, ks, rough, u):
     """Radiance (N, 3) reaching the interactions ``si`` from one light sample each, weighted
     by the power heuristic against BSDF sampling; ``u`` (N, 3) uniforms (u[:, 0] picks the
     triangle)."""
-    tri, verts, wo, p_light, pmf, ok = _light_sample(g, si, u, False)
+    tri, corners, wo, p_light, pmf, ok = _light_sample(g, si, u, False)
     p_bsdf = bsdf.pdf(si.ns, wi, wo, kd, ks, rough)
     weight = torch.where(ok, power_heuristic(p_light, p_bsdf) / pmf, 0.0)
-    return CONTRIBUTION(si.p, si.ns, si.ng, wi, kd, ks, rough[:, None], verts[:, 0],
-                        verts[:, 1], verts[:, 2], u[:, 1:], g.light_emission(tri),
-                        weight[:, None])[0]
+    return CONTRIBUTION(si.p, si.ns, si.ng, wi, kd, ks, rough[:, None], *corners, u[:, 1:],
+                        g.light_emission(tri), weight[:, None])[0]
 
 
 def next_event_dielectric(g, si, wi, eta, rough, u):
     """``next_event`` at rough dielectric interactions (``eta`` the relative index, (N,)):
     lights on either side of the surface, reflected or transmitted (the BSDF rejects light
     leaks, where the shading and geometric normals disagree on the side)."""
-    tri, verts, wo, p_light, pmf, ok = _light_sample(g, si, u, True)
+    tri, corners, wo, p_light, pmf, ok = _light_sample(g, si, u, True)
     p_bsdf = bsdf.pdf_dielectric(si.ns, wi, wo, eta, rough)
     weight = torch.where(ok, power_heuristic(p_light, p_bsdf) / pmf, 0.0)
     return DIELECTRIC_CONTRIBUTION(si.p, si.ns, si.ng, wi, eta[:, None], rough[:, None],
-                                   verts[:, 0], verts[:, 1], verts[:, 2], u[:, 1:],
-                                   g.light_emission(tri), weight[:, None])[0]
+                                   *corners, u[:, 1:], g.light_emission(tri),
+                                   weight[:, None])[0]
 
 
 def next_event_environment(g, si, wi, kd, ks, rough, u):

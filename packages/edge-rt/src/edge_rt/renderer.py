@@ -143,10 +143,12 @@ def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
     wanted = [p for p, w in zip(params, wrt) if w]
     acc = [torch.zeros_like(p) for p in wanted]
 
-    def accumulate(objective):
+    def grads_of(objective):
         if not objective.requires_grad:
-            return
-        gs = torch.autograd.grad(objective, wanted, allow_unused=True)
+            return ()
+        return torch.autograd.grad(objective, wanted, allow_unused=True)
+
+    def accumulate(gs):
         for k, gk in enumerate(gs):
             if gk is not None:
                 acc[k] += gk
@@ -155,14 +157,21 @@ def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
     if interior:
         with torch.no_grad():
             caster = Geometry(sc, dtype)
-        for start in _chunks(total, progress, "edge_rt backward", _GRAD_CHUNK):
+
+        def chunk(start):
             count = min(_GRAD_CHUNK, total - start)
-            with torch.enable_grad():
+            with torch.enable_grad():  # grad mode is per thread
                 g = Geometry(sc, dtype, ray_caster=caster)
                 pix, xy = _pixel_samples(cam, spp, seed, start, count)
                 values = trace(sc, g, torch.as_tensor(xy, dtype=dtype),
                                Sampler(seed, start, count), max_depth, output)
-                accumulate((adj[pix] * values).sum() / spp)
+                return grads_of((adj[pix] * values).sum() / spp)
+
+        # Chunks in the pool's threads, as render_image's (each records and differentiates
+        # its own graph); their gradients are added in chunk order, as one after another.
+        for gs in map_ordered(chunk, _chunks(total, progress, "edge_rt backward",
+                                             _GRAD_CHUNK)):
+            accumulate(gs)
     if edges:
         n_edge = total if edge_samples is None else int(edge_samples)
         primal = scene.with_tensors([t.detach().to(dtype) for t in scene.tensors()])
@@ -172,7 +181,7 @@ def gradients(scene, grad_image, spp=4, seed=1, max_depth=2, output="radiance",
             if terms is not None:
                 sides = ((adj[terms.pix_upper] * terms.upper).sum(1)
                          - (adj[terms.pix_lower] * terms.lower).sum(1))
-                accumulate((terms.weight * sides.to(dtype) * terms.alpha).sum())
+                accumulate(grads_of((terms.weight * sides.to(dtype) * terms.alpha).sum()))
     grads = iter(acc)
     return [next(grads).to(t.dtype) if w else None for t, w in zip(tensors, wrt)]
 
@@ -276,16 +285,22 @@ def _side_values(primal, point, normal, paths, seed, max_depth, output, dtype, p
     upper, lower = point + SIDE_OFFSET * normal, point - SIDE_OFFSET * normal
     w, h = cam.width, cam.height
     values = torch.zeros((2, n_edge, CHANNELS[output]), dtype=torch.float64)
-    g = Geometry(primal, dtype)
     with torch.no_grad():
-        for start in _chunks(n_edge, progress, "edge_rt edges", _CHUNK // 2):
-            stop = min(start + _CHUNK // 2, n_edge)
-            count = stop - start
-            xy = np.concatenate([upper[start:stop], lower[start:stop]])
-            v = trace(primal, g, torch.as_tensor(xy, dtype=dtype),
-                      Sampler((*seed, 13), 0, count, repeat=2, paths=paths[start:stop]),
-                      max_depth, output)  # seed (*seed, 13): the lens points' stream too
-            values[0, start:stop], values[1, start:stop] = v[:count].double(), v[count:].double()
+        g = Geometry(primal, dtype)
+
+    def chunk(start):
+        stop = min(start + _CHUNK // 2, n_edge)
+        xy = np.concatenate([upper[start:stop], lower[start:stop]])
+        with torch.no_grad():  # grad mode is per thread
+            return start, stop, trace(
+                primal, g, torch.as_tensor(xy, dtype=dtype),
+                Sampler((*seed, 13), 0, stop - start, repeat=2, paths=paths[start:stop]),
+                max_depth, output)  # seed (*seed, 13): the lens points' stream too
+
+    for start, stop, v in map_ordered(chunk, _chunks(n_edge, progress, "edge_rt edges",
+                                                     _CHUNK // 2)):
+        count = stop - start
+        values[0, start:stop], values[1, start:stop] = v[:count].double(), v[count:].double()
     pixels = []
     for side in (upper, lower):
         px = np.clip(np.floor(side[:, 0]).astype(np.int64), 0, w - 1)

@@ -2,7 +2,9 @@
 
 The callable is generated once, as Python source over the topologically ordered program
 (``fn.source``, ``fn.program``); inputs are converted to their leaf's dtype and broadcast
-together into the lane shape; floating-point warnings of masked-off lanes are silenced."""
+together into the lane shape; floating-point warnings of masked-off lanes are silenced.
+``fn(*arrays, out=arrays)`` copies the results into ``out`` and returns it (the LLVM
+backend's ``out=``)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,17 @@ def _finish(r, shape, dt, copy):
     return r.copy() if copy else r
 
 
+def _write_out(out, results):
+    """``out=``: the results copied into the given arrays, which are returned."""
+    out = tuple(out)
+    if len(out) != len(results):
+        raise ValueError(f"out=: expected {len(results)} arrays (one per output), got "
+                         f"{len(out)}")
+    for o, r in zip(out, results):
+        np.copyto(o, r, casting="no")
+    return out
+
+
 def _lane_sum(v, shape):
     v = np.broadcast_to(np.asarray(v), shape)  # a constant or scalar value counts every lane
     return np.asarray(np.sum(v, dtype=v.dtype))
@@ -48,6 +61,7 @@ def compile_reference(prog: Program, roots, inputs):
         "_errstate": np.errstate,
         "_finish": _finish,
         "_lane_sum": _lane_sum,
+        "_write_out": _write_out,
         "_where": np.where,
     }
     in_names = [v.name for v in inputs]
@@ -63,7 +77,7 @@ def compile_reference(prog: Program, roots, inputs):
 
     ns["_shape_error"] = shape_error
     slot: dict[int, str] = {}
-    lines = ["def compiled(*args):", f"    if len(args) != {n_in}:",
+    lines = ["def compiled(*args, out=None):", f"    if len(args) != {n_in}:",
              "        raise TypeError(_ARGMSG % len(args))"]
     for i, v in enumerate(inputs):
         ns[f"_dt{i}"] = v.dtype
@@ -132,7 +146,8 @@ def compile_reference(prog: Program, roots, inputs):
             outs.append(f"_finish({slot[id(r)]}, (), {k}, {copy})")
         else:
             outs.append(f"_finish({slot[id(r)]}, shape, {k}, {copy})")
-    lines.append(f"    return ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    lines.append(f"    results = ({', '.join(outs)}{',' if len(outs) == 1 else ''})")
+    lines.append("    return results if out is None else _write_out(out, results)")
     source = "\n".join(lines) + "\n"
     code = builtins.compile(source, "<core_ad.sym.compile>", "exec")
     exec(code, ns)  # noqa: S102 - generated from the program above

@@ -107,26 +107,29 @@ def compile_program(prog, roots, inputs, options: tuple, key: str):
     host = host_signature()
     n_nodes = len(prog.assignments)
 
-    def builder(mask, atomic):
+    def builder(mask, atomic, strided=False):
         with _CODE_LOCK:
-            return _build(mask, atomic)
+            return _build(mask, atomic, strided)
 
-    def _name(mask, atomic):
-        ckey = code_key(prog, roots, inputs, mask, atomic, opts["vectorize"], math.key, host)
+    def _name(mask, atomic, strided):
+        # the strided variant adds to the key: the other variants keep their cached code
+        variant = (mask, atomic, "strided") if strided else (mask, atomic)
+        ckey = code_key(prog, roots, inputs, *variant, opts["vectorize"], math.key, host)
         return ckey, f"core_ad_k{ckey[:24]}"
 
-    def _ir(mask, atomic):
-        return build_kernel(prog, roots, inputs, name=_name(mask, atomic)[1], math=math,
-                            scalar_mask=mask, vectorize=opts["vectorize"], atomic=atomic)
+    def _ir(mask, atomic, strided):
+        return build_kernel(prog, roots, inputs, name=_name(mask, atomic, strided)[1],
+                            math=math, scalar_mask=mask, vectorize=opts["vectorize"],
+                            atomic=atomic, strided=strided)
 
-    def _build(mask, atomic):
+    def _build(mask, atomic, strided):
         t0 = time.perf_counter()
-        ckey, name = _name(mask, atomic)
+        ckey, name = _name(mask, atomic, strided)
         hit = _CODE.get(ckey)
         if hit is not None:
             return hit[0], hit[1], time.perf_counter() - t0
         variant = (f"scalar inputs {[j for j, m in enumerate(mask) if m]}"
-                   f"{', atomic' if atomic else ''}")
+                   f"{', atomic' if atomic else ''}{', strided' if strided else ''}")
         cached = _load_cached(name)
         if cached is not None:
             addr, kir = cached
@@ -134,7 +137,7 @@ def compile_program(prog, roots, inputs, options: tuple, key: str):
             _CODE[ckey] = (addr, kir, secs)
             report_compile(key, n_nodes, kir.width, secs, {"disk_hit": True}, variant)
             return addr, kir, secs
-        kir = _ir(mask, atomic)
+        kir = _ir(mask, atomic, strided)
         t1 = time.perf_counter()
         # straight-line vector code that sym has already CSE'd: the O2 pipeline without the SLP
         # vectoriser gives the same machine code speed as O3, whose loop unswitching copies
@@ -150,7 +153,7 @@ def compile_program(prog, roots, inputs, options: tuple, key: str):
         report_compile(key, n_nodes, kir.width, secs, times, variant)
         return addr, kir, secs
 
-    builder.ir_text = lambda mask, atomic: _ir(mask, atomic).text
+    builder.ir_text = lambda mask, atomic, strided=False: _ir(mask, atomic, strided).text
     return LLVMKernel(prog, roots, inputs, opts, key, builder)
 
 

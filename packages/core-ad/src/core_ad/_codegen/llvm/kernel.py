@@ -13,6 +13,11 @@ remainder loop (libm). ``W`` is the ISA's width for the widest float type of the
 emitter pads or splits libmvec calls of the other float type. Inputs marked scalar in the
 *variant* (0-d arrays broadcast to every lane) are loaded once before the loops.
 
+The *strided* variant reads every lane input and writes every lane output with a stride
+(in elements) taken from ``lens`` at its position (gathers and scatters in the vector loop):
+the columns of a row-major (N, width) block, read and written in place, without the
+transposing copies a caller would otherwise make (edge_rt's kernels: a quarter of a render).
+
 A failed bounds check of a gather / scatter_add stores ``err[0] = 1``, ``err[1]`` = the
 check's ordinal, ``err[2]`` = the lane, ``err[3]`` = the index, and returns 1 before any
 out-of-range access; the Python side raises IndexError (:mod:`.runtime`).
@@ -40,7 +45,7 @@ from ..._sym.expr import Apply
 from ..._sym.program import Program
 from .builder import loop, splat, vector_loop
 from .emitter import BufferArg, Emitter, Unsupported, llvm_type, lowering_for
-from .vecmath import VecMath, intrinsic
+from .vecmath import VecMath, _mangle, intrinsic
 
 __all__ = ["KernelIR", "build_kernel", "check_supported", "vector_width", "CHECKED_PRIMS"]
 
@@ -96,11 +101,13 @@ def vector_width(prog: Program, math: VecMath) -> int:
 
 
 def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
-                 scalar_mask=(), vectorize: bool = True, atomic: bool = False) -> KernelIR:
+                 scalar_mask=(), vectorize: bool = True, atomic: bool = False,
+                 strided: bool = False) -> KernelIR:
     """The IR of the kernel computing ``roots`` over ``inputs`` (see the module docstring).
 
     ``scalar_mask[j]``: input ``j`` is one value broadcast to every lane; ``vectorize=False``
-    gives a scalar loop only; ``atomic``: scatter_add with atomic adds.
+    gives a scalar loop only; ``atomic``: scatter_add with atomic adds; ``strided``: lane
+    inputs and outputs at the strides in ``lens``.
     """
     n_in = len(inputs)
     mask = tuple(scalar_mask) or (False,) * n_in
@@ -126,6 +133,7 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         return b.load(b.gep(lens, [_I64(pos)]), align=8)
 
     in_ptrs, buffers, scalars = {}, {}, {}
+    strides = {}  # the strided variant: ("in", input) / ("out", k) -> stride in elements
     for j, v in enumerate(inputs):
         p = data_ptr(j, v.dtype)
         if is_buffer(v):
@@ -134,6 +142,8 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
             scalars[v] = _load(b, p, _I64(0), v.dtype, None)
         else:
             in_ptrs[v] = p
+            if strided:
+                strides["in", v] = length(j)
     out_ptrs = []
     targets = {}
     seen_scatter = set()
@@ -143,6 +153,8 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         if is_scatter(r) and id(r) not in seen_scatter:
             seen_scatter.add(id(r))
             targets[r] = BufferArg(p, length(n_in + k))
+        elif strided and not is_scatter(r) and not is_reduction(r):
+            strides["out", k] = length(n_in + k)
     sums = {k: _Accumulator(b, r.dtype, width) for k, r in enumerate(roots)
             if is_reduction(r)}
     entry = b.block
@@ -151,14 +163,19 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
     failures = []  # (block, ordinal, lane, index) of every bounds-check failure branch
     checked = []
 
-    def body(i, w, lane0=None, in_over=None, out_over=None):
+    def body(i, w, lane0=None, in_over=None, out_over=None, tail=None):
         """Loads at lane ``i``, the program at width ``w``, stores. ``lane0`` (default ``i``)
         is the first lane's number for error reports; ``in_over`` / ``out_over`` replace the
-        input / output pointers (the staged tail)."""
+        input / output pointers where ``tail`` (the staged tail: contiguous copies) holds."""
         lane0 = i if lane0 is None else lane0
         env = dict(scalars)
+
+        def stride(key):
+            s = strides.get(key)
+            return s if s is None or tail is None else b.select(tail, _I64(1), s)
+
         for v, p in in_ptrs.items():
-            env[v] = _load(b, (in_over or {}).get(v, p), i, v.dtype, w)
+            env[v] = _load(b, (in_over or {}).get(v, p), i, v.dtype, w, stride(("in", v)))
 
         def on_error(bld, failure):
             lane = bld.add(lane0, failure.lane)
@@ -175,7 +192,8 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
                                  ir.Constant(v.type, None))
                 sums[k].add(v)
             elif not is_scatter(roots[k]):
-                _store(b, (out_over or {}).get(k, out_ptrs[k]), i, v, roots[k].dtype, w, em)
+                _store(b, (out_over or {}).get(k, out_ptrs[k]), i, v, roots[k].dtype, w, em,
+                       stride(("out", k)))
 
         em.emit_program(prog, env, on_output=store)
         if not checked:
@@ -185,7 +203,7 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
         # One copy of the program: the last, partial group of lanes runs the vector code on
         # staged copies (inputs padded with the last lane, outputs copied back lane by lane)
         # instead of a scalar remainder loop, which halves the code to optimise and compile.
-        _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, out_ptrs,
+        _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, roots, out_ptrs, strides,
                      exit_ok)
     else:  # a scatter: padded lanes must not add anything, so a scalar remainder loop
         vector_loop(b, start, end, width, body)
@@ -281,9 +299,10 @@ def _lanes_before(b, lane0, end, w):
     return b.icmp_signed("<", b.add(splat(b, lane0, w), iota), splat(b, end, w))
 
 
-def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, out_ptrs,
+def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, roots, out_ptrs, strides,
                  exit_ok):
-    """Lanes [start, end), W at a time; a partial last group goes through stack copies."""
+    """Lanes [start, end), W at a time; a partial last group goes through stack copies
+    (contiguous, whatever the strides of the lanes they copy)."""
     W = width
     stage_in, stage_out = {}, {}
     with b.goto_block(entry):
@@ -319,6 +338,7 @@ def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, 
         for lane in range(W):
             src = b.add(i, _I64(lane))
             src = b.select(b.icmp_signed("<", src, end), src, last)
+            src = _scaled(b, src, strides.get(("in", v)))
             b.store(b.load(b.gep(p, [src])), b.gep(stage_in[v], [_I64(lane)]))
     b.branch(main)
 
@@ -327,7 +347,7 @@ def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, 
     at = b.select(is_tail, _I64(0), i)
     ins = {v: b.select(is_tail, stage_in[v], p) for v, p in in_ptrs.items()}
     outs = {k: b.select(is_tail, stage_out[k], out_ptrs[k]) for k in stage_out}
-    body(at, W, lane0=i, in_over=ins, out_over=outs)
+    body(at, W, lane0=i, in_over=ins, out_over=outs, tail=is_tail)
     b.cbranch(is_tail, unstage, latch)
     b.position_at_end(latch)
     i.add_incoming(b.add(i, _I64(W)), latch)
@@ -339,7 +359,8 @@ def _staged_loop(b, fn, body, entry, start, end, width, in_ptrs, inputs, roots, 
     with loop(b, _I64(0), b.sub(end, i), 1, "tail.lane") as lane:
         dst = b.add(i, lane)
         for k in stage_out:
-            b.store(b.load(b.gep(stage_out[k], [lane])), b.gep(out_ptrs[k], [dst]))
+            b.store(b.load(b.gep(stage_out[k], [lane])),
+                    b.gep(out_ptrs[k], [_scaled(b, dst, strides.get(("out", k)))]))
     b.branch(exit_ok)
 
 
@@ -358,29 +379,69 @@ def _add_fn_attr(text: str, name: str, attr: str) -> str:
     return "\n".join(lines)
 
 
-def _load(b, ptr, i, dtype, w):
+def _scaled(b, i, stride):
+    """Element index of lane ``i`` at ``stride`` (None: contiguous)."""
+    return i if stride is None else b.mul(i, stride)
+
+
+def _lane_pointers(b, ptr, i, stride, w, itemsize):
+    """The addresses of the ``w`` lanes from ``i`` at ``stride`` elements apart."""
+    base = b.ptrtoint(b.gep(ptr, [_scaled(b, i, stride)]), _I64)
+    step = b.mul(stride, _I64(itemsize))
+    iota = ir.Constant(ir.VectorType(_I64, w), list(range(w)))
+    offsets = b.mul(iota, splat(b, step, w))
+    return b.inttoptr(b.add(splat(b, base, w), offsets), ir.VectorType(ptr.type, w))
+
+
+def _masked_intrinsic(b, name, vt, w):
+    """``llvm.masked.gather`` / ``llvm.masked.scatter`` for vectors ``vt`` of ``w`` lanes."""
+    ptrs = ir.VectorType(vt.element.as_pointer(), w)
+    mask = ir.VectorType(ir.IntType(1), w)
+    full = f"{name}.v{w}{_mangle(vt.element)}.v{w}p0"
+    try:
+        return b.module.get_global(full)
+    except KeyError:
+        pass
+    if name == "llvm.masked.gather":
+        fnty = ir.FunctionType(vt, [ptrs, _I32, mask, vt])
+    else:
+        fnty = ir.FunctionType(ir.VoidType(), [vt, ptrs, _I32, mask])
+    return ir.Function(b.module, fnty, full)
+
+
+def _all_lanes(w):
+    return ir.Constant(ir.VectorType(ir.IntType(1), w), [1] * w)
+
+
+def _load(b, ptr, i, dtype, w, stride=None):
     st = llvm_type(dtype, storage=True)
     align = max(1, np.dtype(dtype).itemsize)
-    p = b.gep(ptr, [i])
     if w is None:
-        v = b.load(p, align=align)
+        v = b.load(b.gep(ptr, [_scaled(b, i, stride)]), align=align)
+    elif stride is None:
+        vt = ir.VectorType(st, w)
+        v = b.load(b.bitcast(b.gep(ptr, [i]), vt.as_pointer()), align=align)
     else:
         vt = ir.VectorType(st, w)
-        v = b.load(b.bitcast(p, vt.as_pointer()), align=align)
+        v = b.call(_masked_intrinsic(b, "llvm.masked.gather", vt, w),
+                   [_lane_pointers(b, ptr, i, stride, w, align), _I32(align), _all_lanes(w),
+                    ir.Constant(vt, ir.Undefined)])
     if np.dtype(dtype).kind == "b":
         v = b.icmp_unsigned("!=", v, ir.Constant(v.type, None))
     return v
 
 
-def _store(b, ptr, i, v, dtype, w, em):
+def _store(b, ptr, i, v, dtype, w, em, stride=None):
     st = llvm_type(dtype, storage=True)
     align = max(1, np.dtype(dtype).itemsize)
     if w is not None:
         v = em.splat(v)
     if np.dtype(dtype).kind == "b":
         v = b.zext(v, ir.VectorType(st, w) if w is not None else st)
-    p = b.gep(ptr, [i])
     if w is None:
-        b.store(v, p, align=align)
+        b.store(v, b.gep(ptr, [_scaled(b, i, stride)]), align=align)
+    elif stride is None:
+        b.store(v, b.bitcast(b.gep(ptr, [i]), ir.VectorType(st, w).as_pointer()), align=align)
     else:
-        b.store(v, b.bitcast(p, ir.VectorType(st, w).as_pointer()), align=align)
+        b.call(_masked_intrinsic(b, "llvm.masked.scatter", v.type, w),
+               [v, _lane_pointers(b, ptr, i, stride, w, align), _I32(align), _all_lanes(w)])

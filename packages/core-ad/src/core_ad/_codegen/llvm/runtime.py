@@ -11,11 +11,18 @@ backend's, made strict):
   given dtype): no silent casts. Python scalars are accepted where numpy would keep the leaf
   dtype (NEP 50 weak scalars: a ``float`` for a float32 leaf, an ``int`` for any numeric
   leaf, a ``bool`` for a bool leaf);
-* arrays must be contiguous and aligned (ValueError suggesting ``np.ascontiguousarray``);
+* arrays must be aligned; buffers contiguous (ValueError suggesting
+  ``np.ascontiguousarray``); lane inputs may be strided (a stride that is a non-negative
+  multiple of the itemsize: a column ``block[:, k]`` of a row-major (N, width) block is read
+  in place, by the strided variant's gathers);
 * returns a tuple with one new array per output: N lanes (0-d when every lane input is
   0-d); a scatter_add output is the whole updated copy of its buffer; a lane_sum output is
   0-d (each range's call sums its lanes; the partials are added in range order, so the
   result is deterministic for a given thread count);
+* ``out=`` (keyword; kernels whose outputs are all lanes): one writable 1-D array of N
+  lanes per output, of its dtype, strided or not (the columns of a row-major (N, width)
+  block: the strided variant scatters into them), not overlapping the inputs; the kernel
+  writes them and returns them;
 * an out-of-range gather / scatter_add index raises IndexError naming the operation, the
   buffer, the index and the lane, before any out-of-range access.
 
@@ -108,6 +115,11 @@ def _addr(a: np.ndarray) -> int:
     return a.__array_interface__["data"][0]
 
 
+def _extent(a: np.ndarray, start: int) -> tuple[int, int]:
+    """The byte range [start, end) a 1-D array at address ``start`` lies in."""
+    return start, start + (a.shape[0] - 1) * a.strides[0] + a.itemsize
+
+
 _CPUS = None
 
 
@@ -172,7 +184,8 @@ class LLVMKernel:
         self.inputs = list(inputs)
         self.options = dict(options)
         self.key = key
-        self._builder = builder  # builder(mask, atomic) -> (address, KernelIR, seconds)
+        # builder(mask, atomic, strided) -> (address, KernelIR, seconds)
+        self._builder = builder
         self._variants: dict = {}
         self._lock = threading.Lock()
         self.names = [str(v.key) if is_buffer(v) else v.name for v in self.inputs]
@@ -220,21 +233,21 @@ class LLVMKernel:
         return self._ir
 
     # ---- variants ----------------------------------------------------------------------
-    def _build(self, mask, atomic):
-        addr, kir, secs = self._builder(mask, atomic)
+    def _build(self, mask, atomic, strided=False):
+        addr, kir, secs = self._builder(mask, atomic, strided)
         cfunc = _KFUNC(addr)
-        self._variants[(mask, atomic)] = (cfunc, kir)
-        self.compile_times[(mask, atomic)] = secs
+        self._variants[(mask, atomic, strided)] = (cfunc, kir)
+        self.compile_times[(mask, atomic, strided)] = secs
         return addr, kir, secs
 
-    def _variant(self, mask, atomic):
-        v = self._variants.get((mask, atomic))
+    def _variant(self, mask, atomic, strided):
+        v = self._variants.get((mask, atomic, strided))
         if v is None:
             with self._lock:
-                v = self._variants.get((mask, atomic))
+                v = self._variants.get((mask, atomic, strided))
                 if v is None:
-                    self._build(mask, atomic)
-                    v = self._variants[(mask, atomic)]
+                    self._build(mask, atomic, strided)
+                    v = self._variants[(mask, atomic, strided)]
         return v
 
     def assembly(self) -> str:
@@ -285,10 +298,12 @@ class LLVMKernel:
                 f"{what}: expected a 1-D array of lanes or a 0-d scalar, got shape {a.shape}"
                 " (flatten it: the LLVM backend does not broadcast)"
             )
-        if a.ndim == 1 and a.shape[0] > 1 and a.strides[0] != a.itemsize:
+        if a.ndim == 1 and a.shape[0] > 1 and a.strides[0] != a.itemsize and (
+                self.is_buf[j] or a.strides[0] < 0 or a.strides[0] % a.itemsize):
             raise ValueError(
-                f"{what} is not contiguous (stride {a.strides[0]} bytes for itemsize"
-                f" {a.itemsize}); pass np.ascontiguousarray(...)"
+                f"{what} is not {'contiguous' if self.is_buf[j] else 'a strided lane array'}"
+                f" (stride {a.strides[0]} bytes for itemsize {a.itemsize}); pass"
+                " np.ascontiguousarray(...)"
             )
         if not a.flags.aligned:
             raise ValueError(f"{what} is not aligned; pass a copy (np.array(..., copy=True))")
@@ -313,7 +328,47 @@ class LLVMKernel:
         return n
 
     # ---- call --------------------------------------------------------------------------
-    def __call__(self, *args, num_threads=None):
+    def _out(self, out, arrays, n):
+        """The checked ``out=`` arrays, and the addresses of the inputs and outputs."""
+        if any(self.scatter_out) or self.sum_out:
+            raise ValueError("out=: this kernel has scatter_add or lane_sum outputs; out= "
+                             "takes lane outputs only")
+        out = list(out)
+        if len(out) != len(self.outputs):
+            raise ValueError(f"out=: expected {len(self.outputs)} arrays (one per output), "
+                             f"got {len(out)}")
+        in_addrs = [_addr(a) for a in arrays]
+        out_addrs = []
+        spans = []  # the byte ranges the outputs may write
+        for k, (o, r) in enumerate(zip(out, self.outputs)):
+            what = f"out[{k}]"
+            if not isinstance(o, np.ndarray) or o.shape != (n,):
+                raise ValueError(f"{what}: expected a 1-D array of {n} lanes, got "
+                                 f"{getattr(o, 'shape', type(o).__name__)}")
+            if o.dtype != r.dtype:
+                raise TypeError(f"{what}: expected dtype {r.dtype}, got {o.dtype}")
+            if not o.flags.writeable or not o.flags.aligned:
+                raise ValueError(f"{what} must be writable and aligned")
+            if n > 1 and (o.strides[0] <= 0 or o.strides[0] % o.itemsize):
+                raise ValueError(f"{what}: stride {o.strides[0]} bytes is not a positive "
+                                 f"multiple of the itemsize {o.itemsize}")
+            out_addrs.append(_addr(o))
+            spans.append(_extent(o, out_addrs[-1]))
+        merged = []  # the columns of one block merge into the block's range
+        for lo, hi in sorted(spans):
+            if merged and lo < merged[-1][1]:
+                merged[-1][1] = max(merged[-1][1], hi)
+            else:
+                merged.append([lo, hi])
+        for j, (a, start) in enumerate(zip(arrays, in_addrs)):
+            if a.ndim == 1 and a.size:
+                s, e = _extent(a, start)
+                if any(s < hi and lo < e for lo, hi in merged):
+                    raise ValueError(f"out=: the outputs overlap input {j} "
+                                     f"({self.names[j]!r})")
+        return out, in_addrs + out_addrs
+
+    def __call__(self, *args, num_threads=None, out=None):
         if len(args) != self.n_in:
             raise TypeError(self._argmsg % len(args))
         arrays = [self._arg(j, a) for j, a in enumerate(args)]
@@ -324,6 +379,11 @@ class LLVMKernel:
         mask = tuple(
             (not self.is_buf[j]) and a.ndim == 0 and n > 1 for j, a in enumerate(arrays)
         )
+        if out is not None:
+            outs, addrs = self._out(out, arrays, n)
+            if n > 0:
+                self._run(arrays, outs, n, mask, num_threads, addrs)
+            return tuple(outs)
         outs = []
         for k, r in enumerate(self.outputs):
             if self.scatter_out[k]:
@@ -341,7 +401,11 @@ class LLVMKernel:
                     for k, o in enumerate(outs)]
         return tuple(outs)
 
-    def _run(self, arrays, outs, n, mask, requested):
+    def _run(self, arrays, outs, n, mask, requested, addrs=None):
+        lanes = [j for j in range(self.n_in) if not (self.is_buf[j] or mask[j])]
+        outputs = [k for k in range(len(outs)) if not (self.scatter_out[k] or k in self.sum_out)]
+        strided = n > 1 and (any(arrays[j].strides[0] != arrays[j].itemsize for j in lanes)
+                             or any(outs[k].strides[0] != outs[k].itemsize for k in outputs))
         width = self.width
         t = num_threads(requested)
         if t > 1:
@@ -355,8 +419,8 @@ class LLVMKernel:
             elif mode == "auto":
                 size = sum(outs[k].shape[0] for k in scatter_ks)
                 atomic = (t - 1) * size > n
-        cfunc, kir = self._variant(mask, atomic)
-        self.last_call = {"threads": t, "atomic": atomic, "variant": mask}
+        cfunc, kir = self._variant(mask, atomic, strided)
+        self.last_call = {"threads": t, "atomic": atomic, "variant": mask, "strided": strided}
         n_in = self.n_in
         n_ptr = n_in + len(outs)
         lens = (ctypes.c_int64 * n_ptr)()
@@ -364,7 +428,13 @@ class LLVMKernel:
             lens[j] = arrays[j].shape[0]
         for k in scatter_ks:
             lens[n_in + k] = outs[k].shape[0]
-        addrs = [_addr(a) for a in arrays] + [_addr(o) for o in outs]
+        if strided:  # the lanes' strides in elements
+            for j in lanes:
+                lens[j] = arrays[j].strides[0] // arrays[j].itemsize
+            for k in outputs:
+                lens[n_in + k] = outs[k].strides[0] // outs[k].itemsize
+        if addrs is None:
+            addrs = [_addr(a) for a in arrays] + [_addr(o) for o in outs]
         lens_p = ctypes.addressof(lens)
         if t == 1:
             err = (ctypes.c_int64 * 4)()
