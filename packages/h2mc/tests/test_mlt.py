@@ -158,12 +158,16 @@ def test_nonfinite_contributions_are_counted_rejections(monkeypatch, method):
     kernel = ps._value_kernel(3, NEE)
     calls = {"n": 0}
 
-    def poisoned(*cols):
-        out = [np.array(c, dtype=np.float64) for c in kernel(*cols)]
-        calls["n"] += 1
-        if calls["n"] > 4:  # after the bootstrap and seeding
-            out[0][::3] = np.nan
-        return out
+    class Poisoned:  # the kernel, with NaN contributions once the chains run
+        @staticmethod
+        def call_stacked(block):
+            out = np.array(kernel.call_stacked(block), dtype=np.float64)
+            calls["n"] += 1
+            if calls["n"] > 4:  # after the bootstrap and seeding
+                out[0, ::3] = np.nan
+            return out
+
+    poisoned = Poisoned()
 
     monkeypatch.setattr(ps, "_value_kernel", lambda k, s: poisoned if s == NEE else
                         PathSpace._value_kernel(ps, k, s))
