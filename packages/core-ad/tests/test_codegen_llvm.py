@@ -23,6 +23,7 @@ import ctypes
 import hashlib
 import math
 import os
+import re
 import subprocess
 import sys
 import time
@@ -983,3 +984,74 @@ def test_very_large_kernels_get_fast_code_generation_with_the_same_bits(monkeypa
     f, g = (ctypes.CFUNCTYPE(ctypes.c_double, ctypes.c_double)(a) for a in (addr, fast_addr))
     for x in np.random.default_rng(0).normal(size=200) * 10.0:
         assert f(x) == g(x) == ((x * x + 1.5) * x - 2.0) / (x * x + 3.0)
+
+
+@pytest.mark.parametrize("vectorize", [True, False])
+def test_large_programs_split_into_functions_give_the_same_bits(monkeypatch, vectorize):
+    """A program of more than SPLIT_OPS operations is emitted as internal functions of
+    PART_OPS operations (values crossing a part go through stack slots): same bits as one
+    function, with float, bool and integer values crossing parts, n-ary products reusing a
+    shorter one, a 0-d input broadcast, a lane_sum, and outputs that are an input, a constant
+    and one value twice."""
+    from core_ad._codegen import llvm as llvm_pkg
+    from core_ad._codegen.llvm import kernel as kernel_module
+
+    monkeypatch.setenv("CORE_AD_CACHE_DIR", "off")
+    x, y, s = sym.var("x"), sym.var("y"), sym.var("s")
+    k = sym.var("k", dtype="int64")
+    e, outs = x, []
+    for i in range(12):
+        big = e > y
+        e = sym.where(big, sym.sin(e * y + i), e * s - x * y * s) + sym.astype(k + i, "float64")
+        outs.append(x * y * s * e)
+    outs += [e, sym.lane_sum(e * e), x, sym.as_expr(2.0) + 0.0 * x, outs[3]]
+    rng = np.random.default_rng(0)
+    args = (rng.normal(size=N), rng.normal(size=N), np.float64(0.7),
+            rng.integers(-5, 5, size=N))
+
+    def compiled():
+        kcache.KERNELS.clear()
+        llvm_pkg._CODE.clear()
+        return llvm(outs, [x, y, s, k], vectorize=vectorize)
+
+    whole = compiled()
+    assert ".part" not in whole.ir
+    monkeypatch.setattr(kernel_module, "SPLIT_OPS", 20)
+    monkeypatch.setattr(kernel_module, "PART_OPS", 7)
+    split = compiled()
+    assert split.ir.count("define internal void") >= 10
+    assert re.search(r"x i1>?\]", split.ir) and re.search(r"x i64>?\]", split.ir)  # slots
+    for a, b in zip(whole(*args), split(*args)):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(split(*args), ref(outs, [x, y, s, k])(*args)):
+        np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
+
+
+def test_call_stacked_matches_separate_arrays_and_names_bad_input():
+    """``fn.call_stacked(block)`` runs a kernel of one dtype on the rows of one (n_in, N)
+    array and returns (n_out, N): the same bits as ``fn(*rows)`` on 1 and several threads
+    and on a block whose rows are a slice; wrong shapes, dtypes, layouts and kernels that take
+    separate arrays are named errors."""
+    xs = [sym.var(f"s{i}") for i in range(6)]
+    outs = [sym.sin(xs[i]) * xs[(i + 1) % 6] + 1.0 for i in range(5)] + [xs[0]]
+    fn = llvm(outs, xs)
+    # rows contiguous, not C order; enough lanes for 3 threads
+    block = np.random.default_rng(0).normal(size=(8, 20 * N))[1:7]
+    want = np.stack(fn(*[np.ascontiguousarray(r) for r in block]))
+    for threads in (1, 3):
+        np.testing.assert_array_equal(fn.call_stacked(block, num_threads=threads), want)
+        assert fn.last_call["threads"] == threads
+    assert fn.call_stacked(block[:, :0]).shape == (6, 0)
+    with pytest.raises(ValueError, match=r"expected shape \(6, N\)"):
+        fn.call_stacked(block[:5])
+    with pytest.raises(TypeError, match="expected dtype float64, got float32"):
+        fn.call_stacked(block.astype(np.float32))
+    with pytest.raises(ValueError, match="rows must be contiguous"):
+        fn.call_stacked(np.asfortranarray(block))
+    with pytest.raises(TypeError, match="a 2-D numpy array"):
+        fn.call_stacked(block.tolist())
+    i = sym.var("i", dtype="int64")
+    with pytest.raises(TypeError, match="several dtypes"):
+        llvm([xs[0] * 2.0], [xs[0], i]).call_stacked(np.zeros((2, 3)))
+    with pytest.raises(TypeError, match="scatter_add or lane_sum"):
+        llvm([sym.lane_sum(xs[0])], [xs[0]]).call_stacked(np.zeros((1, 3)))

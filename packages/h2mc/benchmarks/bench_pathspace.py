@@ -54,18 +54,18 @@ def main():
             print(f"  {k},{'NEE' if s else 'HIT'}: no path among the {args.B} states; skipped")
             continue
         lanes, params = paths.structure[k, s]
-        cols = [np.ascontiguousarray(u[lanes, j]) for j in ps.dims(k, s)] + list(params)
+        block = ps._kernel_inputs(u, (k, s), lanes, params)  # as PathSpace calls them
         value = ps._value_kernel(k, s)
         t0 = time.perf_counter()
         hess = ps._kernel("hessian", k, s)
         compile_s = time.perf_counter() - t0
         # the two kernels agree on the value
-        lf = np.asarray(hess(*cols)[0])
-        rgb = np.stack(value(*cols), 1)
+        lf = hess.call_stacked(block)[0]
+        rgb = value.call_stacked(block).T
         with np.errstate(divide="ignore"):  # paths gated to f* = 0 by the BSDF: -inf in both
             assert np.allclose(lf, np.log(h2mc.luminance(rgb)), rtol=1e-12, equal_nan=True)
-        t_v = bench.time_median(lambda: value(*cols), args.repeats, warmup=0)
-        t_h = bench.time_median(lambda: hess(*cols), args.repeats, warmup=0)
+        t_v = bench.time_median(lambda: value.call_stacked(block), args.repeats, warmup=0)
+        t_h = bench.time_median(lambda: hess.call_stacked(block), args.repeats, warmup=0)
         t_full = bench.time_median(lambda: ps.log_f_derivatives(u, k, s, paths=paths),
                                    args.repeats, warmup=0)
         n = len(ps.dims(k, s))

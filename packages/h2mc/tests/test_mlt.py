@@ -152,20 +152,16 @@ def test_kelemen_perturbation_is_symmetric_and_log_uniform():
 
 
 @pytest.mark.parametrize("method", ["pssmlt", "mmlt", "h2mc"])
-def test_nonfinite_contributions_are_counted_rejections(monkeypatch, method):
+def test_nonfinite_contributions_are_counted_rejections(monkeypatch, poisoned, method):
     scene = scenes.cornell_box((8, 6))
     ps = PathSpace(scene, backend="numpy")
-    kernel = ps._value_kernel(3, NEE)
-    calls = {"n": 0}
 
-    def poisoned(*cols):
-        out = [np.array(c, dtype=np.float64) for c in kernel(*cols)]
-        calls["n"] += 1
-        if calls["n"] > 4:  # after the bootstrap and seeding
-            out[0][::3] = np.nan
-        return out
+    def poison(out, calls):
+        if calls > 4:  # after the bootstrap and seeding
+            out[0, ::3] = np.nan
 
-    monkeypatch.setattr(ps, "_value_kernel", lambda k, s: poisoned if s == NEE else
+    kernel = poisoned(ps._value_kernel(3, NEE), poison)
+    monkeypatch.setattr(ps, "_value_kernel", lambda k, s: kernel if s == NEE else
                         PathSpace._value_kernel(ps, k, s))
     r = render_mlt(scene, 8, chains=64, bootstrap_samples=4096, direct_spp=0, seed=5,
                    path_space=ps, method=method, sigma2=1e-3)

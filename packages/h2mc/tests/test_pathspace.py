@@ -243,16 +243,14 @@ def test_bad_arguments():
         ps.log_f_derivatives(np.zeros((1, ps.dim)), 3, ps.trace(np.zeros((1, ps.dim))))
 
 
-def test_nonfinite_contribution_is_voided(monkeypatch):
+def test_nonfinite_contribution_is_voided(monkeypatch, poisoned):
     ps = PathSpace(scenes.cornell_box((8, 8)), backend="numpy")
-    kernel = ps._value_kernel(3, NEE)
 
-    def poisoned(*cols):
-        out = [np.array(c, dtype=np.float64) for c in kernel(*cols)]
-        out[1][::2] = np.nan
-        return out
+    def poison(out, calls):
+        out[1, ::2] = np.nan
 
-    monkeypatch.setattr(ps, "_value_kernel", lambda k, s: poisoned if s == NEE else
+    kernel = poisoned(ps._value_kernel(3, NEE), poison)
+    monkeypatch.setattr(ps, "_value_kernel", lambda k, s: kernel if s == NEE else
                         PathSpace._value_kernel(ps, k, s))
     u = np.random.default_rng(0).random((256, ps.dim))
     p = ps.trace(u)

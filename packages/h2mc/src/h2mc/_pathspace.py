@@ -216,15 +216,6 @@ class Paths:
         return out
 
 
-def _stacked(outputs, n):
-    """A compiled kernel's outputs (1-D lanes, or 0-d where an output is a constant) as one
-    ``(len(outputs), n)`` array."""
-    out = np.empty((len(outputs), n))
-    for row, r in zip(out, outputs):
-        row[...] = r
-    return out
-
-
 @functools.cache
 def _lower_index(n):
     """For each entry ``(i, j)`` of an ``n x n`` symmetric matrix, row-major, the position of
@@ -579,8 +570,8 @@ class PathSpace:
                 continue
             params = self._params(key, verts, lanes_k, light_params)
             with np.errstate(all="ignore"):
-                out = _stacked(self._value_kernel(*key)(*self._u_columns(u, key, lanes_k),
-                                                        *params), len(lanes_k)).T
+                out = self._value_kernel(*key).call_stacked(
+                    self._kernel_inputs(u, key, lanes_k, params)).T
             if out.shape[1] == 4:  # the kernel's contribution is in w: back to PSS
                 jacobian[lanes_k, t] = out[:, 3]
                 with np.errstate(all="ignore"):
@@ -698,10 +689,12 @@ class PathSpace:
         sel = torch.nonzero(ok).flatten()
         return lanes[sel].numpy(), self._light_params(tri[sel].numpy(), pmf[sel].numpy())
 
-    def _u_columns(self, u, key, lanes):
-        """The kernel inputs of technique ``key`` from ``u``: its coordinates :meth:`dims` of
-        ``lanes``, (n_dims, len(lanes)), each row contiguous."""
-        return np.ascontiguousarray(u[np.ix_(lanes, self.dims(*key))].T)
+    def _kernel_inputs(self, u, key, lanes, *rows):
+        """The inputs of a kernel of technique ``key`` as the rows of one array (core_ad's
+        ``call_stacked``: one pointer table instead of a checked array per input): its
+        coordinates :meth:`dims` of ``lanes`` from ``u``, then ``rows`` (arrays of
+        ``(m, len(lanes))``)."""
+        return np.concatenate([u[np.ix_(lanes, self.dims(*key))].T, *rows])
 
     @staticmethod
     def _params(key, verts, lanes_k, light_params):
@@ -987,8 +980,8 @@ class PathSpace:
             keep = np.isin(lanes_k, lanes)
             lanes_k, params = lanes_k[keep], np.compress(keep, params, axis=1)
         with np.errstate(all="ignore"):
-            return lanes_k, _stacked(self._kernel(kind, *key)(
-                *self._u_columns(u, key, lanes_k), *params), len(lanes_k))
+            return lanes_k, self._kernel(kind, *key).call_stacked(
+                self._kernel_inputs(u, key, lanes_k, params))
 
     def mis_weights(self, u, length, technique, paths=None):
         """Power-heuristic MIS weight of technique ``(length, technique)`` per lane, (B,);
@@ -1109,9 +1102,8 @@ class PathSpace:
             keep = np.isin(lanes_k, group)
             lanes_k = lanes_k[keep]
             with np.errstate(all="ignore"):
-                res = _stacked(self._lens_kernel(kind, *key, jj)(
-                    *self._u_columns(u, key, lanes_k), *np.compress(keep, params, axis=1),
-                    *np.ascontiguousarray(anchor[lanes_k].T)), len(lanes_k))
+                res = self._lens_kernel(kind, *key, jj).call_stacked(self._kernel_inputs(
+                    u, key, lanes_k, np.compress(keep, params, axis=1), anchor[lanes_k].T))
             out.append((lanes_k, res))
         return out
 

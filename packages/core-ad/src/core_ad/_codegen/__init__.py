@@ -231,6 +231,9 @@ def compile(outputs, inputs, backend: str | None = None, **options):
     ``inputs``: the vars / leaves, in the order ``fn`` takes its arrays. Every leaf the
     outputs depend on must be listed (extra inputs are allowed). ``fn`` returns a tuple with
     one numpy array per output, of the output's dtype (constant outputs are broadcast).
+    ``fn.call_stacked(block)`` (llvm and numpy backends) takes the inputs as the rows of one
+    ``(n_inputs, N)`` array and returns ``(n_outputs, N)``: for kernels of one dtype with many
+    inputs, where the per-array checks of ``fn(*arrays)`` cost more than the lanes.
 
     ``backend`` (see :mod:`core_ad._codegen`): ``None`` -- the default, ``"llvm"`` when
     llvmlite imports (else ``"numpy"``; ``CORE_AD_BACKEND`` overrides), falling back to numpy

@@ -143,9 +143,12 @@ def compile_program(prog, roots, inputs, options: tuple, key: str):
         # vectoriser gives the same machine code speed as O3, whose loop unswitching copies
         # the whole body on the staged tail's condition (a 1432-node Hessian kernel: 0.44 s
         # instead of 2.35 s), and SLP finds nothing to vectorise in it (an 846-node h2mc
-        # value kernel: the same output, 0.56 s of its 0.66 s optimisation)
-        addr, times = jit().compile(kir.text, name, name, speed_level=LANEWISE_SPEED_LEVEL,
-                                    slp=False)
+        # value kernel: the same output, 0.56 s of its 0.66 s optimisation). A program split
+        # into parts skips the IR pipeline: on h2mc's 31.8k-operation Hessian kernel it took
+        # 2.8 s for the same run time
+        addr, times = jit().compile(
+            kir.text, name, name, slp=False,
+            speed_level=LANEWISE_SPEED_LEVEL if kir.parts == 1 else 0)
         _save_meta(name, kir)
         secs = time.perf_counter() - t0
         times["ir"] = t1 - t0

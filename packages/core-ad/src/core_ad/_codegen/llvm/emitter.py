@@ -343,10 +343,15 @@ class Emitter:
         vals = self.emit_program(prog, env)
         return vals[0] if single else vals
 
-    def emit_program(self, prog: Program, env: dict, on_output=None) -> list:
+    def emit_program(self, prog: Program, env: dict, on_output=None,
+                     ops_per_function: int | None = None) -> list:
         """Emit a :func:`~core_ad.sym.cse` program; returns one value per output.
         ``on_output(k, value)``, if given, is called for output ``k`` as soon as its value is
-        emitted (storing it there keeps it from staying live to the end of the program)."""
+        emitted (storing it there keeps it from staying live to the end of the program).
+
+        ``ops_per_function``: a program of more operations than this is emitted as a sequence
+        of calls to internal functions of at most that many operations each (see
+        :meth:`_emit_split`); not with buffers or a memo."""
         env = dict(env)
         self._infer_width(env)
         values: dict[int, object] = {}
@@ -357,6 +362,14 @@ class Emitter:
             for k, o in enumerate(prog.outputs):
                 outputs_of.setdefault(id(names[o]), []).append(k)
         order, via = _schedule(nodes)
+        if ops_per_function is not None and sum(isinstance(n, Apply) for n in order) > \
+                ops_per_function:
+            if self.memo is not None or self.buffers or self.scatter_targets:
+                raise ValueError("emit: ops_per_function cannot split a program with buffers,"
+                                 " scatter targets or a memo")
+            out_ids = {id(names[o]): outputs_of.get(id(names[o]), ()) for o in prog.outputs}
+            outs = self._emit_split(order, via, env, ops_per_function, out_ids, on_output)
+            return [outs[id(names[o])] for o in prog.outputs]
         memo = self.memo
         for n in order:
             if memo is not None and id(n) in memo:
@@ -379,6 +392,125 @@ class Emitter:
             for k in outputs_of.get(id(n), ()):
                 on_output(k, values[id(n)])
         return [values[id(names[o])] for o in prog.outputs]
+
+    def _emit_split(self, order, via, env, ops_per_function, outputs_of, on_output) -> dict:
+        """Emit ``order`` as calls, from the current block, to internal ``noinline``
+        functions of at most ``ops_per_function`` operations each. Values crossing a function
+        boundary (inputs, values used by a later part, outputs) go through stack arrays, one
+        per LLVM type, that every part gets a pointer to: LLVM's register allocator and
+        machine scheduler grow faster than linearly with the size of one basic block (a
+        30k-operation h2mc Hessian kernel: 15 s at -O1 as one block), so this bounds the cost
+        per part and lets large kernels get the optimising code generation.
+        ``outputs_of``: ``{id(output node): [output numbers to pass to on_output]}``. Returns
+        ``{id(output node): value}`` in the caller's block, where ``on_output`` is called."""
+        b = self.b
+        part_of = {}  # id(node) -> part index (-1: the caller, None: constants)
+        count, part = 0, 0
+        for n in order:
+            if isinstance(n, Apply):
+                if count == ops_per_function:
+                    count, part = 0, part + 1
+                count += 1
+                part_of[id(n)] = part
+            else:
+                part_of[id(n)] = -1 if isinstance(n, Leaf) else None
+
+        def deps(n):
+            if id(n) in via:
+                prev, i = via[id(n)]
+                return (prev, n.args[i])
+            return n.args
+
+        # every value has its dtype's type at the emitter's width (apply checks it)
+        slot_of, types, counts = {}, [], []  # id(node) -> (type number, index)
+
+        def add_slot(n):
+            if id(n) in slot_of:
+                return
+            t = self.ty(n.dtype)
+            if t not in types:
+                types.append(t)
+                counts.append(0)
+            k = types.index(t)
+            slot_of[id(n)] = (k, counts[k])
+            counts[k] += 1
+
+        by_id = {id(n): n for n in order}
+        for n in order:
+            if isinstance(n, Apply):
+                for a in deps(n):
+                    if part_of[id(a)] not in (None, part_of[id(n)]):
+                        add_slot(a)
+        for nid in outputs_of:
+            if part_of[nid] is not None and part_of[nid] >= 0:
+                add_slot(by_id[nid])
+        fn = b.function
+        with b.goto_block(fn.entry_basic_block):
+            b.position_at_start(fn.entry_basic_block)
+            areas = [b.bitcast(b.alloca(ir.ArrayType(t, c)), t.as_pointer())
+                     for t, c in zip(types, counts)]
+
+        def slot(bases, nid):
+            k, i = slot_of[nid]
+            return b.gep(bases[k], [_I64(i)])
+
+        main_vals = {}  # values in the caller: inputs, constants, then outputs read back
+        for n in order:
+            if isinstance(n, Leaf):
+                main_vals[id(n)] = v = self._leaf_value(n, env)
+                if id(n) in slot_of:
+                    b.store(v, slot(areas, id(n)))
+            elif isinstance(n, Const):
+                main_vals[id(n)] = self.const(n.value, n.dtype)
+        by_part = [[] for _ in range(part + 1)]
+        for n in order:
+            if isinstance(n, Apply):
+                by_part[part_of[id(n)]].append(n)
+        fnty = ir.FunctionType(ir.VoidType(), [t.as_pointer() for t in types])
+        main_block = b.block
+        prefix = f"{fn.name}.part"
+        first = sum(g.name.startswith(prefix) for g in b.module.functions)  # a second emit
+        for p, nodes in enumerate(by_part):
+            f = ir.Function(b.module, fnty, f"{prefix}{first + p}")
+            f.linkage = "internal"
+            f.attributes.add("noinline")
+            f.attributes.add("nounwind")
+            for a in f.args:
+                a.add_attribute("noalias")
+            b.position_at_end(f.append_basic_block("entry"))
+            local = {}
+
+            def value(a, bases=f.args, local=local):
+                v = local.get(id(a))
+                if v is None:
+                    if part_of[id(a)] is None:  # a constant
+                        return main_vals[id(a)]
+                    v = local[id(a)] = b.load(slot(bases, id(a)))
+                return v
+
+            for n in nodes:
+                if id(n) in via:
+                    prev, i = via[id(n)]
+                    op = "add" if n.prim is R.add_p else "mul"
+                    v = self.binop(op, value(prev), prev.dtype, value(n.args[i]),
+                                   n.args[i].dtype, n.dtype)
+                else:
+                    v = self.apply(n, [value(a) for a in n.args])
+                local[id(n)] = v
+                if id(n) in slot_of:
+                    b.store(v, slot(f.args, id(n)))
+            b.ret_void()
+            b.position_at_end(main_block)
+            b.call(f, areas)
+        outs = {}
+        for nid, ks in outputs_of.items():
+            v = main_vals.get(nid)
+            if v is None:
+                v = b.load(slot(areas, nid))
+            outs[nid] = v
+            for k in ks:
+                on_output(k, v)
+        return outs
 
     def apply(self, node: Apply, args: list):
         fn = lowering_for(node.prim)

@@ -11,7 +11,9 @@ time (``<W x T>`` values; transcendentals through libmvec, see :mod:`.vecmath`),
 remainder loop (libm). ``W`` is the ISA's width for the widest float type of the program
 (AVX2: 4 if any float64 / int64 value is present, else 8; AVX-512: 8 / 16; SSE: 2 / 4); the
 emitter pads or splits libmvec calls of the other float type. Inputs marked scalar in the
-*variant* (0-d arrays broadcast to every lane) are loaded once before the loops.
+*variant* (0-d arrays broadcast to every lane) are loaded once before the loops. A program of
+more than ``SPLIT_OPS`` operations (and no buffers) runs as calls to internal functions of
+``PART_OPS`` operations each, the values crossing them in stack arrays.
 
 The *strided* variant reads every lane input and writes every lane output with a stride
 (in elements) taken from ``lens`` at its position (gathers and scatters in the vector loop):
@@ -55,6 +57,17 @@ _I64 = ir.IntType(64)
 
 CHECKED_PRIMS = ("lane_gather", "lane_scatter_add")
 
+# Programs of more operations than SPLIT_OPS (and no buffers) are emitted as a sequence of
+# internal functions of PART_OPS operations each (Emitter.emit_program's ops_per_function).
+# LLVM's greedy register allocator and machine scheduler grow faster than linearly with the
+# size of one basic block, so such kernels were compiled at -O0 (spilling nearly every value:
+# slow code); in parts they get the optimising code generation in about linear time. Measured
+# on h2mc's length-3 rough-glass Hessian kernel (31.8k operations, one thread): one block at
+# -O0 1.6 s, 23 us per lane; one block at -O1 15 s, 3.7 us; parts of 1000 at -O3 3.7 s,
+# 3.1 us (parts of 3000: 5.4 s, 3.4 us). See docs/design/core_ad.md.
+SPLIT_OPS = 6000
+PART_OPS = 1000
+
 
 class KernelIR(NamedTuple):
     """The IR text, the function name, the vector width, and per bounds check (by ordinal)
@@ -65,6 +78,7 @@ class KernelIR(NamedTuple):
     name: str
     width: int
     checks: list
+    parts: int = 1  # functions the program was split into (see SPLIT_OPS)
 
 
 def check_supported(prog: Program, roots, inputs) -> None:
@@ -195,10 +209,12 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
                 _store(b, (out_over or {}).get(k, out_ptrs[k]), i, v, roots[k].dtype, w, em,
                        stride(("out", k)))
 
-        em.emit_program(prog, env, on_output=store)
+        em.emit_program(prog, env, on_output=store, ops_per_function=part_ops)
         if not checked:
             checked.extend(em.checked)
 
+    n_ops = sum(isinstance(n, Apply) for _, n in prog.assignments)
+    part_ops = PART_OPS if n_ops > SPLIT_OPS and not (buffers or targets) else None
     if width > 1 and not targets:
         # One copy of the program: the last, partial group of lanes runs the vector code on
         # staged copies (inputs padded with the last lane, outputs copied back lane by lane)
@@ -238,8 +254,8 @@ def build_kernel(prog: Program, roots, inputs, *, name: str, math: VecMath,
     if width > 1 and width * max(llvm_type_bytes(prog)) > 32:
         # 512-bit vectors (AVX-512): make the backend pass them in zmm registers, as libmvec's
         # 'e' variants expect, even on CPUs that prefer 256-bit vectors
-        text = _add_fn_attr(text, name, '"min-legal-vector-width"="512"')
-    return KernelIR(text, name, width, checks)
+        text = _add_fn_attr(text, name, '"min-legal-vector-width"="512"')  # parts too
+    return KernelIR(text, name, width, checks, -(-n_ops // part_ops) if part_ops else 1)
 
 
 class _Accumulator:
@@ -369,13 +385,13 @@ def llvm_type_bytes(prog):
 
 
 def _add_fn_attr(text: str, name: str, attr: str) -> str:
-    """Append a string attribute to the definition line of function ``name``."""
+    """Append a string attribute to the definition lines of function ``name`` and of its
+    parts (``name.partN``, see :meth:`~.emitter.Emitter.emit_program`)."""
     lines = text.split("\n")
     for k, line in enumerate(lines):
-        if line.startswith("define ") and f'@"{name}"(' in line:
+        if line.startswith("define ") and (f'@"{name}"(' in line or f'@"{name}.part' in line):
             head, brace = line.rsplit("{", 1) if line.rstrip().endswith("{") else (line, None)
             lines[k] = f"{head.rstrip()} {attr}" + (" {" + brace if brace is not None else "")
-            break
     return "\n".join(lines)
 
 

@@ -196,6 +196,7 @@ class LLVMKernel:
         self.n_in = len(self.inputs)
         self.buf_pos = [j for j, bf in enumerate(self.is_buf) if bf]
         self.compile_times: dict = {}
+        self._stacked = None  # the dtype of call_stacked, once checked
         self.last_call: dict = {}  # diagnostics: threads, atomic, variant of the last call
         # scatter outputs: the input position of their buffer; duplicates copy the first
         self.scatter_src = {}
@@ -401,15 +402,69 @@ class LLVMKernel:
                     for k, o in enumerate(outs)]
         return tuple(outs)
 
+    def call_stacked(self, inputs, num_threads=None) -> np.ndarray:
+        """The kernel on the rows of one array: ``inputs`` is ``(n_inputs, N)``, row ``j``
+        the N lanes of input ``j`` (each row contiguous); returns a new ``(n_outputs, N)``
+        array, row ``k`` output ``k``. For kernels whose inputs and outputs are all lanes of
+        one dtype (no buffers, scatter_add or lane_sum outputs): the call skips the per-array
+        checks, allocations and pointer tables of ``fn(*arrays)``, which cost ~3.5 us per
+        array whatever the lane count (0.45 ms for 130 inputs and 120 outputs)."""
+        dt = self._stacked_dtype()
+        if not isinstance(inputs, np.ndarray):
+            raise TypeError(f"call_stacked: expected a 2-D numpy array of dtype {dt}, got"
+                            f" {type(inputs).__name__}")
+        if inputs.ndim != 2 or inputs.shape[0] != self.n_in:
+            raise ValueError(f"call_stacked: expected shape ({self.n_in}, N) (one row per input:"
+                             f" {', '.join(self.names)}), got {inputs.shape}")
+        if inputs.dtype != dt:
+            raise TypeError(f"call_stacked: expected dtype {dt}, got {inputs.dtype} (no"
+                            f" implicit casts; convert with .astype(np.{dt}))")
+        n = inputs.shape[1]
+        if (n > 1 and inputs.strides[1] != dt.itemsize) or not inputs.flags.aligned:
+            raise ValueError("call_stacked: the rows must be contiguous and aligned; pass"
+                             " np.ascontiguousarray(...)")
+        out = np.empty((len(self.outputs), n), self.outputs[0].dtype)
+        if n == 0:
+            return out
+        t = _threads_for(self, n, num_threads)
+        cfunc, _ = self._variant((False,) * self.n_in, False, False)
+        self.last_call = {"threads": t, "atomic": False, "variant": (False,) * self.n_in}
+        rows_in = np.arange(self.n_in, dtype=np.uint64) * np.uint64(inputs.strides[0])
+        rows_out = np.arange(len(self.outputs), dtype=np.uint64) * np.uint64(out.strides[0])
+        ptrs = np.concatenate([rows_in + np.uint64(_addr(inputs)),
+                               rows_out + np.uint64(_addr(out))])
+        lens = np.zeros(len(ptrs), np.int64)  # no buffers
+        err = np.zeros(4, np.int64)
+        rcs = parallel_for(cfunc, n, (ptrs.ctypes.data, lens.ctypes.data, err.ctypes.data),
+                           threads=t, chunks_per_thread=CHUNKS_PER_THREAD if t > 1 else 1,
+                           align=self.width)
+        if any(rcs):  # no bounds checks without buffers
+            raise RuntimeError(f"call_stacked: kernel {self.key[:12]} returned {rcs}")
+        return out
+
+    def _stacked_dtype(self) -> np.dtype:
+        """The one dtype of this kernel's inputs and outputs, or TypeError saying why
+        :meth:`call_stacked` does not apply."""
+        if self._stacked is not None:
+            return self._stacked
+        dts = {np.dtype(d) for d in self.in_dtypes} | {np.dtype(r.dtype) for r in self.outputs}
+        why = ("it has buffer inputs" if any(self.is_buf) else
+               "it has scatter_add or lane_sum outputs" if any(self.scatter_out) or self.sum_out
+               else "it has no inputs" if not self.n_in else
+               f"its inputs and outputs have several dtypes ({', '.join(map(str, dts))})"
+               if len(dts) > 1 else None)
+        if why:
+            raise TypeError(f"call_stacked: kernel {self.key[:12]} takes separate arrays: {why}")
+        self._stacked = dts.pop()
+        return self._stacked
+
     def _run(self, arrays, outs, n, mask, requested, addrs=None):
         lanes = [j for j in range(self.n_in) if not (self.is_buf[j] or mask[j])]
         outputs = [k for k in range(len(outs)) if not (self.scatter_out[k] or k in self.sum_out)]
         strided = n > 1 and (any(arrays[j].strides[0] != arrays[j].itemsize for j in lanes)
                              or any(outs[k].strides[0] != outs[k].itemsize for k in outputs))
         width = self.width
-        t = num_threads(requested)
-        if t > 1:
-            t = max(1, min(t, -(-n // self.min_lanes)))
+        t = _threads_for(self, n, requested)
         scatter_ks = self.scatter_first
         atomic = False
         if t > 1 and scatter_ks:
@@ -490,6 +545,12 @@ class LLVMKernel:
             f"{opname}: index {index} at lane {lane} is out of range for buffer {bufname!r}"
             f" of length {length}"
         )
+
+
+def _threads_for(kernel, n, requested) -> int:
+    """Threads for ``n`` lanes: the requested count, at most one per ``min_lanes`` lanes."""
+    t = num_threads(requested)
+    return max(1, min(t, -(-n // kernel.min_lanes))) if t > 1 else t
 
 
 _EXPENSIVE = frozenset(
