@@ -1023,6 +1023,9 @@ def test_large_programs_split_into_functions_give_the_same_bits(monkeypatch, vec
     assert re.search(r"x i1>?\]", split.ir) and re.search(r"x i64>?\]", split.ir)  # slots
     for a, b in zip(whole(*args), split(*args)):
         np.testing.assert_array_equal(a, b)
+    block = np.stack(args[:2], axis=1)  # x and y as strided columns: the strided variant
+    for a, b in zip(whole(*args), split(block[:, 0], block[:, 1], *args[2:])):
+        np.testing.assert_array_equal(a, b)
     for a, b in zip(split(*args), ref(outs, [x, y, s, k])(*args)):
         np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-13)
 
