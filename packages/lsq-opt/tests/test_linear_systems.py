@@ -197,6 +197,36 @@ def test_auto_picks_jtj_for_expensive_products_and_matches_it():
     np.testing.assert_allclose(got.cost, ref.cost, rtol=1e-9)
 
 
+class _Preempted(_Priced):
+    """``plan`` whose every ``every``-th matrix-free product takes ``pause_s`` longer: what a
+    wall-clock measurement sees when the process is preempted on a shared machine."""
+
+    def __init__(self, plan, pause_s, every):
+        super().__init__(plan)
+        self.pause_s, self.every, self.calls = pause_s, every, 0
+
+    def jtjp_linearized(self, p):
+        self.calls += 1
+        if self.calls % self.every == 0:
+            time.sleep(self.pause_s)
+        return self.plan.jtjp_linearized(p)
+
+
+def test_auto_prices_are_medians_robust_to_preempted_measurements():
+    """One product in eight paused for 40 ms (a preemption) made the mean price of a ~0.1 ms
+    product ~5 ms, so "auto" built J^T J (milliseconds) on every linearisation; the median
+    price stays the product's own, and the builds stop after the one probe."""
+    plan = _arap_mesh()
+    x0 = _start(plan)
+    plan.jacobian(x0)  # compiles J's kernels: the first build's price would include that
+    prob = with_linear_system(_Preempted(plan, pause_s=0.04, every=8), "auto")
+    got = solve(prob, x0, max_iterations=8, function_tolerance=0.0)
+    assert prob._price("free") < 0.02  # the products' own time, not the pauses
+    assert prob.linearisations["jtj"] <= 1, got.linear_system  # at most the one probe
+    prob._add("free", 10.0)  # one more outlier moves the median by one sample
+    assert prob._price("free") < 0.02
+
+
 def test_auto_keeps_matrix_free_when_building_costs_more():
     plan = _arap_mesh()
     x0 = _start(plan)
@@ -277,7 +307,7 @@ def test_auto_prices_the_assembly_not_the_stencil_kernels_compile():
     for _ in range(BUILD_PRIOR_PRODUCTS + 2):
         system.jtjp_linearized(rng.standard_normal(plan.n))
     assert system.switched == 1 and "jtjs" in plan.fused.grids[0].fns
-    assert system._mean("build") < 0.1  # the assembly alone: milliseconds
+    assert system._price("build") < 0.1  # the assembly alone: milliseconds
 
 
 def test_gram_matrix_equals_the_normal_matrix():

@@ -16,7 +16,9 @@ every example energy); which is fastest depends on the energy's stencil.
 from __future__ import annotations
 
 import math
+import statistics
 import time
+from collections import deque
 from typing import Any
 
 import numpy as np
@@ -32,6 +34,12 @@ LINEAR_SYSTEMS = ("matrix_free", "jacobian", "jtj", "auto")
 # products (measured per problem, build / product: shading 14, TV 7, spring network 11, ARAP
 # mesh 56, Poisson 535); every build after that is priced at its measured time
 BUILD_PRIOR_PRODUCTS = 10
+# "auto" prices each kind (matrix-free product, J^T J product, build) by the median of its last
+# this many wall-clock measurements, not their mean: on a machine shared with other work a
+# measurement that spans a preemption is 10-1000x a product's time (a spring network's
+# products: median 0.075 ms, mean 0.3-0.4 ms, the largest 1 % of them half the sum), and mean
+# prices that high built J^T J on up to 242 of 246 linearisations that ran ~8 products each
+PRICE_WINDOW = 31
 # the protocol's optional device-side products: a materialised problem runs on the host
 _NOT_DELEGATED = frozenset({"damped_jtjp_linearized", "device_problem", "xp"})
 
@@ -145,7 +153,7 @@ class AutoLinearSystem:
         self._products = 0  # products since the last linearisation
         self._next_check = 0  # product count at which the ski rental is priced again
         self.switched = 0  # linearisations that switched to J^T J part-way
-        self._time = {"free": [0.0, 0], "jtj": [0.0, 0], "build": [0.0, 0]}  # [seconds, count]
+        self._seconds = {what: deque(maxlen=PRICE_WINDOW) for what in ("free", "jtj", "build")}
         self.linearisations = {"matrix_free": 0, "jtj": 0}
 
     def __getattr__(self, name):
@@ -153,13 +161,14 @@ class AutoLinearSystem:
             raise AttributeError(name)
         return getattr(self.problem, name)
 
-    def _mean(self, what: str) -> float | None:
-        total, count = self._time[what]
-        return total / count if count else None
+    def _price(self, what: str) -> float | None:
+        """The median of the last measurements of ``what`` (None: not measured yet)."""
+        samples = self._seconds[what]
+        return statistics.median(samples) if samples else None
 
     def linearize(self, x: np.ndarray) -> None:
-        self._use_jtj = jtj_pays(self._products, self._mean("free"), self._mean("build"),
-                                 self._mean("jtj"))
+        self._use_jtj = jtj_pays(self._products, self._price("free"), self._price("build"),
+                                 self._price("jtj"))
         self._products = 0
         self._next_check = 0
         self._x = np.array(x, copy=True)
@@ -173,7 +182,7 @@ class AutoLinearSystem:
         the assembly runs beforehand (``prepare_jtj_matrix``), outside the timing: a price
         that included the compile (0.3 s for a grid plan's stencil kernel, against a 0.3-3 ms
         assembly) kept "auto" matrix-free for the rest of a solve."""
-        if not self._time["build"][1]:
+        if not self._seconds["build"]:
             prepare = getattr(self.problem, "prepare_jtj_matrix", None)
             if prepare is not None:
                 prepare()
@@ -182,14 +191,13 @@ class AutoLinearSystem:
         self._add("build", time.perf_counter() - t0)
 
     def _add(self, what: str, seconds: float) -> None:
-        self._time[what][0] += seconds
-        self._time[what][1] += 1
+        self._seconds[what].append(seconds)
 
     def _switch_at(self) -> float:
         """The ski rental's break-even: the product count of this linearisation at which the
         part of its matrix-free products that a ``J^T J`` product would have saved has cost as
         much as a build (at the current prices; ``inf``: never)."""
-        free, jtj, build = self._mean("free"), self._mean("jtj"), self._mean("build")
+        free, jtj, build = self._price("free"), self._price("jtj"), self._price("build")
         if free is None:
             return self._products + 1  # priced after the first product
         if build is None:
@@ -224,7 +232,7 @@ class AutoLinearSystem:
     def describe(self) -> str:
         """What "auto" chose and the measured prices it chose by (for the report)."""
         def ms(what):
-            t = self._mean(what)
+            t = self._price(what)
             return "-" if t is None else f"{t * 1e3:.3f} ms"
         used = self.linearisations
         return (f"auto: J^T J on {used['jtj']} of {sum(used.values())} linearisations "

@@ -100,8 +100,9 @@ linear_system              "auto"           how PCG gets J^T J p: the generated 
                                             "auto": per linearisation, "jtj" when the
                                             matrix-free products of the previous one cost
                                             more than a build plus as many sparse products
-                                            (measured prices; the first build is priced at
-                                            10 products, one probe; see
+                                            (measured prices, each the median of its last
+                                            31 timings, robust to preemptions; the first
+                                            build priced at 10 products, one probe; see
                                             :class:`.materialized.AutoLinearSystem`), else
                                             "matrix_free", switching part-way once the
                                             avoidable part of its products has cost a
