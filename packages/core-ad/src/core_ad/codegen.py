@@ -46,7 +46,8 @@ expressions with the ONE emitter here rather than writing another::
   ``Loop`` for a body emitted across helpers), ``vector_loop`` (vector main body + scalar
   tail), ``splat``, ``hsum`` / ``hmin`` / ``hmax``,
   ``dense_load`` / ``dense_store`` / ``masked_dense_store``, ``gather`` (per-lane loads;
-  bounds-checked gathers and scatters are the emitter's ``BufferArg``); ``parallel_for(fn, n,
+  bounds-checked gathers and scatters are the emitter's ``BufferArg``), ``masked_gather`` /
+  ``masked_scatter`` (one ``llvm.masked.gather`` / ``scatter`` at a vector of pointers); ``parallel_for(fn, n,
   args, ...)`` splits ``[0, n)`` over the thread pool in aligned ranges, with per-thread
   arguments for private partial buffers; ``KernelModule.call_parallel(builder, fn, closure,
   ints, n)`` does the same from compiled code (a parallel loop nested in serial ones, its body
@@ -125,6 +126,8 @@ from ._codegen.llvm.builder import (
     hsum,
     loop,
     masked_dense_store,
+    masked_gather,
+    masked_scatter,
     parallel_for,
     splat,
     vector_loop,
@@ -215,6 +218,8 @@ __all__ = [
     "loop",
     "lowering_for",
     "masked_dense_store",
+    "masked_gather",
+    "masked_scatter",
     "num_threads",
     "parallel_for",
     "register_backend",

@@ -47,7 +47,7 @@ from ._schedule import ScheduleError
 
 __all__ = ["ModuleBuilder", "Slots"]
 
-I1, I8, I32, I64 = ir.IntType(1), ir.IntType(8), ir.IntType(32), ir.IntType(64)
+I8, I32, I64 = ir.IntType(8), ir.IntType(32), ir.IntType(64)
 I8P = I8.as_pointer()
 
 
@@ -337,16 +337,7 @@ def _gather(b, st: _Storage, k, indices, offset):
     addrs = GEPInstr(b.block, ptr, [indices], False, "", source_etype=et)
     addrs.type = ir.VectorType(ptr.type, n)
     b._insert(addrs)
-    vt, mask = ir.VectorType(et, n), ir.VectorType(I1, n)
-    elem = {"float": "f32", "double": "f64"}.get(str(et), str(et))
-    name = f"llvm.masked.gather.v{n}{elem}.v{n}p0"
-    try:
-        fn = b.module.get_global(name)
-    except KeyError:
-        fn = ir.Function(b.module, ir.FunctionType(vt, [addrs.type, I32, mask, vt]), name)
-    align = ir.Constant(I32, np.dtype(st.dtypes[k]).itemsize)
-    return _tag(b.call(fn, [addrs, align, ir.Constant(mask, [1] * n),
-                            ir.Constant(vt, ir.Undefined)]), st)
+    return _tag(codegen.masked_gather(b, addrs, np.dtype(st.dtypes[k]).itemsize), st)
 
 
 def _maybe_dense(node_args, vleaf, inner=0) -> bool:

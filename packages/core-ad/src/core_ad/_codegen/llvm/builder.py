@@ -34,6 +34,7 @@ import numpy as np
 from llvmlite import ir
 
 from .emitter import llvm_type
+from .vecmath import intrinsic
 from .jit import host_signature, jit
 
 __all__ = [
@@ -360,6 +361,27 @@ def gather(b: ir.IRBuilder, ptr, indices, offset=None, alias=None):
             p = b.gep(p, [offset])
         out = b.insert_element(out, _tag(b.load(p), alias), ir.Constant(I32, lane))
     return out
+
+
+def masked_gather(b: ir.IRBuilder, addrs, align: int):
+    """The lanes at the pointer vector ``addrs`` as one ``llvm.masked.gather``, every lane
+    on (``vgatherdps`` / ``vgatherqpd`` on AVX2 and AVX-512; LLVM scalarises it elsewhere)."""
+    n = addrs.type.count
+    vt, mask = ir.VectorType(addrs.type.element.pointee, n), ir.VectorType(ir.IntType(1), n)
+    fn = intrinsic(b.module, "llvm.masked.gather", vt, [addrs.type, I32, mask, vt],
+                   overloads=[vt, addrs.type])
+    return b.call(fn, [addrs, ir.Constant(I32, align), ir.Constant(mask, [1] * n),
+                       ir.Constant(vt, ir.Undefined)])
+
+
+def masked_scatter(b: ir.IRBuilder, value, addrs, align: int):
+    """Store the lanes of ``value`` at the pointer vector ``addrs`` as one
+    ``llvm.masked.scatter``, every lane on."""
+    n = addrs.type.count
+    mask = ir.VectorType(ir.IntType(1), n)
+    fn = intrinsic(b.module, "llvm.masked.scatter", ir.VoidType(),
+                   [value.type, addrs.type, I32, mask], overloads=[value.type, addrs.type])
+    return b.call(fn, [value, addrs, ir.Constant(I32, align), ir.Constant(mask, [1] * n)])
 
 
 # ---------------------------------------------------------------------------- threads

@@ -379,14 +379,7 @@ class Emitter:
             elif isinstance(n, Const):
                 values[id(n)] = self.const(n.value, n.dtype)
             else:
-                args = [values[id(a)] for a in n.args]
-                if id(n) in via:
-                    prev, i = via[id(n)]
-                    op = "add" if n.prim is R.add_p else "mul"
-                    values[id(n)] = self.binop(op, values[id(prev)], prev.dtype, args[i],
-                                               n.args[i].dtype, n.dtype)
-                else:
-                    values[id(n)] = self.apply(n, args)
+                values[id(n)] = self._apply_scheduled(n, via, lambda a: values[id(a)])
             if memo is not None:
                 memo[id(n)] = (n, values[id(n)])
             for k in outputs_of.get(id(n), ()):
@@ -489,14 +482,7 @@ class Emitter:
                 return v
 
             for n in nodes:
-                if id(n) in via:
-                    prev, i = via[id(n)]
-                    op = "add" if n.prim is R.add_p else "mul"
-                    v = self.binop(op, value(prev), prev.dtype, value(n.args[i]),
-                                   n.args[i].dtype, n.dtype)
-                else:
-                    v = self.apply(n, [value(a) for a in n.args])
-                local[id(n)] = v
+                v = local[id(n)] = self._apply_scheduled(n, via, value)
                 if id(n) in slot_of:
                     b.store(v, slot(f.args, id(n)))
             b.ret_void()
@@ -511,6 +497,17 @@ class Emitter:
             for k in ks:
                 on_output(k, v)
         return outs
+
+    def _apply_scheduled(self, n: Apply, via: dict, value):
+        """The value of ``n`` from its operands' (``value(operand)``), as ``_schedule``
+        ordered it: an n-ary sum or product with a shorter one in ``via`` is that one op the
+        remaining operand."""
+        if id(n) in via:
+            prev, i = via[id(n)]
+            op = "add" if n.prim is R.add_p else "mul"
+            return self.binop(op, value(prev), prev.dtype, value(n.args[i]), n.args[i].dtype,
+                              n.dtype)
+        return self.apply(n, [value(a) for a in n.args])
 
     def apply(self, node: Apply, args: list):
         fn = lowering_for(node.prim)

@@ -45,9 +45,9 @@ from llvmlite import ir
 from ..._sym.buffers import is_buffer, is_reduction, is_scatter
 from ..._sym.expr import Apply
 from ..._sym.program import Program
-from .builder import loop, splat, vector_loop
+from .builder import loop, masked_gather, masked_scatter, splat, vector_loop
 from .emitter import BufferArg, Emitter, Unsupported, llvm_type, lowering_for
-from .vecmath import VecMath, _mangle, intrinsic
+from .vecmath import VecMath, intrinsic
 
 __all__ = ["KernelIR", "build_kernel", "check_supported", "vector_width", "CHECKED_PRIMS"]
 
@@ -409,26 +409,6 @@ def _lane_pointers(b, ptr, i, stride, w, itemsize):
     return b.inttoptr(b.add(splat(b, base, w), offsets), ir.VectorType(ptr.type, w))
 
 
-def _masked_intrinsic(b, name, vt, w):
-    """``llvm.masked.gather`` / ``llvm.masked.scatter`` for vectors ``vt`` of ``w`` lanes."""
-    ptrs = ir.VectorType(vt.element.as_pointer(), w)
-    mask = ir.VectorType(ir.IntType(1), w)
-    full = f"{name}.v{w}{_mangle(vt.element)}.v{w}p0"
-    try:
-        return b.module.get_global(full)
-    except KeyError:
-        pass
-    if name == "llvm.masked.gather":
-        fnty = ir.FunctionType(vt, [ptrs, _I32, mask, vt])
-    else:
-        fnty = ir.FunctionType(ir.VoidType(), [vt, ptrs, _I32, mask])
-    return ir.Function(b.module, fnty, full)
-
-
-def _all_lanes(w):
-    return ir.Constant(ir.VectorType(ir.IntType(1), w), [1] * w)
-
-
 def _load(b, ptr, i, dtype, w, stride=None):
     st = llvm_type(dtype, storage=True)
     align = max(1, np.dtype(dtype).itemsize)
@@ -438,10 +418,7 @@ def _load(b, ptr, i, dtype, w, stride=None):
         vt = ir.VectorType(st, w)
         v = b.load(b.bitcast(b.gep(ptr, [i]), vt.as_pointer()), align=align)
     else:
-        vt = ir.VectorType(st, w)
-        v = b.call(_masked_intrinsic(b, "llvm.masked.gather", vt, w),
-                   [_lane_pointers(b, ptr, i, stride, w, align), _I32(align), _all_lanes(w),
-                    ir.Constant(vt, ir.Undefined)])
+        v = masked_gather(b, _lane_pointers(b, ptr, i, stride, w, align), align)
     if np.dtype(dtype).kind == "b":
         v = b.icmp_unsigned("!=", v, ir.Constant(v.type, None))
     return v
@@ -459,5 +436,4 @@ def _store(b, ptr, i, v, dtype, w, em, stride=None):
     elif stride is None:
         b.store(v, b.bitcast(b.gep(ptr, [i]), ir.VectorType(st, w).as_pointer()), align=align)
     else:
-        b.call(_masked_intrinsic(b, "llvm.masked.scatter", v.type, w),
-               [v, _lane_pointers(b, ptr, i, stride, w, align), _I32(align), _all_lanes(w)])
+        masked_scatter(b, v, _lane_pointers(b, ptr, i, stride, w, align), align)

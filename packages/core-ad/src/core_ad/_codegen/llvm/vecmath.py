@@ -210,6 +210,8 @@ def _mangle(t: ir.Type) -> str:
         return "f32"
     if isinstance(t, ir.IntType):
         return f"i{t.width}"
+    if isinstance(t, ir.PointerType):
+        return "p0"  # LLVM's opaque pointers
     raise TypeError(f"cannot mangle {t}")
 
 
