@@ -15,6 +15,7 @@
 
 from ._ablation import (AE10_VARIANTS, AE11_VARIANTS, ae10_parameterization,
                         ae11_moving_caustics, plain_monte_carlo)
+from ._consistency import AE8_KERNELS, ae8_consistency, mean_with_error, reference_with_error
 from ._diagnostics import (
     HistogramAccumulator,
     autocovariance,
@@ -57,6 +58,10 @@ from . import toy  # noqa: F401
 __version__ = "0.1.0"
 
 __all__ = [
+    "AE8_KERNELS",
+    "ae8_consistency",
+    "mean_with_error",
+    "reference_with_error",
     "AE10_VARIANTS",
     "ae10_parameterization",
     "AE11_VARIANTS",

@@ -19,7 +19,7 @@ from edge_rt import scenes, torch_single_thread
 from ._diagnostics import rel_mse
 from ._mlt import render_mlt
 from ._pathspace import PathSpace
-from ._png import heatmap, write_png
+from ._png import write_comparison_png, write_png
 
 AE10_VARIANTS = {  # name -> (small step, parameterization)
     "modified+h2mc": ("h2mc", "modified"),
@@ -142,11 +142,5 @@ def ae11_moving_caustics(resolution=(24, 24), mutations_per_pixel=128, max_lengt
     out["equal_time"] = {name: [e * cost[name] / t_common for e in out["relmse"][name]]
                          for name in cost}
     if png is not None:
-        images = [ref, *out["images"].values()]
-        scale = np.percentile(ref, 99) or 1.0
-        top = np.concatenate([np.clip(x / scale, 0.0, 1.0) ** (1 / 2.2) for x in images], 1)
-        errs = [((x - ref) ** 2 / (ref ** 2 + 1e-2)).mean(2) for x in images]
-        vmax = max(float(np.percentile(e, 99)) for e in errs[1:]) or 1.0
-        bottom = np.concatenate([heatmap(e, vmax) for e in errs], 1)
-        write_png(png, np.concatenate([top, bottom], 0))
+        write_comparison_png(png, ref, out["images"].values())
     return out

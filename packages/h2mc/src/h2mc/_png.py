@@ -28,6 +28,20 @@ def write_png(path, image) -> Path:
     return path
 
 
+def write_comparison_png(path, reference, images, floor=1e-2) -> Path:
+    """The reference and ``images`` (linear RGB, (H, W, 3)) side by side, tone-mapped alike
+    (the reference's 99th percentile to white, gamma 2.2), above their per-pixel relMSE maps
+    against the reference (``(I - R)^2 / (R^2 + floor)``, one colour scale: the 99th
+    percentile of the images' maps)."""
+    images = [reference, *images]
+    scale = np.percentile(reference, 99) or 1.0
+    top = np.concatenate([np.clip(x / scale, 0.0, 1.0) ** (1 / 2.2) for x in images], 1)
+    errs = [((x - reference) ** 2 / (reference ** 2 + floor)).mean(2) for x in images]
+    vmax = max(float(np.percentile(e, 99)) for e in errs[1:]) or 1.0
+    bottom = np.concatenate([heatmap(e, vmax) for e in errs], 1)
+    return write_png(path, np.concatenate([top, bottom], 0))
+
+
 def read_png_size(path) -> tuple[int, int]:
     """``(width, height)`` of a PNG (for tests)."""
     with _pillow_image().open(path) as im:
