@@ -460,8 +460,9 @@ def test_poor_step_forcing_ends_a_spring_network_crawl_at_the_same_minimum(monke
         tolerances.append(kw["tolerance"])
         return real_pcg(*args, **kw)
 
+    mf = dict(linear_system="matrix_free")  # "auto"'s timed choices move the rounding
     monkeypatch.setattr(lm, "pcg", recording_pcg)
-    res = solve(plan, plan.x0)
+    res = solve(plan, plan.x0, **mf)
     monkeypatch.setattr(lm, "pcg", real_pcg)
     assert res.converged, res.termination_detail
     # every solve after a run of accepted poor steps asked for at most POOR_STEP_FORCING
@@ -474,9 +475,9 @@ def test_poor_step_forcing_ends_a_spring_network_crawl_at_the_same_minimum(monke
                 checked += 1
     assert checked > 5
     # the same minimum as tight inner solves, in fewer iterations than without the rule
-    tight = solve(plan, plan.x0, pcg_tolerance=1e-10)
+    tight = solve(plan, plan.x0, pcg_tolerance=1e-10, **mf)
     assert res.cost == pytest.approx(tight.cost, rel=1e-5)
     monkeypatch.setattr(lm, "POOR_STEP_RUN", 10 ** 9)
-    without = solve(plan, plan.x0)
+    without = solve(plan, plan.x0, **mf)
     assert without.cost == pytest.approx(tight.cost, rel=1e-5)
-    assert res.iterations < 0.8 * without.iterations
+    assert res.iterations < 0.8 * without.iterations  # measured: 59 against 85
