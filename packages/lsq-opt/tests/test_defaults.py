@@ -394,3 +394,90 @@ def test_step_extension_on_an_arap_mesh_same_minimum_fewer_iterations():
     assert ext.cost <= plain.cost * (1 + 1e-6)
     assert ext.iterations < plain.iterations
     assert SolverOptions.paper().step_extension is False
+
+
+def test_forcing_tightens_after_a_run_of_poorly_predicted_steps():
+    from lsq_opt._solver.levenberg_marquardt import ForcingSequence
+    from lsq_opt._solver.options import POOR_STEP_FORCING, POOR_STEP_RHO, POOR_STEP_RUN
+
+    def tolerance_after(rhos):
+        f = ForcingSequence(SolverOptions(), np.dtype(np.float64))
+        for rho in rhos:
+            f.step_taken(1.0, 0.01, rho)
+            f.new_gradient(5.0)  # a poorly modelled gradient: Eisenstat-Walker says FORCING_MAX
+        return f.tolerance()
+
+    poor, good = 0.5 * POOR_STEP_RHO, 1.0
+    assert tolerance_after([good] * 3) == FORCING_MAX
+    assert tolerance_after([poor] * (POOR_STEP_RUN - 1)) == FORCING_MAX  # one mediocre step: no
+    assert tolerance_after([poor] * POOR_STEP_RUN) == POOR_STEP_FORCING
+    assert tolerance_after([poor] * POOR_STEP_RUN + [good]) == FORCING_MAX  # a good step resets
+    # a fixed pcg_tolerance is never changed
+    f = ForcingSequence(SolverOptions(pcg_tolerance=0.3), np.dtype(np.float64))
+    for _ in range(3):
+        f.step_taken(1.0, 0.01, poor)
+        f.new_gradient(5.0)
+    assert f.tolerance() == 0.3
+
+
+def spring_network_plan(nx=12, ny=8, seed=0):
+    """A jittered lattice (grid edges + one diagonal per cell), its left end pinned and its
+    right end pulled 30 % longer, sheared and bent; robust loss on each edge's strain (the
+    benchmark's spring network, small). LM crawls on it with rho ~ 1/2."""
+    from lsq_opt import Param, Select, sqrt
+
+    P, Q, Pin = Unknown("P", N, 2), Array("Q", N, 2), Array("Pin", N, 2)
+    w_fit, s = Param("w_fitSqrt"), Param("s")
+    G = Graph("G", ["v0", "v1"], N)
+    dp, dq = P(G.v0) - P(G.v1), Q(G.v0) - Q(G.v1)
+    e = sqrt(dp[0] * dp[0] + dp[1] * dp[1]) - sqrt(dq[0] * dq[0] + dq[1] * dq[1])
+    energy = Energy(Select(Pin(0)[0] > -1e5, w_fit * (P(0) - Pin(0)), 0), e * (1 + (e / s) * (e / s)) ** -0.25)
+    rng = np.random.default_rng(seed)
+    ii, jj = np.meshgrid(np.arange(nx), np.arange(ny), indexing="ij")
+    idx = ii * ny + jj
+    q = np.stack([ii, jj], -1).reshape(-1, 2).astype(float) + rng.uniform(-.2, .2, (nx * ny, 2))
+    v0 = np.concatenate([idx[:-1, :].ravel(), idx[:, :-1].ravel(), idx[:-1, :-1].ravel()])
+    v1 = np.concatenate([idx[1:, :].ravel(), idx[:, 1:].ravel(), idx[1:, 1:].ravel()])
+    pin = np.full((nx * ny, 2), -1e6)
+    left, right = idx[0].ravel(), idx[-1].ravel()
+    pin[left] = q[left]
+    pin[right] = q[right] + np.array([0.3 * nx, 0.15 * nx]) + np.stack([0 * right, 0.3 * (q[right, 1] - ny / 2)], -1)
+    p0 = q.copy()
+    p0[right] = pin[right]
+    return compile_problem(energy, arrays={"Q": q, "Pin": pin, "P": p0}, params={"w_fitSqrt": 10.0, "s": 0.5},
+                           graphs={"G": {"v0": v0, "v1": v1}})
+
+
+def test_poor_step_forcing_ends_a_spring_network_crawl_at_the_same_minimum(monkeypatch):
+    import sys
+
+    lm = sys.modules["lsq_opt._solver.levenberg_marquardt"]
+    plan = spring_network_plan()
+    tolerances = []
+    real_pcg = lm.pcg
+
+    def recording_pcg(*args, **kw):
+        tolerances.append(kw["tolerance"])
+        return real_pcg(*args, **kw)
+
+    mf = dict(linear_system="matrix_free")  # "auto"'s timed choices move the rounding
+    monkeypatch.setattr(lm, "pcg", recording_pcg)
+    res = solve(plan, plan.x0, **mf)
+    monkeypatch.setattr(lm, "pcg", real_pcg)
+    assert res.converged, res.termination_detail
+    # every solve after a run of accepted poor steps asked for at most POOR_STEP_FORCING
+    run, checked = 0, 0
+    for entry, tol_next in zip(res.log, tolerances[1:]):
+        if entry.accepted:
+            run = run + 1 if entry.rho < lm.POOR_STEP_RHO else 0
+            if run >= lm.POOR_STEP_RUN:
+                assert tol_next <= lm.POOR_STEP_FORCING
+                checked += 1
+    assert checked > 5
+    # the same minimum as tight inner solves, in fewer iterations than without the rule
+    tight = solve(plan, plan.x0, pcg_tolerance=1e-10, **mf)
+    assert res.cost == pytest.approx(tight.cost, rel=1e-5)
+    monkeypatch.setattr(lm, "POOR_STEP_RUN", 10 ** 9)
+    without = solve(plan, plan.x0, **mf)
+    assert without.cost == pytest.approx(tight.cost, rel=1e-5)
+    assert res.iterations < 0.8 * without.iterations  # measured: 59 against 85

@@ -17,7 +17,12 @@ parameter_tolerance        1e-8             stop when ||delta|| <= ptol (||x|| +
 pcg_tolerance              None (auto)      relative PCG residual ||r||/||b|| stop; None: an
                                             Eisenstat-Walker forcing sequence (choice 1,
                                             safeguarded) per non-linear iteration, see
-                                            :func:`forcing_term`
+                                            :func:`forcing_term`; LM: at most 0.1 after
+                                            three accepted steps in a row with rho < 0.75 (a
+                                            loose solve lowers rho, and Nielsen's rule then
+                                            holds mu at rho ~1/2: a spring network crawled
+                                            406 iterations at mu ~6, now 286; see
+                                            :class:`.levenberg_marquardt.ForcingSequence`)
 pcg_max_iterations         None (auto)      PCG iteration cap; None: 100. The forcing term
                                             normally stops PCG first; the cap bounds the work
                                             on ill-conditioned systems whose long solves LM
@@ -121,6 +126,12 @@ __all__ = ["SolverOptions"]
 FORCING_INITIAL = 0.1
 FORCING_MAX = 0.5
 FORCING_SAFEGUARD_EXPONENT = 1.618
+# LM: after POOR_STEP_RUN accepted steps in a row with rho below POOR_STEP_RHO the next
+# forcing term is at most POOR_STEP_FORCING (Ceres' eta); see
+# :class:`.levenberg_marquardt.ForcingSequence`
+POOR_STEP_RHO = 0.75
+POOR_STEP_FORCING = 0.1
+POOR_STEP_RUN = 3
 AUTO_PCG_MAX_ITERATIONS = 100
 # device PCG: iterations between two host checks (a check is a synchronisation, ~10-20 us plus
 # the launch queue draining; an iteration launched after the stop costs the product and four
