@@ -159,6 +159,8 @@ class AutoLinearSystem:
     def __getattr__(self, name):
         if name in _NOT_DELEGATED or name.startswith("_"):
             raise AttributeError(name)
+        if name == "jtj_matrix" and hasattr(self.problem, name):  # only where the problem has one
+            return self._jtj_matrix
         return getattr(self.problem, name)
 
     def _price(self, what: str) -> float | None:
@@ -228,6 +230,13 @@ class AutoLinearSystem:
         if self._x is None or not np.array_equal(x, self._x):
             self.linearize(x)
         return self.jtjp_linearized(p)
+
+    def _jtj_matrix(self, x: np.ndarray):
+        """J^T J at x: the one this linearisation built where it built one at x (the multigrid
+        preconditioner's setup then skips its own assembly), else the problem's."""
+        if self._use_jtj and self._x is not None and np.array_equal(x, self._x):
+            return self._jtj._A
+        return self.problem.jtj_matrix(x)
 
     def describe(self) -> str:
         """What "auto" chose and the measured prices it chose by (for the report)."""
