@@ -134,45 +134,69 @@ def intrinsic_smooth_plan(img, p_norm=0.8, eps=1e-2):
 
 
 # ============================================================================ example plans
-def example_problems(scale):
-    """name -> (plan builder, pyceres builder or None, grid energy?)."""
-    def sz(n):
-        return max(8, int(round(n * scale)))
+#: ``--scale paper``: each problem at the size the Opt paper reports for it (its Fig. 21 /
+#: appendix numbers, as in the lsq_opt design doc); for this benchmark's own energies, the size
+#: of the nearest paper problem. (dims, why)
+PAPER_SIZES = {
+    "poisson": ((1693,), "1.3M unknowns (Fig. 21): the free disc of a 1693^2 image, one channel "
+                         "(the paper's 4 RGBA channels are 4 independent systems of 325k)"),
+    "arap image": ((787,), "539k unknowns (Fig. 21, 3 per pixel): the shape covers 29 % of 787^2"),
+    "arap mesh": ((346, 173), "360k unknowns (Fig. 21): 60k vertices x 6, AE-5's largest mesh"),
+    "shading": ((514, 385), "192k unknowns (Fig. 21, 1 per pixel; the paper's 640 x 480 frame "
+                            "less its invalid depth)"),
+    "flow": ((640, 480), "614k unknowns = 640 x 480 x 2 (Fig. 21)"),
+    "intrinsic": ((640, 360), "the paper's 640 x 360 frame (A.2 prints 461k unknowns; 4 per "
+                              "pixel here: 922k)"),
+    "tv charbonnier": ((554,), "own energy; 1 unknown per pixel and a 5-point stencil like "
+                               "optical flow's: its 640 x 480 frame's 307k pixels (554^2)"),
+    "spring network": ((300, 200), "own graph energy; the ARAP mesh's 60k vertices (2 unknowns "
+                                   "each: 120k)"),
+}
+
+
+def example_problems(scale=1.0):
+    """name -> (plan builder, grid energy?); ``scale``: a factor on every side of the default
+    ("ci") sizes, or "paper" (:data:`PAPER_SIZES`). A builder returns (plan, pyceres builder or
+    None)."""
+    def dims(name, *ci):
+        if scale == "paper":
+            return PAPER_SIZES[name][0]
+        return tuple(max(8, int(round(n * scale))) for n in ci)
 
     def poisson():
-        energy, data = bs.poisson_problem(sz(256))
+        energy, data = bs.poisson_problem(*dims("poisson", 256))
         plan = compile_problem(energy, arrays=data)
         return plan, (lambda: bs.build_ceres_poisson(plan, data))
 
     def arap():
-        energy, data, params = bs.arap_problem(sz(64))
+        energy, data, params = bs.arap_problem(*dims("arap image", 64))
         plan = compile_problem(energy, arrays=data, params=params)
         return plan, (lambda: bs.build_ceres_arap(plan, data, params))
 
     def arap_mesh():
-        plan, data, params = mesh_example.arap_plan(sz(32), sz(16))
+        plan, data, params = mesh_example.arap_plan(*dims("arap mesh", 32, 16))
         return plan, (lambda: bs.build_ceres_arap_mesh(plan, data, params))
 
     def shading_():
-        data, params, _ = shading.make_data((sz(96), sz(72)))
+        data, params, _ = shading.make_data(dims("shading", 96, 72))
         return compile_problem(shading.energy(), arrays=data, params=params), None
 
     def flow_():
-        I, I_hat, dx, dy = flow.make_pair((sz(96), sz(72)))
+        I, I_hat, dx, dy = flow.make_pair(dims("flow", 96, 72))
         plan = compile_problem(flow.energy(), arrays={"I": I, "I_hat": I_hat, "I_hat_dx": dx,
                                                       "I_hat_dy": dy, "X": np.zeros(I.shape + (2,))},
                                params={"w_fit": np.sqrt(50.0), "w_reg": np.sqrt(0.1)})
         return plan, None
 
     def intrinsic_():
-        img, _, _ = intrinsic.make_data((sz(48), sz(32)))
+        img, _, _ = intrinsic.make_data(dims("intrinsic", 48, 32))
         return intrinsic_smooth_plan(img), None
 
     return {
         "poisson": (poisson, True), "arap image": (arap, True), "arap mesh": (arap_mesh, False),
         "shading": (shading_, True), "flow": (flow_, True), "intrinsic": (intrinsic_, True),
-        "tv charbonnier": (lambda: (tv_problem(sz(128)), None), True),
-        "spring network": (lambda: (spring_problem(sz(40), sz(25)), None), False),
+        "tv charbonnier": (lambda: (tv_problem(*dims("tv charbonnier", 128)), None), True),
+        "spring network": (lambda: (spring_problem(*dims("spring network", 40, 25)), None), False),
     }
 
 
@@ -221,7 +245,8 @@ def run_problem(name, builder, grid, args, have_ceres, why_ceres):
     plan.jtf(x0)
     plan.jtjp(x0, x0)
     t_compile = time.perf_counter() - t0
-    print(f"\n=== {name}: n = {plan.n} unknowns, m = {plan.m} residuals (compile {t_compile:.2f} s)")
+    print(f"\n=== {name}: n = {plan.n} unknowns, m = {plan.m} residuals (compile {t_compile:.2f} s)"
+          + (f"; paper size: {PAPER_SIZES[name][1]}" if args.scale == "paper" else ""))
     # --- reference runs: scipy to convergence (both x_scale), lsq defaults (also the warm-up)
     scales = {"scipy trf x_scale=1": 1.0, "scipy trf x_scale=jac": "jac"}
     c_s, ref = np.inf, {}
@@ -301,7 +326,9 @@ def fmt_range(st):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--scale", type=float, default=1.0, help="scale every problem's size")
+    ap.add_argument("--scale", default="ci", help="problem sizes: 'ci' (the defaults), 'paper' (the "
+                    "sizes the Opt paper reports, see PAPER_SIZES), or a factor on every side of "
+                    "the ci sizes")
     ap.add_argument("--max-nfev", type=int, default=1000)
     ap.add_argument("--no-ceres", action="store_true")
     ap.add_argument("--only", nargs="*", help="problem names (substrings)")
@@ -311,7 +338,9 @@ def main():
                              f"{'yes' if have_ceres else 'no (' + why + ')'}",
                              modules=("numpy", "scipy", "core_ad", "lsq_opt", "pyceres")))
     results = []
-    for name, (builder, grid) in example_problems(args.scale).items():
+    scale = {"ci": 1.0, "paper": "paper"}.get(args.scale) or float(args.scale)
+    print(f"scale: {args.scale}")
+    for name, (builder, grid) in example_problems(scale).items():
         if args.only and not any(o in name for o in args.only):
             continue
         results.append(run_problem(name, builder, grid, args, have_ceres, why))

@@ -15,7 +15,9 @@ multigrid-PCG iteration each cost the median (the lower one of an even count) of
 ``PRICE_WINDOW`` timings, and a multigrid solve is priced as a setup plus its iteration count
 times an iteration. A single wall-clock timing that spans a preemption is 10-1000x the work
 on a machine shared with other jobs, and budgets from single timings made the choices flip
-from run to run (an intrinsic-image solve: 397-1568 PCG iterations in all over five runs). After a solve that needed
+from run to run (an intrinsic-image solve: 397-1568 PCG iterations in all over five runs).
+The timings are the process's CPU time (``time.process_time``: all its threads, not the time
+it waited for a core), as "auto"'s linear-system prices (:mod:`.materialized`). After a solve that needed
 multigrid the next ``k`` go to multigrid directly, ``k`` doubling while the Jacobi probes keep
 failing, so a hard problem wastes a vanishing share on probes.
 
@@ -55,7 +57,7 @@ PRICE_WINDOW = 15
 class JacobiThenMultigrid:
     """State of the adaptive choice across the linear solves of one non-linear solve."""
 
-    def __init__(self, clock: Callable[[], float] = time.perf_counter):
+    def __init__(self, clock: Callable[[], float] = time.process_time):
         self.clock = clock
         self._seconds = {what: deque(maxlen=PRICE_WINDOW) for what in ("jacobi", "setup", "multigrid")}
         self.budget = FIRST_BUDGET
