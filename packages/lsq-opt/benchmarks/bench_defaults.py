@@ -329,6 +329,18 @@ def summarize_row(r):
     return t, bk, hk
 
 
+def table_row(r):
+    """One problem's row of the final table."""
+    t, bk, hk = summarize_row(r)
+    full, to_t = t["lsq defaults"], t["lsq defaults to T"]
+    base, hand = (t[bk] if bk else None), (t[hk] if hk else None)
+    return [r["name"], r["n"], fmt_range(full) + (" (*)" if r["flagged"] else ""), fmt_range(to_t),
+            f"{bk}: {fmt_range(base)}" if bk else "-",
+            f"{base[0] / full[0]:.1f}x" if base else "-",
+            f"{hk[4:]}: {fmt_range(hand)}" if hk else f"none within {HAND_BUDGET}",
+            f"{hand[0] / full[0]:.2f} / {hand[0] / to_t[0]:.2f}" if hand and to_t else "-"]
+
+
 def fmt_range(st):
     return "-" if st is None else f"{bench.fmt_time(st[0])} [{bench.fmt_time(st[1])}-{bench.fmt_time(st[2])}]"
 
@@ -357,23 +369,14 @@ def main():
     print(bench.machine_info(extra=f"scipy {scipy.__version__}; lsq_opt llvm, float64; pyceres "
                              f"{'yes' if have_ceres else 'no (' + why + ')'}",
                              modules=("numpy", "scipy", "core_ad", "lsq_opt", "pyceres")))
-    results = []
     scale = {"ci": 1.0, "paper": "paper"}.get(args.scale) or float(args.scale)
     print(f"scale: {args.scale}")
+    rows = []
     for name, (builder, grid) in example_problems(scale).items():
         if args.only and not any(o in name for o in args.only):
             continue
-        results.append(run_problem(name, builder, grid, args, have_ceres, why))
-    rows = []
-    for r in results:
-        t, bk, hk = summarize_row(r)
-        full, to_t = t["lsq defaults"], t["lsq defaults to T"]
-        base, hand = (t[bk] if bk else None), (t[hk] if hk else None)
-        rows.append([r["name"], r["n"], fmt_range(full) + (" (*)" if r["flagged"] else ""), fmt_range(to_t),
-                     f"{bk}: {fmt_range(base)}" if bk else "-",
-                     f"{base[0] / full[0]:.1f}x" if base else "-",
-                     f"{hk[4:]}: {fmt_range(hand)}" if hk else f"none within {HAND_BUDGET}",
-                     f"{hand[0] / full[0]:.2f} / {hand[0] / to_t[0]:.2f}" if hand and to_t else "-"])
+        rows.append(table_row(run_problem(name, builder, grid, args, have_ceres, why)))
+        print("  row: " + " | ".join(str(c) for c in rows[-1]), flush=True)  # kept if a later problem fails
     print(f"\nMedians [min-max] of {args.repeats} runs. 'lsq defaults' = the whole solve(plan, plan.x0) "
           "(its own stopping rule); 'to T' = when that run first reached T; baselines and hand-tuned = time "
           f"to T = max((1 + {REL:g}) x scipy's converged cost, lsq defaults' final cost).\n"
