@@ -40,11 +40,10 @@ BUILD_PRIOR_PRODUCTS = 10
 # products: median 0.075 ms, mean 0.3-0.4 ms, the largest 1 % of them half the sum), and mean
 # prices that high built J^T J on up to 242 of 246 linearisations that ran ~8 products each
 PRICE_WINDOW = 31
-# ... and each timing is the process's CPU time (all its threads), not wall time: a timing
-# never includes the time the process waited for a core. A TV denoising's J^T J builds took
-# 0.9-1.5 ms, and 14-22 ms in wall time on the loaded machine in a third of the solves, whose
-# single (first) build price then kept them matrix-free
-PRICE_CLOCK = time.process_time
+# ... in wall time: process CPU time (robust to preemption) made every solve slower, as a
+# product is timed twice: ARAP image 174 -> 205 ms thread time (in-process A/B, 8 rounds,
+# load 10-12; ~20 us per process_time call there)
+PRICE_CLOCK = time.perf_counter
 # the protocol's optional device-side products: a materialised problem runs on the host
 _NOT_DELEGATED = frozenset({"damped_jtjp_linearized", "device_problem", "xp"})
 
