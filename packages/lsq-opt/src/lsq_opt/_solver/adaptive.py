@@ -17,9 +17,11 @@ times an iteration. A single wall-clock timing that spans a preemption is 10-100
 on a machine shared with other jobs, and budgets from single timings made the choices flip
 from run to run (an intrinsic-image solve: 397-1568 PCG iterations in all over five runs).
 The timings are the process's CPU time (``time.process_time``: all its threads, not the time
-it waited for a core), as "auto"'s linear-system prices (:mod:`.materialized`). After a solve that needed
-multigrid the next ``k`` go to multigrid directly, ``k`` doubling while the Jacobi probes keep
-failing, so a hard problem wastes a vanishing share on probes.
+it waited for a core; a few readings per linear system, so its cost, ~20 us a reading under
+load, does not matter here as it did for "auto"'s per-product prices).
+
+After a solve that needed multigrid the next ``k`` go to multigrid directly, ``k`` doubling
+while the Jacobi probes keep failing, so a hard problem wastes a vanishing share on probes.
 
 A probe is also skipped when the last Jacobi solve's rate (iterations per decade of residual
 reduction) says this system's tolerance needs more iterations than the budget: a Poisson
