@@ -27,6 +27,11 @@ timed only to lsq's cost). Times:
   100 / 1000, multigrid on grid energies; fixed PCG caps, no function tolerance), each stopped
   by a callback at T; the best of them is "hand-tuned".
 
+Sizes: ``--scale ci`` (the default: the sizes below, 30-150x smaller than the paper's, so
+that a run takes minutes), ``--scale paper`` (every problem at the size the Opt paper reports
+for it, :data:`PAPER_SIZES`, with the reason for each; scipy then takes minutes per problem:
+use ``--only`` and ``--repeats 1``), or a factor on every side of the ci sizes.
+
 Medians of ``--repeats`` runs, cases alternated; all float64, one BLAS thread. pyceres (per
 residual-block Python cost functions, as in bench_solvers.py) runs where it imports and
 bench_solvers.py has cost functions for the energy (Poisson, ARAP image, ARAP mesh); elsewhere
@@ -40,6 +45,7 @@ import argparse
 import os
 import sys
 import time
+import types
 
 for _v in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_v, "1")
@@ -56,6 +62,10 @@ from lsq_opt.examples import mesh as mesh_example  # noqa: E402
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_solvers as bs  # noqa: E402
 
+#: what every timed case is measured with: wall time, or (``--clock thread``) the thread's
+#: CPU time, which a machine shared with other jobs does not inflate by preemption; valid
+#: with one thread for everything (``CORE_AD_NUM_THREADS=1``, one BLAS thread)
+clock = time.perf_counter
 HAND_BUDGET_MIN = 2.0  # s; a hand-tuned config gets max(this, 3 x the defaults' time) to reach T
 HAND_BUDGET = "max(2 s, 3 x defaults)"
 REL = 1e-6  # target = (1 + REL) x scipy's converged cost (or lsq's final cost if higher)
@@ -134,45 +144,69 @@ def intrinsic_smooth_plan(img, p_norm=0.8, eps=1e-2):
 
 
 # ============================================================================ example plans
-def example_problems(scale):
-    """name -> (plan builder, pyceres builder or None, grid energy?)."""
-    def sz(n):
-        return max(8, int(round(n * scale)))
+#: ``--scale paper``: each problem at the size the Opt paper reports for it (its Fig. 21 /
+#: appendix numbers, as in the lsq_opt design doc); for this benchmark's own energies, the size
+#: of the nearest paper problem. (dims, why)
+PAPER_SIZES = {
+    "poisson": ((1693,), "1.3M unknowns (Fig. 21): the free disc of a 1693^2 image, one channel "
+                         "(the paper's 4 RGBA channels are 4 independent systems of 325k)"),
+    "arap image": ((787,), "539k unknowns (Fig. 21, 3 per pixel): the shape covers 29 % of 787^2"),
+    "arap mesh": ((346, 173), "360k unknowns (Fig. 21): 60k vertices x 6, AE-5's largest mesh"),
+    "shading": ((514, 385), "192k unknowns (Fig. 21, 1 per pixel; the paper's 640 x 480 frame "
+                            "less its invalid depth)"),
+    "flow": ((640, 480), "614k unknowns = 640 x 480 x 2 (Fig. 21)"),
+    "intrinsic": ((640, 360), "the paper's 640 x 360 frame (A.2 prints 461k unknowns; 4 per "
+                              "pixel here: 922k)"),
+    "tv charbonnier": ((554,), "own energy; 1 unknown per pixel and a 5-point stencil like "
+                               "optical flow's: its 640 x 480 frame's 307k pixels (554^2)"),
+    "spring network": ((300, 200), "own graph energy; the ARAP mesh's 60k vertices (2 unknowns "
+                                   "each: 120k)"),
+}
+
+
+def example_problems(scale=1.0):
+    """name -> (plan builder, grid energy?); ``scale``: a factor on every side of the default
+    ("ci") sizes, or "paper" (:data:`PAPER_SIZES`). A builder returns (plan, pyceres builder or
+    None)."""
+    def dims(name, *ci):
+        if scale == "paper":
+            return PAPER_SIZES[name][0]
+        return tuple(max(8, int(round(n * scale))) for n in ci)
 
     def poisson():
-        energy, data = bs.poisson_problem(sz(256))
+        energy, data = bs.poisson_problem(*dims("poisson", 256))
         plan = compile_problem(energy, arrays=data)
         return plan, (lambda: bs.build_ceres_poisson(plan, data))
 
     def arap():
-        energy, data, params = bs.arap_problem(sz(64))
+        energy, data, params = bs.arap_problem(*dims("arap image", 64))
         plan = compile_problem(energy, arrays=data, params=params)
         return plan, (lambda: bs.build_ceres_arap(plan, data, params))
 
     def arap_mesh():
-        plan, data, params = mesh_example.arap_plan(sz(32), sz(16))
+        plan, data, params = mesh_example.arap_plan(*dims("arap mesh", 32, 16))
         return plan, (lambda: bs.build_ceres_arap_mesh(plan, data, params))
 
     def shading_():
-        data, params, _ = shading.make_data((sz(96), sz(72)))
+        data, params, _ = shading.make_data(dims("shading", 96, 72))
         return compile_problem(shading.energy(), arrays=data, params=params), None
 
     def flow_():
-        I, I_hat, dx, dy = flow.make_pair((sz(96), sz(72)))
+        I, I_hat, dx, dy = flow.make_pair(dims("flow", 96, 72))
         plan = compile_problem(flow.energy(), arrays={"I": I, "I_hat": I_hat, "I_hat_dx": dx,
                                                       "I_hat_dy": dy, "X": np.zeros(I.shape + (2,))},
                                params={"w_fit": np.sqrt(50.0), "w_reg": np.sqrt(0.1)})
         return plan, None
 
     def intrinsic_():
-        img, _, _ = intrinsic.make_data((sz(48), sz(32)))
+        img, _, _ = intrinsic.make_data(dims("intrinsic", 48, 32))
         return intrinsic_smooth_plan(img), None
 
     return {
         "poisson": (poisson, True), "arap image": (arap, True), "arap mesh": (arap_mesh, False),
         "shading": (shading_, True), "flow": (flow_, True), "intrinsic": (intrinsic_, True),
-        "tv charbonnier": (lambda: (tv_problem(sz(128)), None), True),
-        "spring network": (lambda: (spring_problem(sz(40), sz(25)), None), False),
+        "tv charbonnier": (lambda: (tv_problem(*dims("tv charbonnier", 128)), None), True),
+        "spring network": (lambda: (spring_problem(*dims("spring network", 40, 25)), None), False),
     }
 
 
@@ -190,14 +224,14 @@ def defaults_run(plan, target=None):
     """solve(plan, plan.x0) with every default; a non-stopping callback records when it first
     reaches the target."""
     hit = {}
-    t0 = time.perf_counter()
+    t0 = clock()
 
     def cb(entry, x):
         if target is not None and "t" not in hit and entry.cost <= target:
-            hit["t"] = time.perf_counter() - t0
+            hit["t"] = clock() - t0
 
     res = solve(plan, plan.x0, callback=cb)
-    return time.perf_counter() - t0, res, hit.get("t")
+    return clock() - t0, res, hit.get("t")
 
 
 def hand_configs(grid):
@@ -221,7 +255,8 @@ def run_problem(name, builder, grid, args, have_ceres, why_ceres):
     plan.jtf(x0)
     plan.jtjp(x0, x0)
     t_compile = time.perf_counter() - t0
-    print(f"\n=== {name}: n = {plan.n} unknowns, m = {plan.m} residuals (compile {t_compile:.2f} s)")
+    print(f"\n=== {name}: n = {plan.n} unknowns, m = {plan.m} residuals (compile {t_compile:.2f} s)"
+          + (f"; paper size: {PAPER_SIZES[name][1]}" if args.scale == "paper" else ""))
     # --- reference runs: scipy to convergence (both x_scale), lsq defaults (also the warm-up)
     scales = {"scipy trf x_scale=1": 1.0, "scipy trf x_scale=jac": "jac"}
     c_s, ref = np.inf, {}
@@ -294,6 +329,18 @@ def summarize_row(r):
     return t, bk, hk
 
 
+def table_row(r):
+    """One problem's row of the final table."""
+    t, bk, hk = summarize_row(r)
+    full, to_t = t["lsq defaults"], t["lsq defaults to T"]
+    base, hand = (t[bk] if bk else None), (t[hk] if hk else None)
+    return [r["name"], r["n"], fmt_range(full) + (" (*)" if r["flagged"] else ""), fmt_range(to_t),
+            f"{bk}: {fmt_range(base)}" if bk else "-",
+            f"{base[0] / full[0]:.1f}x" if base else "-",
+            f"{hk[4:]}: {fmt_range(hand)}" if hk else f"none within {HAND_BUDGET}",
+            f"{hand[0] / full[0]:.2f} / {hand[0] / to_t[0]:.2f}" if hand and to_t else "-"]
+
+
 def fmt_range(st):
     return "-" if st is None else f"{bench.fmt_time(st[0])} [{bench.fmt_time(st[1])}-{bench.fmt_time(st[2])}]"
 
@@ -301,30 +348,35 @@ def fmt_range(st):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--scale", type=float, default=1.0, help="scale every problem's size")
+    ap.add_argument("--scale", default="ci", help="problem sizes: 'ci' (the defaults), 'paper' (the "
+                    "sizes the Opt paper reports, see PAPER_SIZES), or a factor on every side of "
+                    "the ci sizes")
+    ap.add_argument("--clock", choices=("wall", "thread"), default="wall",
+                    help="time with perf_counter (wall) or thread_time (CPU time of the one "
+                    "thread; needs CORE_AD_NUM_THREADS=1)")
     ap.add_argument("--max-nfev", type=int, default=1000)
     ap.add_argument("--no-ceres", action="store_true")
     ap.add_argument("--only", nargs="*", help="problem names (substrings)")
     args = ap.parse_args()
+    if args.clock == "thread":
+        if os.environ.get("CORE_AD_NUM_THREADS") != "1":
+            ap.error("--clock thread counts one thread's CPU time: set CORE_AD_NUM_THREADS=1")
+        global clock
+        clock = time.thread_time
+        bs.time = types.SimpleNamespace(perf_counter=time.thread_time)  # scipy and hand-tuned runs
+        print("clock: thread CPU time (time.thread_time), one thread")
     have_ceres, why = bs.pyceres_available()
     print(bench.machine_info(extra=f"scipy {scipy.__version__}; lsq_opt llvm, float64; pyceres "
                              f"{'yes' if have_ceres else 'no (' + why + ')'}",
                              modules=("numpy", "scipy", "core_ad", "lsq_opt", "pyceres")))
-    results = []
-    for name, (builder, grid) in example_problems(args.scale).items():
+    scale = {"ci": 1.0, "paper": "paper"}.get(args.scale) or float(args.scale)
+    print(f"scale: {args.scale}")
+    rows = []
+    for name, (builder, grid) in example_problems(scale).items():
         if args.only and not any(o in name for o in args.only):
             continue
-        results.append(run_problem(name, builder, grid, args, have_ceres, why))
-    rows = []
-    for r in results:
-        t, bk, hk = summarize_row(r)
-        full, to_t = t["lsq defaults"], t["lsq defaults to T"]
-        base, hand = (t[bk] if bk else None), (t[hk] if hk else None)
-        rows.append([r["name"], r["n"], fmt_range(full) + (" (*)" if r["flagged"] else ""), fmt_range(to_t),
-                     f"{bk}: {fmt_range(base)}" if bk else "-",
-                     f"{base[0] / full[0]:.1f}x" if base else "-",
-                     f"{hk[4:]}: {fmt_range(hand)}" if hk else f"none within {HAND_BUDGET}",
-                     f"{hand[0] / full[0]:.2f} / {hand[0] / to_t[0]:.2f}" if hand and to_t else "-"])
+        rows.append(table_row(run_problem(name, builder, grid, args, have_ceres, why)))
+        print("  row: " + " | ".join(str(c) for c in rows[-1]), flush=True)  # kept if a later problem fails
     print(f"\nMedians [min-max] of {args.repeats} runs. 'lsq defaults' = the whole solve(plan, plan.x0) "
           "(its own stopping rule); 'to T' = when that run first reached T; baselines and hand-tuned = time "
           f"to T = max((1 + {REL:g}) x scipy's converged cost, lsq defaults' final cost).\n"

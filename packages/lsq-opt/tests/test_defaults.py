@@ -201,6 +201,73 @@ def test_jacobi_then_multigrid_extends_a_probe_that_failed_close_to_its_toleranc
     assert res.rhs_norm == pytest.approx(np.linalg.norm(b))
 
 
+class WorkClock:
+    """A clock that advances by the work done (products, setups, V-cycles at fixed prices),
+    plus, when ``spikes`` is set, a preemption of 100 setups' time after every ``spikes``-th
+    reading: the timings a loaded machine gives."""
+
+    def __init__(self, spikes=0):
+        self.now, self.readings, self.spikes = 0.0, 0, spikes
+
+    def __call__(self):
+        self.readings += 1
+        if self.spikes and self.readings % self.spikes == 0:
+            self.now += 100.0 * SETUP
+        return self.now
+
+
+SETUP, PRODUCT, VCYCLE = 20.0, 1.0, 2.0
+
+
+def run_choices(clock, systems):
+    """Which systems the adaptive choice sent to multigrid, for a fixed sequence of easy and
+    hard systems, timed by ``clock``."""
+    A_easy, A_hard = laplacian_1d(400, shift=3.0), laplacian_1d(400, shift=1e-4)
+    b = np.random.default_rng(0).normal(size=400)
+    auto = JacobiThenMultigrid(clock=clock)
+    choices = []
+    for hard in systems:
+        A = A_hard if hard else A_easy
+        lu = spla.splu(A.tocsc())
+        built = []
+
+        def apply_A(p, A=A):
+            clock.now += PRODUCT
+            return A @ p
+
+        def multigrid(lu=lu, built=built):
+            clock.now += SETUP
+            built.append(1)
+
+            def cycle(r):
+                clock.now += VCYCLE
+                return lu.solve(r)
+            return cycle
+
+        auto.solve(apply_A, b, 1 / A.diagonal(), multigrid, max_iterations=500, tolerance=1e-8)
+        choices.append(bool(built))
+    return choices, auto.budget
+
+
+def test_jacobi_then_multigrid_choices_survive_timing_spikes(monkeypatch):
+    """The Jacobi / multigrid choice prices each kind of work by the low median of its recent
+    timings, so preemptions that inflate some of them (every 7th clock reading jumps by 100
+    setups) leave every choice and the final probe budget as they are without them. Priced
+    by single timings (a window of one, as before), the same spikes change the choices."""
+    import lsq_opt._solver.adaptive as adaptive
+
+    systems = [True, True, False, False, False, False, True, True, True, False, False, False, False,
+               True, True, False]
+    quiet, quiet_budget = run_choices(WorkClock(), systems)
+    noisy, noisy_budget = run_choices(WorkClock(spikes=7), systems)
+    assert noisy == quiet and noisy_budget == quiet_budget
+    assert sum(c for c, hard in zip(quiet, systems) if hard) >= 6
+    assert any(not c for c, hard in zip(quiet, systems) if not hard)
+    monkeypatch.setattr(adaptive, "PRICE_WINDOW", 1)
+    single, single_budget = run_choices(WorkClock(spikes=7), systems)
+    assert single != quiet and single_budget > 10 * quiet_budget  # a spiked setup's price
+
+
 def test_lm_forcing_measures_the_undamped_model(monkeypatch):
     """On a linear problem the undamped model g + J^T J s predicts the next gradient exactly, so
     after a heavily damped first step the forcing term drops to its minimum (1e-8 in float64);

@@ -115,18 +115,124 @@ def test_over_correction_cuts_pcg_iterations():
     assert its[1.6] < its[1.0], its
 
 
-def test_damping_added_to_the_stored_diagonal():
-    """LM's multigrid adds its damping D to J^T J's stored diagonal in place; a pattern without
-    some diagonal entry takes the sparse sum."""
+def test_damping_added_to_a_copy_of_the_diagonal():
+    """LM's multigrid adds its damping D to a copy of J^T J's stored diagonal (the solve's
+    J^T J is reused across rejected steps, so it must stay as it was); a pattern without some
+    diagonal entry takes the sparse sum."""
     import scipy.sparse as sp
-    from lsq_opt._solver.problem import _add_to_diagonal
 
     rng = np.random.default_rng(3)
-    full = sp.random(30, 30, density=0.2, random_state=4, format="csr") + sp.eye(30, format="csr")
-    holed = sp.random(30, 30, density=0.1, random_state=5, format="csr")
+    coords = np.stack([np.zeros(36, int), np.arange(36) // 6, np.arange(36) % 6], 1)
+    full = sp.random(36, 36, density=0.2, random_state=4, format="csr")
+    full = (full + full.T + 20 * sp.eye(36)).tocsr()
+    holed = sp.random(36, 36, density=0.1, random_state=5, format="csr")
+    holed = (holed + holed.T).tocsr()
     holed.setdiag(0.0)
     holed.eliminate_zeros()
     for A in (full, holed):
-        shift = rng.random(30)
-        expected = (A + sp.diags(shift)).toarray()
-        np.testing.assert_allclose(_add_to_diagonal(A.copy(), shift).toarray(), expected)
+        shift = 1.0 + rng.random(36)
+        before = A.toarray()
+        M = Multigrid(A, coords, coarse_size=4, shift=shift)
+        np.testing.assert_allclose(M.levels[0][0].toarray(), before + np.diag(shift))
+        np.testing.assert_array_equal(A.toarray(), before)
+
+
+def test_reused_hierarchy_gives_the_solves_of_a_fresh_one():
+    """A hierarchy built for one J^T J and reused on another of the same pattern (other values,
+    another damping) gives the V-cycle, and the PCG solve, of a hierarchy built afresh for it,
+    to 1e-12; a matrix of another pattern gets a hierarchy of its own."""
+    clean, noisy = laplacian.make_data((70, 53))
+    plan = compile_problem(laplacian.energy(), arrays={"A": noisy},
+                           params={"w_fit": 0.05, "w_reg": 1.0})
+    rng = np.random.default_rng(7)
+    coords = plan.unknown_coords()
+    A1 = plan.jtj_matrix(np.zeros(plan.n))
+    first = Multigrid(A1, coords, coarse_size=50, shift=rng.random(plan.n))
+    assert first.n_levels >= 3
+    # same pattern, other values: a random symmetric positive scaling of every entry
+    A2 = A1.copy()
+    A2.data *= 1.0 + 0.5 * rng.random(A2.nnz)
+    A2 = ((A2 + A2.T) * 0.5).tocsr()
+    A2.sort_indices()
+    assert np.array_equal(A2.indptr, A1.indptr) and np.array_equal(A2.indices, A1.indices)
+    shift = rng.random(plan.n)
+    reused = Multigrid(A2, coords, coarse_size=50, shift=shift, hierarchy=first.hierarchy)
+    fresh = Multigrid(A2, coords, coarse_size=50, shift=shift)
+    assert reused.hierarchy is first.hierarchy and fresh.hierarchy is not first.hierarchy
+    r = rng.normal(size=plan.n)
+    np.testing.assert_allclose(reused(r), fresh(r), rtol=1e-12, atol=1e-12 * np.abs(fresh(r)).max())
+    A2s = A2 + __import__("scipy.sparse", fromlist=["diags"]).diags(shift)
+    b = rng.normal(size=plan.n)
+    x_reused = pcg(lambda p: A2s @ p, b, reused, max_iterations=200, tolerance=1e-10)
+    x_fresh = pcg(lambda p: A2s @ p, b, fresh, max_iterations=200, tolerance=1e-10)
+    assert x_reused.iterations == x_fresh.iterations
+    np.testing.assert_allclose(x_reused.x, x_fresh.x, rtol=1e-12, atol=1e-12 * np.abs(x_fresh.x).max())
+    # coarse operators = Galerkin products P^T (A + diag(shift)) P, level by level
+    Ak = A2s.tocsr()
+    for (Al, _, P, R) in reused.levels:
+        np.testing.assert_allclose(Al.toarray(), Ak.toarray(), rtol=1e-12, atol=1e-12)
+        Ak = (R @ Ak @ P).tocsr()
+    # another pattern (a sub-block): not reused
+    sub = A2[:plan.n // 2, :plan.n // 2].tocsr()
+    other = Multigrid(sub, coords[:plan.n // 2], coarse_size=50, hierarchy=first.hierarchy)
+    assert other.hierarchy is not first.hierarchy
+
+
+def test_multigrid_cache_assembles_jtj_once_per_point():
+    """The solve's cache assembles J^T J once per linearisation point (LM's rejected steps
+    re-solve at the same x with another damping) and builds one hierarchy for all."""
+    from lsq_opt._solver.multigrid import MultigridCache
+
+    clean, noisy = laplacian.make_data((40, 33))
+    plan = compile_problem(laplacian.energy(), arrays={"A": noisy},
+                           params={"w_fit": 0.1, "w_reg": 0.9})
+
+    class Counting:
+        def __init__(self):
+            self.n, self.calls = plan.n, 0
+
+        def jtj_matrix(self, x):
+            self.calls += 1
+            return plan.jtj_matrix(x)
+
+        def unknown_coords(self):
+            return plan.unknown_coords()
+
+    problem, cache = Counting(), MultigridCache()
+    x0, x1 = np.zeros(plan.n), np.full(plan.n, 0.5)
+    r = np.random.default_rng(0).normal(size=plan.n)
+    M_small = cache.preconditioner(problem, x0, np.full(plan.n, 1e-3))
+    M_large = cache.preconditioner(problem, x0.copy(), np.full(plan.n, 1e3))
+    assert problem.calls == 1 and not np.allclose(M_small(r), M_large(r))
+    np.testing.assert_allclose(M_large(r), Multigrid(plan.jtj_matrix(x0), plan.unknown_coords(),
+                                                     shift=np.full(plan.n, 1e3))(r), rtol=1e-12)
+    cache.preconditioner(problem, x1, None)
+    assert problem.calls == 2 and cache.assemblies == 2 and cache.setups == 3 and cache.hierarchies == 1
+
+
+def test_lm_keeps_one_hierarchy_per_plan(monkeypatch):
+    """The LM solve builds the multigrid hierarchy once for all its systems, and a later solve
+    on the same plan reuses it (same iterates)."""
+    import sys
+
+    from lsq_opt._solver.multigrid import MultigridCache
+
+    lm = sys.modules["lsq_opt._solver.levenberg_marquardt"]
+    caches = []
+
+    class Recording(MultigridCache):
+        def __init__(self):
+            super().__init__()
+            caches.append(self)
+
+    monkeypatch.setattr(lm, "MultigridCache", Recording)
+    clean, noisy = laplacian.make_data((40, 33))
+    plan = compile_problem(laplacian.energy(), arrays={"A": noisy},
+                           params={"w_fit": 0.1, "w_reg": 0.9})
+    options = dict(method="lm", max_iterations=4, pcg_max_iterations=20, pcg_tolerance=1e-12,
+                   preconditioner="multigrid", function_tolerance=0.0)
+    first = solve(plan, np.zeros(plan.n), **options)
+    second = solve(plan, np.zeros(plan.n), **options)  # the plan's hierarchy is remembered
+    assert first.iterations == 4 and [c.setups for c in caches] == [4, 4]
+    assert [c.hierarchies for c in caches] == [1, 0]
+    np.testing.assert_array_equal(first.x, second.x)

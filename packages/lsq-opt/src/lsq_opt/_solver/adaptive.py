@@ -8,9 +8,20 @@ flow and of a Charbonnier TV denoising it lost 8x and 1.9x to plain Jacobi (meas
 benchmarks/RESULTS.md). Each solve is a ski rental: Jacobi-PCG runs for as many
 iterations as the last multigrid solve cost in time (``FIRST_BUDGET`` before any); only if that
 does not reach the tolerance is the hierarchy built and the system solved with it (from zero),
-so a solve costs at most about twice the cheaper of the two. After a solve that needed
-multigrid the next ``k`` go to multigrid directly, ``k`` doubling while the Jacobi probes keep
-failing, so a hard problem wastes a vanishing share on probes.
+so a solve costs at most about twice the cheaper of the two.
+
+That time is priced, not measured once: a Jacobi-PCG iteration, a multigrid setup and a
+multigrid-PCG iteration each cost the median (the lower one of an even count) of their last
+``PRICE_WINDOW`` timings, and a multigrid solve is priced as a setup plus its iteration count
+times an iteration. A single wall-clock timing that spans a preemption is 10-1000x the work
+on a machine shared with other jobs, and budgets from single timings made the choices flip
+from run to run (an intrinsic-image solve: 397-1568 PCG iterations in all over five runs).
+The timings are the process's CPU time (``time.process_time``: all its threads, not the time
+it waited for a core; a few readings per linear system, so its cost, ~20 us a reading under
+load, does not matter here as it did for "auto"'s per-product prices).
+
+After a solve that needed multigrid the next ``k`` go to multigrid directly, ``k`` doubling
+while the Jacobi probes keep failing, so a hard problem wastes a vanishing share on probes.
 
 A probe is also skipped when the last Jacobi solve's rate (iterations per decade of residual
 reduction) says this system's tolerance needs more iterations than the budget: a Poisson
@@ -26,25 +37,31 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import statistics
 import time
+from collections import deque
 from typing import Any, Callable
 
 import numpy as np
 
 from .pcg import PCGResult, pcg
 
-__all__ = ["JacobiThenMultigrid", "FIRST_BUDGET"]
+__all__ = ["JacobiThenMultigrid", "FIRST_BUDGET", "PRICE_WINDOW"]
 
 #: Jacobi-PCG iterations tried before the first multigrid setup
 FIRST_BUDGET = 30
 #: the shortest later probe: a few Jacobi steps cost next to nothing and catch easy systems
 MIN_BUDGET = 5
+#: timings per price (see the module docstring)
+PRICE_WINDOW = 15
 
 
 class JacobiThenMultigrid:
     """State of the adaptive choice across the linear solves of one non-linear solve."""
 
-    def __init__(self):
+    def __init__(self, clock: Callable[[], float] = time.process_time):
+        self.clock = clock
+        self._seconds = {what: deque(maxlen=PRICE_WINDOW) for what in ("jacobi", "setup", "multigrid")}
         self.budget = FIRST_BUDGET
         self.skip = 0  # solves to send straight to multigrid
         self.backoff = 1
@@ -54,6 +71,19 @@ class JacobiThenMultigrid:
         self.extended = 0  # failed probes finished with Jacobi on the rate's prediction
         self.probe_next = False  # after predicted skips: measure the rate again
         self.rate = None  # Jacobi-PCG iterations per decade of residual reduction, last probe
+
+    def _price(self, what: str) -> float | None:
+        """Seconds per ``what`` (a Jacobi-PCG iteration, a multigrid setup, a multigrid-PCG
+        iteration): the low median of its last timings; None before any."""
+        samples = self._seconds[what]
+        return statistics.median_low(samples) if samples else None
+
+    def _reprice_budget(self, multigrid_iterations: int) -> None:
+        """The probe budget: Jacobi iterations that cost what a multigrid solve of
+        ``multigrid_iterations`` iterations (setup included) does, at the current prices."""
+        jacobi, setup, iteration = self._price("jacobi"), self._price("setup"), self._price("multigrid")
+        if jacobi and setup is not None and iteration is not None:
+            self.budget = max(MIN_BUDGET, int((setup + multigrid_iterations * iteration) / jacobi))
 
     def _predicted_to_fail(self, tolerance: float) -> bool:
         if self.rate is None or not 0.0 < tolerance < 1.0:
@@ -101,26 +131,31 @@ class JacobiThenMultigrid:
             self.skip, self.backoff, self.probe_next = self.backoff - 1, 2 * self.backoff, True
         else:
             self.probe_next = False
-            t0 = time.perf_counter()
+            t0 = self.clock()
             probe = pcg(apply_A, b, jacobi, max_iterations=min(self.budget, max_iterations), **pcg_kw)
+            if probe.iterations:
+                self._seconds["jacobi"].append((self.clock() - t0) / probe.iterations)
             self._measure_rate(probe)
             if probe.reason != "max iterations" or self.budget >= max_iterations:
                 self.backoff = 1
                 return probe
-            per_iteration = (time.perf_counter() - t0) / max(probe.iterations, 1)
             probe = self._extend(apply_A, probe, jacobi, max_iterations, pcg_kw)
             if probe.reason != "max iterations":
                 self.extended += 1
                 self.backoff = 1
                 return probe
             self.skip, self.backoff = self.backoff, 2 * self.backoff
-        t0 = time.perf_counter()
-        res = pcg(apply_A, b, multigrid(), max_iterations=max_iterations, **pcg_kw)
+        t0 = self.clock()
+        preconditioner = multigrid()
+        t1 = self.clock()
+        res = pcg(apply_A, b, preconditioner, max_iterations=max_iterations, **pcg_kw)
+        self._seconds["setup"].append(t1 - t0)
+        if res.iterations:
+            self._seconds["multigrid"].append((self.clock() - t1) / res.iterations)
         self.multigrid_solves += 1
+        self._reprice_budget(res.iterations)
         if probe is None:
             return res
-        # Jacobi iterations that cost what this multigrid solve (setup included) did
-        self.budget = max(MIN_BUDGET, int((time.perf_counter() - t0) / per_iteration))
         return dataclasses.replace(res, iterations=res.iterations + probe.iterations,
                                    n_apply=res.n_apply + probe.n_apply)
 

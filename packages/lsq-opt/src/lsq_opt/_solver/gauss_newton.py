@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 
 from .adaptive import JacobiThenMultigrid
+from .multigrid import MultigridCache
 from .levenberg_marquardt import (ForcingSequence, _emit, callback_stops, gradient_stop, model_product, start,
                                   stop_detail)
 from .options import SolverOptions
@@ -37,6 +38,7 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
     log: list[IterationLog] = []
     preconditioner = resolve_preconditioner(problem, opts)
     adaptive = JacobiThenMultigrid() if preconditioner == "jacobi+multigrid" else None
+    multigrid = MultigridCache()  # the hierarchy reused across the solve's systems
     forcing = ForcingSequence(opts, dt)
     numbers: dict = {}
     _emit(opts, f"GN ({dt.name}, preconditioner {preconditioner}): initial cost {cost:.10e}")
@@ -69,10 +71,10 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
                       check_every=opts.pcg_check_every)
         if adaptive is not None:
             res = adaptive.solve(jtjp, -g, inverse_diagonal(diag, "jacobi"),
-                                 lambda: multigrid_preconditioner(problem, x), **pcg_kw)
+                                 lambda: multigrid_preconditioner(problem, x, cache=multigrid), **pcg_kw)
         else:
             if preconditioner == "multigrid":
-                m_inv = multigrid_preconditioner(problem, x)
+                m_inv = multigrid_preconditioner(problem, x, cache=multigrid)
             else:
                 m_inv = inverse_diagonal(diag, preconditioner, xp=xp)
             res = pcg(jtjp, -g, m_inv, **pcg_kw)

@@ -57,7 +57,9 @@ from typing import Any
 import numpy as np
 
 from .adaptive import JacobiThenMultigrid
-from .options import FORCING_INITIAL, POOR_STEP_FORCING, POOR_STEP_RHO, POOR_STEP_RUN, SolverOptions, forcing_term
+from .multigrid import MultigridCache
+from .options import (FORCING_INITIAL, POOR_STEP_FORCING, POOR_STEP_RHO, POOR_STEP_RUN,
+                      SolverOptions, forcing_term)
 from .pcg import inverse_diagonal, pcg
 from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, resolve_preconditioner
 from .report import IterationLog, SolveResult
@@ -305,6 +307,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
     nu = float(opts.radius_decrease_factor)
     preconditioner = resolve_preconditioner(problem, opts)
     adaptive = JacobiThenMultigrid() if preconditioner == "jacobi+multigrid" else None
+    multigrid = MultigridCache()  # hierarchy and J^T J reused across the solve's systems
     forcing = ForcingSequence(opts, dt)
     q_tolerance = opts.lm_q_tolerance()
     pcg_cap = opts.pcg_cap()
@@ -360,10 +363,10 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
                       check_every=opts.pcg_check_every)
         if adaptive is not None:
             res = adaptive.solve(apply_A, -g, inverse_diagonal(diag + D, "jacobi"),
-                                 lambda D=D: multigrid_preconditioner(problem, x, D), **pcg_kw)
+                                 lambda D=D: multigrid_preconditioner(problem, x, D, multigrid), **pcg_kw)
         else:
             if preconditioner == "multigrid":
-                m_inv = multigrid_preconditioner(problem, x, D)
+                m_inv = multigrid_preconditioner(problem, x, D, multigrid)
             else:
                 m_inv = inverse_diagonal(diag + D, preconditioner, xp=xp)
             res = pcg(apply_A, -g, m_inv, **pcg_kw)

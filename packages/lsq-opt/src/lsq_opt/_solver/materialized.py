@@ -40,6 +40,10 @@ BUILD_PRIOR_PRODUCTS = 10
 # products: median 0.075 ms, mean 0.3-0.4 ms, the largest 1 % of them half the sum), and mean
 # prices that high built J^T J on up to 242 of 246 linearisations that ran ~8 products each
 PRICE_WINDOW = 31
+# ... in wall time: process CPU time (robust to preemption) made every solve slower, as a
+# product is timed twice: ARAP image 174 -> 205 ms thread time (in-process A/B, 8 rounds,
+# load 10-12; ~20 us per process_time call there)
+PRICE_CLOCK = time.perf_counter
 # the protocol's optional device-side products: a materialised problem runs on the host
 _NOT_DELEGATED = frozenset({"damped_jtjp_linearized", "device_problem", "xp"})
 
@@ -159,6 +163,8 @@ class AutoLinearSystem:
     def __getattr__(self, name):
         if name in _NOT_DELEGATED or name.startswith("_"):
             raise AttributeError(name)
+        if name == "jtj_matrix" and hasattr(self.problem, name):  # only where the problem has one
+            return self._jtj_matrix
         return getattr(self.problem, name)
 
     def _price(self, what: str) -> float | None:
@@ -186,9 +192,9 @@ class AutoLinearSystem:
             prepare = getattr(self.problem, "prepare_jtj_matrix", None)
             if prepare is not None:
                 prepare()
-        t0 = time.perf_counter()
+        t0 = PRICE_CLOCK()
         self._jtj.assemble(self._x)
-        self._add("build", time.perf_counter() - t0)
+        self._add("build", PRICE_CLOCK() - t0)
 
     def _add(self, what: str, seconds: float) -> None:
         self._seconds[what].append(seconds)
@@ -218,9 +224,9 @@ class AutoLinearSystem:
                 self.switched += 1
                 self.linearisations["matrix_free"] -= 1
                 self.linearisations["jtj"] += 1
-        t0 = time.perf_counter()
+        t0 = PRICE_CLOCK()
         out = self._jtj.jtjp_linearized(p) if self._use_jtj else self.problem.jtjp_linearized(p)
-        self._add("jtj" if self._use_jtj else "free", time.perf_counter() - t0)
+        self._add("jtj" if self._use_jtj else "free", PRICE_CLOCK() - t0)
         self._products += 1
         return out
 
@@ -228,6 +234,13 @@ class AutoLinearSystem:
         if self._x is None or not np.array_equal(x, self._x):
             self.linearize(x)
         return self.jtjp_linearized(p)
+
+    def _jtj_matrix(self, x: np.ndarray):
+        """J^T J at x: the one this linearisation built where it built one at x (the multigrid
+        preconditioner's setup then skips its own assembly), else the problem's."""
+        if self._use_jtj and self._x is not None and np.array_equal(x, self._x):
+            return self._jtj._A
+        return self.problem.jtj_matrix(x)
 
     def describe(self) -> str:
         """What "auto" chose and the measured prices it chose by (for the report)."""

@@ -77,30 +77,17 @@ def resolve_preconditioner(problem: Any, opts) -> str:
     return "jacobi+multigrid" if grid and problem.n >= opts.multigrid_min_unknowns else "jacobi"
 
 
-def multigrid_preconditioner(problem: Any, x: np.ndarray, shift=None):
+def multigrid_preconditioner(problem: Any, x: np.ndarray, shift=None, cache=None):
     """A :class:`~.multigrid.Multigrid` V-cycle for ``J^T J (+ diag(shift))`` at x; needs
-    ``problem.jtj_matrix(x)`` (scipy sparse) and ``problem.unknown_coords()``."""
-    from .multigrid import Multigrid
+    ``problem.jtj_matrix(x)`` (scipy sparse) and ``problem.unknown_coords()``. ``cache``: the
+    solve's :class:`~.multigrid.MultigridCache` (its hierarchy and last ``J^T J`` reused);
+    None: a fresh one."""
+    from .multigrid import MultigridCache
 
     if not (hasattr(problem, "jtj_matrix") and hasattr(problem, "unknown_coords")):
         raise TypeError("preconditioner='multigrid' needs a problem with jtj_matrix(x) and "
                         "unknown_coords() (a compiled Plan)")
-    A = problem.jtj_matrix(x)
-    if shift is not None:
-        A = _add_to_diagonal(A, np.asarray(shift, A.dtype))
-    return Multigrid(A, problem.unknown_coords())
-
-
-def _add_to_diagonal(A, shift):
-    """A + diag(shift); in place on the (freshly assembled) CSR matrix when every row stores
-    its diagonal entry, which J^T J patterns do: a sparse sum would rebuild the matrix."""
-    A = sp.csr_matrix(A)
-    rows = np.repeat(np.arange(A.shape[0]), np.diff(A.indptr))
-    at_diagonal = np.flatnonzero(A.indices == rows)
-    if len(at_diagonal) != A.shape[0] or A.has_canonical_format is False:
-        return A + sp.diags(shift)
-    A.data[at_diagonal] += shift
-    return A
+    return (MultigridCache() if cache is None else cache).preconditioner(problem, x, shift)
 
 
 def jtjp_operator(problem: Any, x: np.ndarray):
