@@ -54,9 +54,10 @@ import numpy as np  # noqa: E402
 import scipy  # noqa: E402
 from core_ad import benchmark as bench  # noqa: E402
 
-from lsq_opt import (Array, Dim, Dot, Energy, Graph, InBounds, Param, Select, Unknown, compile_problem,  # noqa: E402
-                     solve, sqrt)
+from lsq_opt import (Array, Dim, Dot, Energy, InBounds, Param, Select, Unknown, compile_problem,  # noqa: E402
+                     solve)
 from lsq_opt.examples import flow, intrinsic, shading  # noqa: E402
+from lsq_opt.testing import spring_network  # noqa: E402
 from lsq_opt.examples import mesh as mesh_example  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -88,39 +89,6 @@ def tv_problem(N=128, seed=0):
     noisy = clean + rng.normal(scale=0.1, size=clean.shape)
     plan = compile_problem(Energy(*terms), arrays={"F": noisy, "X": noisy.copy()},
                            params={"w_regSqrt": np.sqrt(0.15), "eps": 0.02})
-    return plan
-
-
-def spring_problem(nx=40, ny=25, seed=0):
-    """A jittered lattice (grid edges + one diagonal per cell) pulled apart by its two pinned
-    ends; robust loss on each edge's strain."""
-    N = Dim("N")
-    P, Q = Unknown("P", N, 2), Array("Q", N, 2)
-    Pin = Array("Pin", N, 2)
-    w_fit, s = Param("w_fitSqrt"), Param("s")
-    G = Graph("G", ["v0", "v1"], N)
-    dp = P(G.v0) - P(G.v1)
-    dq = Q(G.v0) - Q(G.v1)
-    e = sqrt(dp[0] * dp[0] + dp[1] * dp[1]) - sqrt(dq[0] * dq[0] + dq[1] * dq[1])
-    robust = e * (1 + (e / s) * (e / s)) ** -0.25
-    pinned = Pin(0)[0] > -1e5
-    energy = Energy(Select(pinned, w_fit * (P(0) - Pin(0)), 0), robust)
-    rng = np.random.default_rng(seed)
-    ii, jj = np.meshgrid(np.arange(nx), np.arange(ny), indexing="ij")
-    idx = ii * ny + jj
-    q = np.stack([ii, jj], -1).reshape(-1, 2).astype(float) + rng.uniform(-.2, .2, (nx * ny, 2))
-    e0 = [idx[:-1, :].ravel(), idx[:, :-1].ravel(), idx[:-1, :-1].ravel()]
-    e1 = [idx[1:, :].ravel(), idx[:, 1:].ravel(), idx[1:, 1:].ravel()]
-    v0, v1 = np.concatenate(e0), np.concatenate(e1)
-    pin = np.full((nx * ny, 2), -1e6)
-    left, right = idx[0].ravel(), idx[-1].ravel()
-    pin[left] = q[left]
-    # right end: stretched by 30 %, sheared and bent upwards
-    pin[right] = q[right] + np.array([0.3 * nx, 0.15 * nx]) + np.stack([0 * right, 0.3 * (q[right, 1] - ny / 2)], -1)
-    p0 = q.copy()
-    p0[right] = pin[right]
-    plan = compile_problem(energy, arrays={"Q": q, "Pin": pin, "P": p0},
-                           params={"w_fitSqrt": 10.0, "s": 0.5}, graphs={"G": {"v0": v0, "v1": v1}})
     return plan
 
 
@@ -206,7 +174,7 @@ def example_problems(scale=1.0):
         "poisson": (poisson, True), "arap image": (arap, True), "arap mesh": (arap_mesh, False),
         "shading": (shading_, True), "flow": (flow_, True), "intrinsic": (intrinsic_, True),
         "tv charbonnier": (lambda: (tv_problem(*dims("tv charbonnier", 128)), None), True),
-        "spring network": (lambda: (spring_problem(*dims("spring network", 40, 25)), None), False),
+        "spring network": (lambda: (spring_network(*dims("spring network", 40, 25)), None), False),
     }
 
 

@@ -12,6 +12,7 @@ from lsq_opt import Array, DenseProblem, Dim, Energy, Graph, SolverOptions, Unkn
 from lsq_opt._solver.adaptive import FIRST_BUDGET, MIN_BUDGET, JacobiThenMultigrid
 from lsq_opt._solver.options import FORCING_INITIAL, FORCING_MAX, forcing_term
 from lsq_opt._solver.problem import resolve_preconditioner
+from lsq_opt.testing import spring_network
 
 README = pathlib.Path(__file__).resolve().parents[1] / "README.md"
 W, H, N = Dim("W"), Dim("H"), Dim("N")
@@ -487,39 +488,11 @@ def test_forcing_tightens_after_a_run_of_poorly_predicted_steps():
     assert f.tolerance() == 0.3
 
 
-def spring_network_plan(nx=12, ny=8, seed=0):
-    """A jittered lattice (grid edges + one diagonal per cell), its left end pinned and its
-    right end pulled 30 % longer, sheared and bent; robust loss on each edge's strain (the
-    benchmark's spring network, small). LM crawls on it with rho ~ 1/2."""
-    from lsq_opt import Param, Select, sqrt
-
-    P, Q, Pin = Unknown("P", N, 2), Array("Q", N, 2), Array("Pin", N, 2)
-    w_fit, s = Param("w_fitSqrt"), Param("s")
-    G = Graph("G", ["v0", "v1"], N)
-    dp, dq = P(G.v0) - P(G.v1), Q(G.v0) - Q(G.v1)
-    e = sqrt(dp[0] * dp[0] + dp[1] * dp[1]) - sqrt(dq[0] * dq[0] + dq[1] * dq[1])
-    energy = Energy(Select(Pin(0)[0] > -1e5, w_fit * (P(0) - Pin(0)), 0), e * (1 + (e / s) * (e / s)) ** -0.25)
-    rng = np.random.default_rng(seed)
-    ii, jj = np.meshgrid(np.arange(nx), np.arange(ny), indexing="ij")
-    idx = ii * ny + jj
-    q = np.stack([ii, jj], -1).reshape(-1, 2).astype(float) + rng.uniform(-.2, .2, (nx * ny, 2))
-    v0 = np.concatenate([idx[:-1, :].ravel(), idx[:, :-1].ravel(), idx[:-1, :-1].ravel()])
-    v1 = np.concatenate([idx[1:, :].ravel(), idx[:, 1:].ravel(), idx[1:, 1:].ravel()])
-    pin = np.full((nx * ny, 2), -1e6)
-    left, right = idx[0].ravel(), idx[-1].ravel()
-    pin[left] = q[left]
-    pin[right] = q[right] + np.array([0.3 * nx, 0.15 * nx]) + np.stack([0 * right, 0.3 * (q[right, 1] - ny / 2)], -1)
-    p0 = q.copy()
-    p0[right] = pin[right]
-    return compile_problem(energy, arrays={"Q": q, "Pin": pin, "P": p0}, params={"w_fitSqrt": 10.0, "s": 0.5},
-                           graphs={"G": {"v0": v0, "v1": v1}})
-
-
 def test_poor_step_forcing_ends_a_spring_network_crawl_at_the_same_minimum(monkeypatch):
     import sys
 
     lm = sys.modules["lsq_opt._solver.levenberg_marquardt"]
-    plan = spring_network_plan()
+    plan = spring_network(12, 8)  # LM crawls on it with rho ~ 1/2
     tolerances = []
     real_pcg = lm.pcg
 
