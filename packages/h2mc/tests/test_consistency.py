@@ -38,6 +38,13 @@ def test_mean_with_error_needs_two_renders():
         mean_with_error(np.ones((4, 4, 3)))
 
 
+def test_ae8_rejects_unknown_kernels_and_too_few_checkpoints():
+    with pytest.raises(ValueError, match="unknown kernels.*'metropolis'"):
+        ae8_consistency(kernels=("h2mc", "metropolis"))
+    with pytest.raises(ValueError, match="doublings >= 1"):
+        ae8_consistency(doublings=0)
+
+
 @pytest.mark.slow
 def test_ae8_small(tmp_path):
     """The experiment at 8x8, paths of 3 segments, 4 -> 32 mutations per pixel: every kernel

@@ -75,6 +75,13 @@ def ae8_consistency(resolution=(64, 64), max_length=7, mutations_per_pixel=64, d
     The bootstrap's b sets the image's total luminance: on this scene its estimate is
     heavy-tailed (rare paths off the near-mirror box), and at 2^18 samples it was 1-3% low
     on some seeds, a relMSE floor of up to 7e-4 by itself; hence 2^20 by default."""
+    unknown = [k for k in kernels if k not in AE8_KERNELS]
+    if unknown:
+        raise ValueError(f"ae8_consistency: unknown kernels {unknown}; the kernels are "
+                         f"{list(AE8_KERNELS)}")
+    if int(doublings) < 1 or not mutations_per_pixel > 0:
+        raise ValueError("ae8_consistency: need doublings >= 1 (a slope needs two checkpoints) "
+                         f"and mutations_per_pixel > 0, got {doublings}, {mutations_per_pixel}")
     scene = scenes.glossy_cornell(tuple(resolution)) if scene is None else scene
     ref, ref_err = (reference_with_error(scene, reference_spp, max_length, reference_seeds)
                     if reference is None else reference)

@@ -71,6 +71,12 @@ def _aggregates(coords):
     return number[key], coarse
 
 
+def _with_values(template, values):
+    """A CSR matrix of ``template``'s pattern holding ``values`` (no copy)."""
+    return sp.csr_matrix((values, template.indices, template.indptr), shape=template.shape,
+                         copy=False)
+
+
 class Hierarchy:
     """The value-independent part of the multigrid hierarchy for a fine matrix's sparsity
     pattern (CSR ``indptr``, ``indices``) and the grid ``coords`` ((n, 1 + ndim) ints). Per
@@ -158,7 +164,7 @@ class Multigrid:
         values = hierarchy.operators(data)
         self.levels = []
         for (P, R, _), (template, rows, at_diagonal), v in zip(hierarchy.steps, hierarchy.patterns, values):
-            Ak = template._with_data(v, copy=False)  # the pattern checked once, in the hierarchy
+            Ak = _with_values(template, v)
             d = v[at_diagonal] if at_diagonal is not None else Ak.diagonal()
             d = np.where(d > 0, d, 1.0)
             dinv = (1.0 / d).astype(dt)
@@ -172,7 +178,7 @@ class Multigrid:
                                 R.astype(dt, copy=False)))
         self.coarse = None
         if hierarchy.sizes[-1] > 0:
-            Ad = hierarchy.patterns[-1][0]._with_data(values[-1], copy=False).toarray()
+            Ad = _with_values(hierarchy.patterns[-1][0], values[-1]).toarray()
             try:  # SPD (J^T J plus a damping): Cholesky; else LU
                 self.coarse = ("chol", sla.cho_factor(Ad, check_finite=False))
             except np.linalg.LinAlgError:
