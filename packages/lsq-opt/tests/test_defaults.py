@@ -36,9 +36,14 @@ def test_readme_snippet_converges_and_says_why():
     printed = out.getvalue()
     assert "converged:" in printed.splitlines()[-1]
     assert "done: converged" in printed  # the verbose report's last solver line
-    # the solution is the minimiser: the gradient J^T F vanishes relative to its start
+    # the solution is the minimiser to the function tolerance's resolution: within
+    # function_tolerance / 10 of the cost a tightly solved run reaches, and the gradient J^T F
+    # down by orders of magnitude from its start
     plan = scope["plan"]
-    assert np.max(np.abs(plan.jtf(res.x))) < 1e-6 * np.max(np.abs(plan.jtf(plan.x0)))
+    tight = solve(plan, plan.x0, function_tolerance=1e-15, gradient_tolerance=0.0,
+                  predicted_stop=False, pcg_tolerance=1e-12, max_iterations=200)
+    assert tight.cost <= res.cost <= tight.cost * (1 + 1e-7)
+    assert np.max(np.abs(plan.jtf(res.x))) < 1e-2 * np.max(np.abs(plan.jtf(plan.x0)))
 
 
 def smoothing_plan(w, h, weight=0.9):
@@ -96,9 +101,9 @@ def test_linear_grid_problem_two_steps_and_pcg_effort_adapts():
 
 def test_max_iterations_report_says_not_converged():
     plan = smoothing_plan(40, 30)
-    res = solve(plan, plan.x0, max_iterations=2)
+    res = solve(plan, plan.x0, max_iterations=1)
     assert res.termination_reason == "max iterations"
-    assert res.termination_detail.startswith("NOT converged: reached max_iterations = 2")
+    assert res.termination_detail.startswith("NOT converged: reached max_iterations = 1")
     assert "termination       : max iterations (NOT converged" in res.report()
 
 
@@ -340,10 +345,13 @@ def test_rejected_step_stops_on_function_tolerance_only_when_the_model_expected_
     the model expected a real decrease from is a bad step, not convergence. Here the Jacobian
     promises a decrease of ~0.5 per unit step and the cost barely moves: the first rejected
     step (|dc| ~ 1e-9) does not stop the solve; it ends once the model's own prediction is
-    within the tolerance too."""
+    within the tolerance too (with the slope check off: this Jacobian is not the residual's
+    derivative, and by default the solve stops at the first rejection, "no descent")."""
     fun = lambda x: np.array([1.0 + 1e-9 * x[0] ** 2])  # noqa: E731
     problem = DenseProblem(fun, lambda x: np.array([[-1.0]]), 1)
-    res = solve(problem, np.zeros(1), max_iterations=200)
+    default = solve(problem, np.zeros(1), max_iterations=200)
+    assert default.termination_reason == "no descent" and len(default.log) == 1
+    res = solve(problem, np.zeros(1), max_iterations=200, slope_check=False)
     first, last = res.log[0], res.log[-1]
     tiny = 1e-6 * 0.5
     assert not first.accepted and abs(first.cost_change) <= tiny < first.model_cost_change
@@ -352,17 +360,21 @@ def test_rejected_step_stops_on_function_tolerance_only_when_the_model_expected_
 
 
 def test_linear_problem_stops_after_the_exact_step_on_the_predicted_decrease():
-    """LM on a linear least-squares problem: the second step solves to the forcing floor, and
-    PCG's estimate of the decrease left (plus the model's error, round-off here) says a third
-    step could not gain function_tolerance / 10: the solve stops there ("function tolerance",
-    predicted) at the cost the third step would have reached, one PCG solve earlier."""
+    """LM on a linear least-squares problem: the second step's forcing term is at its floor
+    (the model is exact), but its PCG stops once its own estimate of the model decrease left
+    is below function_tolerance / 10 of the cost ("decrease tolerance"); that estimate (plus
+    the model's error, round-off here) then says a third step could not gain more either: the
+    solve stops there ("function tolerance", predicted) within function_tolerance / 10 of
+    the cost the third step would have reached, with fewer PCG iterations and one solve less."""
     plan = smoothing_plan(80, 64)
     res = solve(plan, plan.x0)
     without = solve(plan, plan.x0, predicted_stop=False)
     assert res.termination_reason == "function tolerance"
     assert "the next step could change the cost by at most" in res.termination_detail
     assert res.iterations == 2 and without.iterations == 3
-    assert res.cost == pytest.approx(without.cost, rel=1e-10)
+    assert res.log[1].pcg_reason == "decrease tolerance"
+    assert res.log[1].pcg_iterations < without.log[1].pcg_iterations
+    assert without.cost <= res.cost <= without.cost * (1 + 1e-7)
     assert not SolverOptions.paper().predicted_stop
 
 

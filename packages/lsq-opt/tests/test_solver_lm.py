@@ -203,6 +203,32 @@ def test_termination_min_trust_region_radius_and_nan_step_rejected():
     assert res.x[0] == 4.0 and np.isfinite(res.cost)
 
 
+def test_jacobian_that_is_not_the_derivative_stops_with_no_descent():
+    """Residuals r = (x - 1, (x - 3) / 2) with a Jacobian whose second entry is -0.3 instead of
+    0.5 (an approximated derivative, like optical flow's precomputed image gradients): the
+    first step lands at 1.165, where the approximate gradient points left while the cost
+    falls to the right (its minimum is 1.4). LM stops there with "no descent" after one
+    rejection instead of rejecting steps down to the function tolerance; with the exact
+    derivative the same start converges to 1.4."""
+    def fun(x):
+        return np.array([x[0] - 1.0, 0.5 * (x[0] - 3.0)])
+
+    x0 = np.array([3.0])
+    approx = DenseProblem(fun, lambda x: np.array([[1.0], [-0.3]]), 1)
+    res = solve(approx, x0, "lm", max_iterations=100)
+    assert res.termination_reason == "no descent", res.termination_reason
+    assert [e.accepted for e in res.log] == [True, False]
+    assert "Jacobian is not the residuals' derivative" in res.termination_detail
+    assert res.x[0] == pytest.approx(3.0 - 2.0 / 1.09)
+    without = solve(approx, x0, "lm", max_iterations=100, slope_check=False)
+    assert without.termination_reason != "no descent"
+    assert sum(not e.accepted for e in without.log) > 2
+    assert without.cost == pytest.approx(res.cost, rel=1e-12)
+    exact = solve(DenseProblem(fun, lambda x: np.array([[1.0], [0.5]]), 1), x0, "lm",
+                  max_iterations=100)
+    assert exact.converged and exact.x[0] == pytest.approx(1.4, rel=1e-10)
+
+
 def test_nan_region_never_yields_nan_and_converges():
     res = solve(sqrt_problem(), np.array([4.0]), "lm", max_iterations=100, function_tolerance=1e-14)
     assert np.all(np.isfinite(res.x)) and np.isfinite(res.cost)

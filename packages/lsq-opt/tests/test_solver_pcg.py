@@ -144,6 +144,29 @@ def test_remaining_decrease_bounds_the_model_decrease_left():
     assert np.isnan(short.remaining_decrease())
 
 
+def test_decrease_tolerance_stops_once_the_gain_left_is_below_it():
+    """``decrease_tolerance``: PCG stops ("decrease tolerance") once its estimate of the model
+    decrease left is at most the tolerance; the exact decrease left, ``1/2 r.A^-1 r``, is then
+    below it too (the estimate lies above it), and the run is shorter than one to a tight
+    residual tolerance."""
+    n = 30
+    lap = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (n, n))
+    A = (sp.kron(lap, sp.eye(n)) + sp.kron(sp.eye(n), lap)
+         + sp.diags(np.random.default_rng(0).uniform(1e-3, 1.0, n * n))).tocsr()
+    b = np.random.default_rng(1).normal(size=n * n)
+    dense = A.toarray()
+    full = pcg(lambda p: A @ p, b, 1.0 / A.diagonal(), max_iterations=1000, tolerance=1e-12)
+    optimum = 0.5 * b @ np.linalg.solve(dense, b)
+    for fraction in (1e-3, 1e-6):
+        res = pcg(lambda p: A @ p, b, 1.0 / A.diagonal(), max_iterations=1000, tolerance=1e-12,
+                  decrease_tolerance=fraction * optimum)
+        r = b - A @ res.x
+        left = 0.5 * r @ np.linalg.solve(dense, r)
+        assert res.reason == "decrease tolerance" and res.iterations < full.iterations
+        assert left <= fraction * optimum, (fraction, left / optimum)
+        assert res.remaining_decrease() <= fraction * optimum
+
+
 @pytest.mark.parametrize("n", [1, 7, 1000, 4099])
 def test_fused_update_matches_numpy(n):
     """One compiled pass for ``x += a p; r -= a q; z = m r`` and the dots ``z.r``, ``r.r``:

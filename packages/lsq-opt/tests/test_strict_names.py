@@ -1,7 +1,8 @@
 """Strict names and clear errors at the solver's entry (each of these was silent before)."""
 import numpy as np
 import pytest
-from lsq_opt import (Array, Dim, Energy, Graph, LsqCompileError, Param, Unknown, compile_problem,
+from lsq_opt import (Array, Dim, Energy, Graph, LsqCompileError, Param, SolverOptions, Unknown,
+                     compile_problem,
                      solve, sqrt)
 
 W, H, N = Dim("W"), Dim("H"), Dim("N")
@@ -66,3 +67,12 @@ def test_callback_result_by_truth_value(method, stop):
     assert res.termination_reason == "user callback" and res.iterations == 1
     res = solve(plan, plan.x0, method=method, callback=lambda entry, x: np.False_)
     assert res.termination_reason != "user callback"
+
+
+def test_options_passed_as_the_method_are_a_named_error():
+    plan = compile_problem(fit_energy(), arrays={"A": np.ones((5, 4))}, params={"w": 1.0})
+    with pytest.raises(TypeError, match=r"method must be 'lm' or 'gn', got SolverOptions "
+                                        r"\(options go by keyword"):
+        solve(plan, plan.x0, SolverOptions(verbose=True))
+    with pytest.raises(ValueError, match="unknown method 'newton'"):
+        solve(plan, plan.x0, "newton")

@@ -26,6 +26,13 @@ Rules (spec §4.3 steps 1-9; numbers refer to that list):
    is about half as long in that direction (:func:`lm_reject_radius`). Without it, a rejection
    at a large ``mu`` (nearly undamped steps) repeats almost the same step: measured 8 rejections
    in a row, 65 PCG iterations each, on an ARAP mesh, and 5 x 100 on a spring network.
+   Default addition (``slope_check``, off in :meth:`.SolverOptions.paper`): after a rejected
+   step whose cost rose, one more cost evaluation on a short step ``t delta``
+   (:func:`first_order_decrease`); when the cost does not fall there either, the Jacobian's
+   descent direction is not one of the cost (approximate derivatives), shrinking the step
+   cannot help, and the solve stops with "no descent" instead of rejecting steps down to the
+   function tolerance (optical flow's precomputed image gradients: 7 rejections of its 12
+   iterations).
 9. Stop after ``max_iterations`` iterations (rejected trial steps count as iterations).
 
 Default addition to rule 7 (``step_extension``, off in :meth:`.SolverOptions.paper`): an
@@ -182,6 +189,29 @@ def extended_step_length(cost: float, trial_cost: float, g_delta: float) -> floa
     return min(t, EXTEND_MAX) if t > 1.0 else 1.0
 
 
+#: the probe's predicted first-order decrease, relative to the cost: far above the round-off of
+#: a cost evaluation (~1e-14 relative), while the second-order term stays below 1e-3 of it
+SLOPE_PROBE_DECREASE = 1e-6
+#: below this predicted decrease (relative) the probe is not taken (a step the model expects
+#: next to nothing from, near the minimum)
+SLOPE_PROBE_FLOOR = 1e-10
+
+
+def first_order_decrease(problem: Any, x, cost: float, delta, g_delta: float) -> float:
+    """The cost's actual decrease along ``delta`` over the model's first-order one, both over a
+    step ``t delta`` short enough for the linear term to dominate: ``(cost(x) - cost(x + t
+    delta)) / (-t g.delta)``. With a Jacobian that is the derivative of the residuals this is
+    1 up to ``t delta.J^T J delta / (2 |g.delta|) <= t / 2`` (an LM step has ``delta.J^T J delta
+    <= -g.delta``); <= 0 means the cost does not fall along the model's descent direction at
+    all, so no damping can produce an accepted step (e.g. an energy whose derivatives are
+    approximated, as optical flow's image gradients are)."""
+    t = min(1e-3, SLOPE_PROBE_DECREASE * cost / abs(g_delta)) if g_delta else 0.0
+    if not t * abs(g_delta) > SLOPE_PROBE_FLOOR * cost:  # round-off would decide: inconclusive
+        return 1.0
+    probe_cost = float(problem.cost(x + t * delta))
+    return (cost - probe_cost) / (-t * g_delta) if math.isfinite(probe_cost) else 1.0
+
+
 def _emit(opts: SolverOptions, line: str) -> None:
     if opts.verbose:
         print(line, flush=True)
@@ -243,6 +273,10 @@ def stop_detail(reason: str, opts: SolverOptions, **numbers: float) -> str:
         return (f"NOT converged: reached max_iterations = {opts.max_iterations}; the last accepted "
                 f"step still changed the cost by {numbers.get('rel_change', float('nan')):.3e} (relative); "
                 "raise max_iterations to go on")
+    if reason == "no descent":
+        return (f"stopped: the cost does not fall along the model's step (actual / predicted "
+                f"first-order decrease {numbers['slope_ratio']:.3g} on a probe step): the "
+                f"Jacobian is not the residuals' derivative here (approximated derivatives?)")
     if reason == "min trust region radius":
         return (f"stopped: trust region radius fell below min_trust_region_radius "
                 f"{opts.min_trust_region_radius:g} (no step decreases the cost)")
@@ -361,6 +395,8 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
         pcg_kw = dict(max_iterations=pcg_cap, tolerance=forcing.tolerance(), q_tolerance=q_tolerance,
                       residual_reset_period=opts.residual_reset_period, ops=ops,
                       check_every=opts.pcg_check_every)
+        if opts.predicted_stop and ops.on_host:  # no iterations for gains the stop rules ignore
+            pcg_kw["decrease_tolerance"] = PREDICTED_STOP_FRACTION * opts.function_tolerance * cost
         if adaptive is not None:
             res = adaptive.solve(apply_A, -g, inverse_diagonal(diag + D, "jacobi"),
                                  lambda D=D: multigrid_preconditioner(problem, x, D, multigrid), **pcg_kw)
@@ -412,7 +448,8 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             numbers["rel_change"] = dc / cost_before if cost_before > 0 else 0.0
             if dc <= opts.function_tolerance * cost_before:
                 reason = "function tolerance"
-            elif opts.predicted_stop and res.reason == "tolerance" and extension == 1.0:  # solved as asked
+            elif opts.predicted_stop and res.reason in ("tolerance", "decrease tolerance") \
+                    and extension == 1.0:  # solved as asked
                 limit = PREDICTED_STOP_FRACTION * opts.function_tolerance * cost
                 predicted = next_step_decrease(res, dc, dm, lambda: damping_held_back(D, delta, diag, ops),
                                                limit)
@@ -433,6 +470,11 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
                 reason = "function tolerance"
             elif mu <= opts.min_trust_region_radius:
                 reason = "min trust region radius"
+            elif opts.slope_check and dc < 0 and math.isfinite(dm) and dm > 0:
+                slope = first_order_decrease(problem, x, cost_before, delta, float(g_delta))
+                if slope <= 0:
+                    numbers["slope_ratio"] = slope
+                    reason = "no descent"
         entry = IterationLog(
             iteration=it, cost=cost, trial_cost=trial_cost, cost_change=dc, model_cost_change=dm,
             rho=rho, accepted=accepted, mu=mu_used, lam=1.0 / mu_used, step_norm=step_norm,

@@ -19,6 +19,8 @@ Loop (spec §4.4, 1-based iteration counter i)::
         z = M^-1 r; rho_new = z.r
         beta = rho_new / rho_old (0 if rho_old <= 0); p = z + beta p; rho_old = rho_new
         stop if ||r|| <= tolerance * ||b||                         ("tolerance")
+        stop if decrease_tolerance is not None and the remaining model
+                decrease (estimated, see pcg) <= decrease_tolerance   ("decrease tolerance")
         stop if q_tolerance is not None and
                 i * (Q_i - Q_{i-1}) / Q_i < q_tolerance,
                 Q_i = 1/2 delta_i.(r_i + b), Q_0 = 0               ("q tolerance", spec §4.3)
@@ -47,6 +49,10 @@ __all__ = ["PCGResult", "pcg", "inverse_diagonal", "PRECONDITIONERS"]
 #: fewer CG iterations than this give no :meth:`PCGResult.remaining_decrease` (the smallest
 #: Ritz value of a short Lanczos run can lie far above the smallest eigenvalue)
 MIN_RITZ_ITERATIONS = 8
+
+#: PCG's ``decrease_tolerance`` test runs every this many iterations (a tridiagonal eigenvalue,
+#: ~30 us)
+DECREASE_CHECK_EVERY = 4
 
 PRECONDITIONERS = ("jacobi", "none", "ceres", "modified_ceres", "epsilon", "multigrid")
 
@@ -83,7 +89,7 @@ def inverse_diagonal(diag, kind: str = "jacobi", epsilon: float = 1e-12, xp=np):
 class PCGResult:
     x: np.ndarray  # the step delta (an array of the module of b)
     iterations: int  # PCG iterations performed
-    reason: str  # "tolerance" | "q tolerance" | "max iterations" | "breakdown" | "zero rhs" | "non-finite"
+    reason: str  # "tolerance" | "decrease tolerance" | "q tolerance" | "max iterations" | "breakdown" | "zero rhs" | "non-finite"
     residual_norm: float  # ||r|| of the (recursively updated or reset) residual at exit
     rhs_norm: float  # ||b||
     n_apply: int  # number of apply_A calls (iterations + residual resets)
@@ -104,19 +110,24 @@ class PCGResult:
         from CG's own coefficients (Golub & Meurant; the Ritz value converges to it from above,
         so after few iterations this can underestimate: nan below ``min_iterations``
         iterations, or without the coefficients)."""
-        k = len(self.alphas)
-        if k < min_iterations or len(self.betas) < k - 1 or not math.isfinite(self.final_rz):
-            return float("nan")
-        a = np.asarray(self.alphas, np.float64)
-        bt = np.asarray(self.betas[:k - 1], np.float64)
-        if not (np.all(a > 0) and np.all(bt >= 0)):
-            return float("nan")
-        diag = 1.0 / a
-        diag[1:] += bt / a[:-1]
-        off = np.sqrt(bt) / a[:-1]
-        theta_min = float(sla.eigvalsh_tridiagonal(diag, off, select="i", select_range=(0, 0),
-                                                   check_finite=False)[0])
-        return 0.5 * self.final_rz / theta_min if theta_min > 0 else float("nan")
+        return remaining_decrease(self.alphas, self.betas, self.final_rz, min_iterations)
+
+
+def remaining_decrease(alphas, betas, rz: float, min_iterations: int = MIN_RITZ_ITERATIONS) -> float:
+    """:meth:`PCGResult.remaining_decrease` from CG's coefficients and the current ``r.z``."""
+    k = len(alphas)
+    if k < min_iterations or len(betas) < k - 1 or not math.isfinite(rz):
+        return float("nan")
+    a = np.asarray(alphas, np.float64)
+    bt = np.asarray(betas[:k - 1], np.float64)
+    if not (np.all(a > 0) and np.all(bt >= 0)):
+        return float("nan")
+    diag = 1.0 / a
+    diag[1:] += bt / a[:-1]
+    off = np.sqrt(bt) / a[:-1]
+    theta_min = float(sla.eigvalsh_tridiagonal(diag, off, select="i", select_range=(0, 0),
+                                               check_finite=False)[0])
+    return 0.5 * rz / theta_min if theta_min > 0 else float("nan")
 
 
 def pcg(
@@ -130,6 +141,7 @@ def pcg(
     residual_reset_period: int = 0,
     ops: VectorOps | None = None,
     check_every: int = PCG_CHECK_EVERY,
+    decrease_tolerance: float | None = None,
 ) -> PCGResult:
     """Solve ``A x = b`` by PCG from ``x = 0`` (see the module docstring for the exact loop).
 
@@ -139,6 +151,11 @@ def pcg(
     ``q_tolerance``: Nash-Sofer / Ceres early exit (None disables; LM uses 1e-4).
     ``residual_reset_period``: recompute ``r = b - A x`` every that many iterations (0 disables).
     ``ops``: the vectors' array module (:class:`.vectors.VectorOps`; default numpy).
+    ``decrease_tolerance``: host vectors only: stop ("decrease tolerance") once the model
+    decrease the solve could still gain (:func:`remaining_decrease`, checked every
+    :data:`DECREASE_CHECK_EVERY` iterations from :data:`MIN_RITZ_ITERATIONS` on) is at most
+    this: a step whose remaining gain is below what the caller can resolve needs no more
+    iterations, however large its relative residual still is.
     ``check_every``: device vectors only (:mod:`.device_pcg`): the host fetches the stopping
     state every that many iterations (up to ``check_every - 1`` iterations more are launched,
     as no-ops, after the one that stops: the step, iteration count and reason are unchanged,
@@ -229,6 +246,11 @@ def pcg(
             break
         if r_norm <= tolerance * b_norm:
             reason = "tolerance"
+            break
+        if decrease_tolerance is not None and i >= MIN_RITZ_ITERATIONS \
+                and i % DECREASE_CHECK_EVERY == 0 \
+                and remaining_decrease(alphas, betas, float(rho_new)) <= decrease_tolerance:
+            reason = "decrease tolerance"
             break
         if q_tolerance is not None:
             Q = 0.5 * float(q_dot[0])

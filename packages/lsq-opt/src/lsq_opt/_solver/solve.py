@@ -40,6 +40,10 @@ def solve(problem: Any, x0: np.ndarray, method: str = "lm", *, options: SolverOp
     Work vectors are kept in ``problem.dtype``.  Raises ``ValueError`` if the initial cost is not
     finite.  The returned ``x`` is always finite-cost (the last accepted iterate).
     """
+    if not isinstance(method, str):
+        hint = (" (options go by keyword: solve(problem, x0, options=...))"
+                if isinstance(method, SolverOptions) else "")
+        raise TypeError(f"method must be 'lm' or 'gn', got {type(method).__name__}{hint}")
     if options is None:
         options = SolverOptions.from_kwargs(**kwargs)
     elif kwargs:
