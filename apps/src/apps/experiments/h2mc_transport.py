@@ -7,6 +7,8 @@ matches. The thesis reports no error metric (its comparisons are visual, at equa
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from .._experiment import Experiment, Outcome, fig_axes, subplots
@@ -16,15 +18,24 @@ PAPER = {"metric": "none printed (equal-time images, Table 6.1 sample counts)",
 METHODS = {"PSSMLT": "pssmlt", "MMLT": "mmlt", "H2MC": "h2mc"}
 
 
+@functools.lru_cache(maxsize=2)
+def _path_space(resolution, max_length):
+    """The Cornell box and its path space, one per worker process: a PathSpace derives its
+    techniques' Hessian kernels on first use (seconds each), and renders may share it."""
+    import h2mc
+    from edge_rt import scenes
+
+    scene = scenes.cornell_box((resolution, resolution))
+    return scene, h2mc.PathSpace(scene, max_length=max_length, min_length=3)
+
+
 def _render(method, resolution, max_length, mpp, chains, sigma2, seed):
     """One MLT render: (image, seconds, small-step acceptance)."""
     import time
 
     import h2mc
-    from edge_rt import scenes
 
-    scene = scenes.cornell_box((resolution, resolution))
-    ps = h2mc.PathSpace(scene, max_length=max_length, min_length=3)
+    scene, ps = _path_space(resolution, max_length)
     t0 = time.perf_counter()
     r = h2mc.render_mlt(scene, mpp, method=METHODS[method], path_space=ps, sigma2=sigma2,
                         chains=chains, direct_spp=max(1, mpp // 2), seed=seed)
