@@ -124,16 +124,20 @@ def test_residual_reset_every_10_iterations():
     assert res0.n_apply == 35
 
 
+def _laplacian_system(n=30):
+    """A 2-D Laplacian plus a random diagonal on an n x n grid, and a random right side."""
+    lap = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (n, n))
+    A = (sp.kron(lap, sp.eye(n)) + sp.kron(sp.eye(n), lap)
+         + sp.diags(np.random.default_rng(0).uniform(1e-3, 1.0, n * n))).tocsr()
+    return A, np.random.default_rng(1).normal(size=n * n)
+
+
 def test_remaining_decrease_bounds_the_model_decrease_left():
     """``PCGResult.remaining_decrease`` estimates ``1/2 r.A^-1 r`` (what the quadratic model could
     still fall below the returned step) from CG's own coefficients: ``1/2 r.M^-1 r`` over the
     smallest Ritz value. On a 2-D Laplacian plus a random diagonal it lies above the exact value
     (measured ~4x) at every tolerance, and it is nan for too short a run."""
-    n = 30
-    lap = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (n, n))
-    A = (sp.kron(lap, sp.eye(n)) + sp.kron(sp.eye(n), lap)
-         + sp.diags(np.random.default_rng(0).uniform(1e-3, 1.0, n * n))).tocsr()
-    b = np.random.default_rng(1).normal(size=n * n)
+    A, b = _laplacian_system()
     dense = A.toarray()
     for tol in (1e-2, 1e-4, 1e-8):
         res = pcg(lambda p: A @ p, b, 1.0 / A.diagonal(), max_iterations=1000, tolerance=tol)
@@ -149,11 +153,7 @@ def test_decrease_tolerance_stops_once_the_gain_left_is_below_it():
     decrease left is at most the tolerance; the exact decrease left, ``1/2 r.A^-1 r``, is then
     below it too (the estimate lies above it), and the run is shorter than one to a tight
     residual tolerance."""
-    n = 30
-    lap = sp.diags([-1.0, 2.0, -1.0], [-1, 0, 1], (n, n))
-    A = (sp.kron(lap, sp.eye(n)) + sp.kron(sp.eye(n), lap)
-         + sp.diags(np.random.default_rng(0).uniform(1e-3, 1.0, n * n))).tocsr()
-    b = np.random.default_rng(1).normal(size=n * n)
+    A, b = _laplacian_system()
     dense = A.toarray()
     full = pcg(lambda p: A @ p, b, 1.0 / A.diagonal(), max_iterations=1000, tolerance=1e-12)
     optimum = 0.5 * b @ np.linalg.solve(dense, b)
