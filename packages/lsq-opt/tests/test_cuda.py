@@ -346,16 +346,14 @@ def check_device_evaluation(name, dtype, xp):
 
 def check_lm_iterates(name, dtype, iterations=4, method="lm", device_loop=True):
     """A short solve of the cuda plan (all-device loop, or the host protocol) takes the numpy
-    oracle's iterates, steps and PCG iteration counts. Without the predicted stop: it and
-    PCG's decrease tolerance read CG's Lanczos coefficients, which the device loop keeps on
-    the device, so they are host-loop rules."""
+    oracle's iterates, steps and PCG iteration counts (with the defaults' predicted stop and
+    PCG decrease tolerance, which read CG's coefficients: the device loop records them)."""
     dev, ref = plans(name, dtype)
     runs = []
     for plan in (dev, ref):
         xs = []
         res = solve(plan, plan.x0, method=method, max_iterations=iterations, pcg_max_iterations=20,
-                    device_loop=device_loop, predicted_stop=False,
-                    callback=lambda entry, x: xs.append(np.copy(x)))
+                    device_loop=device_loop, callback=lambda entry, x: xs.append(np.copy(x)))
         runs.append((res, xs))
     (rd, xd), (rr, xr) = runs
     assert len(xd) == len(xr) >= 2, (len(xd), len(xr))
@@ -529,10 +527,26 @@ def device_pcg_run(cp, A, b, minv, calls=None, **kw):
                **kw)
 
 
-def launched_products(iterations, check_every, max_iterations=100, reset_period=0):
+def sync_points(iterations, check_every, max_iterations=100, decrease=False):
+    """The iterations after which a device PCG that stops at ``iterations`` fetches its state:
+    every ``check_every``, the cap, and (with a decrease tolerance) the host loop's decrease
+    tests; it launches iterations up to the first of them at or after the stop."""
+    from lsq_opt._solver.pcg import DECREASE_CHECK_EVERY, MIN_RITZ_ITERATIONS
+
+    points = []
+    for i in range(1, max_iterations + 1):
+        if i % check_every == 0 or i == max_iterations or (
+                decrease and i >= MIN_RITZ_ITERATIONS and i % DECREASE_CHECK_EVERY == 0):
+            points.append(i)
+            if i >= iterations:
+                return points
+    return points
+
+
+def launched_products(iterations, check_every, max_iterations=100, reset_period=0, decrease=False):
     """The products a device PCG that stops after ``iterations`` launches: its iterations up to
     the next check (or the cap), plus their residual resets."""
-    launched = min(-(-iterations // check_every) * check_every, max_iterations)
+    launched = sync_points(iterations, check_every, max_iterations, decrease)[-1]
     return launched + (launched // reset_period if reset_period else 0)
 
 
@@ -540,6 +554,7 @@ PCG_CASES = {
     "tolerance": dict(tolerance=1e-6),
     "q tolerance": dict(tolerance=1e-12, q_tolerance=1e-6, residual_reset_period=5),
     "max iterations": dict(tolerance=1e-14, max_iterations=17, residual_reset_period=3),
+    "decrease tolerance": dict(tolerance=1e-14, decrease_tolerance=1e-5, residual_reset_period=5),
 }
 # device PCG against the host PCG, relative: the step (to its largest entry), the Q history, the
 # final residual norm (of a converged solve: its own rounding is large). The host emulation
@@ -558,10 +573,16 @@ def run_device_pcg(cp, case, dtype, check_every):
 
 
 def check_device_pcg(got, ref, case, dtype, tier):
-    """The device PCG took the host PCG's step, iteration count, stop reason, residual norm and
-    Q history."""
+    """The device PCG took the host PCG's step, iteration count, stop reason, residual norm,
+    Q history and CG coefficients (the remaining-decrease estimate)."""
     assert (got.iterations, got.reason) == (ref.iterations, ref.reason)
     tol, r_tol = PCG_TOL[tier][dtype]
+    assert len(got.alphas) == len(got.betas) == len(ref.alphas) == got.iterations
+    # float32 iterations run past that precision (tolerance 1e-14) differ by rounding: 2.5 %
+    c_tol = r_tol if dtype == "float64" else 0.1
+    np.testing.assert_allclose(got.alphas, ref.alphas, rtol=c_tol)
+    np.testing.assert_allclose(got.betas, ref.betas, rtol=c_tol)
+    np.testing.assert_allclose(got.remaining_decrease(), ref.remaining_decrease(), rtol=c_tol)
     np.testing.assert_allclose(got.x.get(), ref.x, rtol=0, atol=tol * float(np.abs(ref.x).max()))
     np.testing.assert_allclose(got.residual_norm, ref.residual_norm, rtol=r_tol)
     assert got.rhs_norm == pytest.approx(ref.rhs_norm, rel=tol)
@@ -573,17 +594,21 @@ def check_device_pcg(got, ref, case, dtype, tier):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("case", list(PCG_CASES))
 def test_host_device_pcg_takes_the_host_iterates(host_cupy, monkeypatch, case, dtype, check_every):
-    """Device-resident scalars: the host loop's results, with ceil(iterations / check_every) + 1
-    synchronisations (+1 with the Q test); the iterations launched after the stop change
-    nothing."""
+    """Device-resident scalars: the host loop's results, with one synchronisation per check
+    (every check_every iterations, and the decrease tests, which fetch CG's coefficients as
+    well), one for ||b|| and one for the coefficients at the end (+1 with the Q test: its history); the iterations launched after
+    the stop change nothing."""
     fetches = Fetches(monkeypatch)
     got, ref = run_device_pcg(host_cupy, case, dtype, check_every)
-    # one more with the Q test: the history of Q, fetched once at the end
-    assert fetches.count == -(-ref.iterations // check_every) + 1 + (case == "q tolerance"), fetches.count
-    check_device_pcg(got, ref, case, dtype, "host")
     kw = PCG_CASES[case]
-    assert got.n_apply == launched_products(ref.iterations, check_every, kw.get("max_iterations", 100),
-                                            kw.get("residual_reset_period", 0))
+    shape = (ref.iterations, check_every, kw.get("max_iterations", 100))
+    decrease = "decrease_tolerance" in kw
+    points = sync_points(*shape, decrease)
+    # a decrease test fetches CG's coefficients too
+    tests = sum(1 for i in points if decrease and i >= 8 and i % 4 == 0)
+    assert fetches.count == len(points) + tests + 2 + (case == "q tolerance"), fetches.count
+    check_device_pcg(got, ref, case, dtype, "host")
+    assert got.n_apply == launched_products(*shape, kw.get("residual_reset_period", 0), decrease)
 
 
 def check_device_pcg_on_a_full_grid(cp, tol):
@@ -620,14 +645,15 @@ def test_host_device_pcg_on_a_full_grid(host_cupy):
 
 
 def test_host_device_pcg_synchronisations_do_not_grow_per_iteration(host_cupy, monkeypatch):
-    """The default check period: a 40-iteration solve synchronises 11 times (once for ||b||,
-    then every 4 iterations), where the host loop's scalars would cost 80."""
+    """The default check period: a 40-iteration solve synchronises 12 times (once for ||b||,
+    then every 4 iterations, and once for CG's coefficients), where the host loop's scalars
+    would cost 80."""
     A, b, minv = spd_system("float64", n=200, seed=9)
     kw = dict(tolerance=1e-30, max_iterations=40)
     fetches = Fetches(monkeypatch)
     res = device_pcg_run(host_cupy, A, b, minv, **kw)
     assert (res.iterations, res.reason) == (40, "max iterations")
-    assert fetches.count == 1 + 40 // 4
+    assert fetches.count == 2 + 40 // 4
 
 
 def check_device_pcg_breakdown_and_non_finite_stop(cp, check_every, tol):
@@ -699,7 +725,7 @@ def test_host_device_lm_with_q_tolerance(host_cupy, monkeypatch):
     def run(plan, **kw):
         xs = []
         res = solve(plan, plan.x0, max_iterations=4, pcg_tolerance=1e-9, pcg_max_iterations=40,
-                    predicted_stop=False,  # a host-loop rule (see check_lm_iterates)
+                    predicted_stop=False,  # the Q test alone (no PCG decrease tolerance)
                     callback=lambda entry, x: xs.append(np.copy(x)), **kw)
         return res, xs
 

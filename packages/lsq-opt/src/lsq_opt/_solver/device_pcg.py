@@ -26,7 +26,11 @@ stops at iteration ``k`` therefore launches up to ``check_every - 1`` iterations
 included) whose kernels change nothing, and synchronises ``ceil(k / check_every) + 1`` times
 (the first: ``||b||`` for the zero / non-finite right-hand side checks), and once more with
 the Q test (the history of Q, fetched at the end). ``check_every=1`` checks after every
-iteration. The iterates are the host loop's up to rounding (the dots sum in
+iteration. ``lsq_pcg_scalars`` also records CG's coefficients (alpha_i, beta_i) after the
+state, fetched at the end for :meth:`.pcg.PCGResult.remaining_decrease` (LM's predicted stop)
+and, with a ``decrease_tolerance``, at the host loop's test iterations (every
+``DECREASE_CHECK_EVERY`` from ``MIN_RITZ_ITERATIONS`` on: one synchronisation each), where the
+host evaluates the test and stops the loop as :func:`.pcg.pcg` does. The iterates are the host loop's up to rounding (the dots sum in
 another order, a device may contract ``a * x + y`` into a fused multiply-add); ``n_apply``
 counts every product launched, the ones after the stop included.
 """
@@ -150,7 +154,8 @@ def _source(name: str, T: str, with_q: bool) -> str:
         params = [("double* __restrict__ s", "the state vector"),
                   ("double* __restrict__ acc", "the per-block sums (read, then zeroed)"),
                   ("const long long blocks", "the vector kernels' grid"),
-                  ("const double tol_abs", "tolerance * ||b||"), ("const double q_tol", "Q tolerance")]
+                  ("const double tol_abs", "tolerance * ||b||"), ("const double q_tol", "Q tolerance"),
+                  ("const long long lanczos", "the slot of alpha_1 in s: (alpha_i, beta_i) pairs")]
         with w.kernel(name, params):
             S = {k: f"s[{v}]" for k, v in _S.items()}
             w.line(f"if (blockIdx.x != 0 || threadIdx.x != 0 || {S['reason']} != 0.0) return;")
@@ -167,6 +172,10 @@ def _source(name: str, T: str, with_q: bool) -> str:
             w.line(f"{S['iterations']} = it;")
             w.line(f"const {T} rho_old = ({T}){S['rho']}, rho_new = ({T})zr;")
             w.line(f"{S['beta']} = rho_old > ({T})0 ? (double)(rho_new / rho_old) : 0.0;")
+            w.line("// CG's coefficients: the Lanczos tridiagonal of the remaining-decrease estimate")
+            w.line("const long long at = lanczos + 2 * ((long long)it - 1);")
+            w.line("s[at] = (double)(rho_old / den);")
+            w.line(f"s[at + 1] = {S['beta']};")
             w.line(f"{S['rho']} = rho_new;")
             w.line("const double r_norm = sqrt(rr);")
             w.line(f"{S['residual_norm']} = r_norm;")
@@ -231,9 +240,9 @@ class _Kernels:
 
 
 def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, residual_reset_period,
-               ops, check_every):
+               ops, check_every, decrease_tolerance=None):
     """:func:`.pcg.pcg` for device vectors (``ops.xp`` not numpy); see the module docstring."""
-    from .pcg import PCGResult
+    from .pcg import DECREASE_CHECK_EVERY, MIN_RITZ_ITERATIONS, PCGResult, remaining_decrease
 
     if callable(m_inv):
         raise TypeError("the device PCG loop takes an inverse diagonal preconditioner (a vector),"
@@ -254,14 +263,22 @@ def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, res
     r = b.copy()
     z = minv * r
     p = z.copy()
-    state = xp.zeros(len(STATE) + (max_iterations if with_q else 0), np.float64)
+    lanczos = len(STATE) + (max_iterations if with_q else 0)
+    state = xp.zeros(lanczos + 2 * max_iterations, np.float64)
     state[_S["rho"]] = ops.dot(r, z)  # a device copy
     state[_S["residual_norm"]] = b_norm
     k = _Kernels(b.size, dt, with_q)
     acc = xp.zeros(len(DOTS) * PCG_GRID * SLOT, np.float64)  # lsq_pcg_scalars zeroes it after use
-    consts = (np.float64(tolerance * b_norm), np.float64(q_tolerance if with_q else 0.0))
+    consts = (np.float64(tolerance * b_norm), np.float64(q_tolerance if with_q else 0.0),
+              np.int64(lanczos))
+
+    def coefficients(k):
+        pairs = ops.to_host(state[lanczos:lanczos + 2 * k])
+        return pairs[0::2].tolist(), pairs[1::2].tolist()
+
     n_apply = 0
     i = 0
+    decrease_stop = False
     while i < max_iterations:
         i += 1
         q = xp.asarray(apply_A(p), dtype=dt)
@@ -276,14 +293,23 @@ def device_pcg(apply_A, b, m_inv, *, max_iterations, tolerance, q_tolerance, res
             k.vector("lsq_pcg_step", state, p, q, x, r, minv, z, b, acc)
         k.scalars(state, acc, *consts)
         k.vector("lsq_pcg_direction", state, p, z)
-        if i % check_every == 0 or i == max_iterations:
-            s = ops.to_host(state[:len(STATE)])  # the history stays behind: it grows
+        check_decrease = decrease_tolerance is not None and i >= MIN_RITZ_ITERATIONS \
+            and i % DECREASE_CHECK_EVERY == 0
+        if i % check_every == 0 or i == max_iterations or check_decrease:
+            s = ops.to_host(state[:len(STATE)])  # the histories stay behind: they grow
             if s[_S["reason"]]:
                 break
+            # the host loop's test, at the same iterations: the device has run exactly i
+            if check_decrease and remaining_decrease(*coefficients(i), s[_S["rho"]]) \
+                    <= decrease_tolerance:
+                decrease_stop = True
+                break
     iterations = int(s[_S["iterations"]])
-    reason = REASONS[int(s[_S["reason"]])] or "max iterations"
+    reason = "decrease tolerance" if decrease_stop else REASONS[int(s[_S["reason"]])] or "max iterations"
     r_norm = float(s[_S["residual_norm"]])
     q_hist = []
     if with_q and s[_S["q_count"]]:
         q_hist = ops.to_host(state[len(STATE):len(STATE) + int(s[_S["q_count"]])]).tolist()
-    return PCGResult(x, iterations, reason, r_norm, b_norm, n_apply, q_hist, residual=r)
+    alphas, betas = coefficients(iterations)
+    return PCGResult(x, iterations, reason, r_norm, b_norm, n_apply, q_hist, residual=r,
+                     alphas=alphas, betas=betas, final_rz=float(s[_S["rho"]]))

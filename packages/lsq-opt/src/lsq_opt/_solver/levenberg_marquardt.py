@@ -395,7 +395,7 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
         pcg_kw = dict(max_iterations=pcg_cap, tolerance=forcing.tolerance(), q_tolerance=q_tolerance,
                       residual_reset_period=opts.residual_reset_period, ops=ops,
                       check_every=opts.pcg_check_every)
-        if opts.predicted_stop and ops.on_host:  # no iterations for gains the stop rules ignore
+        if opts.predicted_stop:  # no PCG iterations for gains the stop rules ignore
             pcg_kw["decrease_tolerance"] = PREDICTED_STOP_FRACTION * opts.function_tolerance * cost
         if adaptive is not None:
             res = adaptive.solve(apply_A, -g, inverse_diagonal(diag + D, "jacobi"),

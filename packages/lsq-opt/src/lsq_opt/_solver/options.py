@@ -83,8 +83,6 @@ predicted_stop             True             LM, after an accepted step whose PCG
                                             than the function tolerance can see (Poisson's
                                             second solve 25 -> 12 iterations, the whole
                                             solve 67 -> 37 ms, 1.8x; cost within 2e-9).
-                                            Host loops only: the cuda device loop keeps
-                                            CG's coefficients on the device.
                                             False in ``paper()``
 slope_check                True             LM, after a rejected step whose cost rose: one
                                             cost evaluation on a short step along it; when

@@ -151,7 +151,7 @@ def pcg(
     ``q_tolerance``: Nash-Sofer / Ceres early exit (None disables; LM uses 1e-4).
     ``residual_reset_period``: recompute ``r = b - A x`` every that many iterations (0 disables).
     ``ops``: the vectors' array module (:class:`.vectors.VectorOps`; default numpy).
-    ``decrease_tolerance``: host vectors only: stop ("decrease tolerance") once the model
+    ``decrease_tolerance``: stop ("decrease tolerance") once the model
     decrease the solve could still gain (:func:`remaining_decrease`, checked every
     :data:`DECREASE_CHECK_EVERY` iterations from :data:`MIN_RITZ_ITERATIONS` on) is at most
     this: a step whose remaining gain is below what the caller can resolve needs no more
@@ -167,7 +167,7 @@ def pcg(
     if not ops.on_host:
         return device_pcg(apply_A, b, m_inv, max_iterations=max_iterations, tolerance=tolerance,
                           q_tolerance=q_tolerance, residual_reset_period=residual_reset_period,
-                          ops=ops, check_every=int(check_every))
+                          ops=ops, check_every=int(check_every), decrease_tolerance=decrease_tolerance)
     xp = ops.xp
     b = xp.asarray(b)
     dt = b.dtype
