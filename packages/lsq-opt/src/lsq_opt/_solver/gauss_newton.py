@@ -90,7 +90,7 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
             reason = "parameter tolerance"
         else:
             jd = model_product(res, g, delta, jtjp, xp, dt)
-            g_delta, delta_jd = ops.scalars(xp.dot(g, delta), xp.dot(delta, jd))
+            g_delta, delta_jd = ops.scalars(ops.dot(g, delta), ops.dot(delta, jd))
             dm = -(float(g_delta) + 0.5 * float(delta_jd))
             x_trial = x + delta
             trial_cost = float(problem.cost(x_trial))

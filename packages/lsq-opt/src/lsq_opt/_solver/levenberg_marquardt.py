@@ -418,8 +418,8 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             else:
                 jd = model_product(res, g, delta, jtjp, xp, dt, D)
                 model_grad_norm = ops.norm(g + jd)  # forcing: the undamped model
-                g_delta, delta_jd, delta_dd = ops.scalars(xp.dot(g, delta), xp.dot(delta, jd),
-                                                          xp.dot(delta, D * delta))
+                g_delta, delta_jd, delta_dd = ops.scalars(ops.dot(g, delta), ops.dot(delta, jd),
+                                                          ops.dot(delta, D * delta))
                 dm = -(float(g_delta) + 0.5 * float(delta_jd))
                 x_trial = x + delta
                 trial_cost = float(problem.cost(x_trial))

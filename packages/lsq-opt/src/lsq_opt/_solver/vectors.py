@@ -49,9 +49,9 @@ class VectorOps:
         return tuple(self.xp.stack(values).get())
 
     def norm(self, v) -> float:
-        if self.on_host:
-            return float(np.linalg.norm(v))
-        return math.sqrt(float(self.xp.dot(v, v)))
+        """``||v||``; on the host through :func:`._dot.dot` (``np.linalg.norm`` is a BLAS dot:
+        multi-threaded above 10^4 entries, 7 ms instead of ~10 us on a busy 2-core machine)."""
+        return math.sqrt(float(self.dot(v, v)))
 
     def max_abs(self, v):
         """``max |v|`` (nan if v holds a nan; left on the device like :meth:`dot`)."""
