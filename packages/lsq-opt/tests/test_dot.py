@@ -30,3 +30,17 @@ def test_dot_leaves_small_vectors_to_numpy_and_compiles_large_ones(monkeypatch):
     small32 = np.arange(100, dtype=np.float32)  # float32 keeps the kernel's summation order
     dot(small32, small32)
     assert calls == [BLAS_CALLER_THREAD_MAX + 1, 100]
+
+
+def test_solver_norms_and_dots_take_the_single_threaded_dot(monkeypatch):
+    """The solvers' norms go through ``dot`` too (np.linalg.norm is a threaded BLAS dot above
+    10^4 entries), with np.linalg.norm's value."""
+    from lsq_opt._solver import vectors
+
+    calls = []
+    monkeypatch.setattr(vectors, "host_dot", lambda a, b: calls.append(a.size) or dot(a, b))
+    ops = vectors.VectorOps(np)
+    for dtype, rtol in ((np.float64, 1e-14), (np.float32, 1e-6)):
+        v = np.random.default_rng(0).normal(size=BLAS_CALLER_THREAD_MAX + 7).astype(dtype)
+        np.testing.assert_allclose(ops.norm(v), np.linalg.norm(v.astype(np.float64)), rtol=rtol)
+    assert calls == [BLAS_CALLER_THREAD_MAX + 7] * 2
