@@ -7,7 +7,7 @@ cheaper (one system at its 5th iterate solved to 1e-6, mu 1e8 / 100: Jacobi 421 
 iterations, its 6 x 6 vertex blocks 219 / 83, a multigrid aggregating the vertex graph,
 unsmoothed or smoothed, 328-513 / 136-219: a scalar hierarchy misses the coupling of
 positions and rotations), and at the forcing sequence's loose tolerances a Jacobi-PCG step
-misses the smooth components that carry most of the model decrease (a median 26-34 % of it
+misses smooth components that carry much of the model decrease (a median 34 % of it
 left, by :meth:`.pcg.PCGResult.remaining_decrease`): LM took 43 iterations there, and 10 with
 this factorisation, whose PCG solves take 1-4 iterations. ``J^T J`` moves little between LM
 iterates and the damping changes by factors, so a factor stays a good preconditioner for the

@@ -45,7 +45,7 @@ preconditioner             "auto"           "jacobi+multigrid" for energies on o
                                             Graphs stay on Jacobi: a block diagonal and a
                                             graph multigrid did not cut their PCG work;
                                             "factorization" (opt-in, :mod:`.factorization`)
-                                            made a 512-vertex ARAP mesh 1.7x faster and a
+                                            made a 512-vertex ARAP mesh 1.6x faster and a
                                             spring network slower, and no rule found
                                             chooses it where it pays
 multigrid_min_unknowns     4096

@@ -65,7 +65,7 @@ def resolve_preconditioner(problem: Any, opts) -> str:
     iterations growing with the grid diameter; Jacobi elsewhere (graphs, small problems, and
     device problems: the cuda backend's all-device loop, whose vectors multigrid cannot take).
     ``"factorization"`` (:mod:`.factorization`) is never chosen automatically: it measured
-    1.7x faster on a small ARAP mesh but slower on a spring network, and no rule found tells
+    1.6x faster on a small ARAP mesh but slower on a spring network, and no rule found tells
     the two apart in time (see that module)."""
     kind = opts.preconditioner
     if kind in ("multigrid", "jacobi+multigrid", "factorization") and getattr(problem, "xp", np) is not np:
