@@ -23,7 +23,7 @@ from .levenberg_marquardt import (ForcingSequence, _emit, callback_stops, gradie
                                   stop_detail)
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
-from .problem import call_linearize, jtjp_operator, resolve_preconditioner, assembled_preconditioner
+from .problem import assembled_preconditioner, call_linearize, jtjp_operator, resolve_preconditioner
 from .report import IterationLog, SolveResult
 from .vectors import vector_ops
 

@@ -62,7 +62,7 @@ from .multigrid import MultigridCache
 from .options import (FORCING_INITIAL, POOR_STEP_FORCING, POOR_STEP_RHO, POOR_STEP_RUN,
                       SolverOptions, forcing_term)
 from .pcg import inverse_diagonal, pcg
-from .problem import call_linearize, jtjp_operator, resolve_preconditioner, assembled_preconditioner
+from .problem import assembled_preconditioner, call_linearize, jtjp_operator, resolve_preconditioner
 from .report import IterationLog, SolveResult
 from .vectors import VectorOps, vector_ops
 
