@@ -17,12 +17,13 @@ from typing import Any
 import numpy as np
 
 from .adaptive import JacobiThenMultigrid
+from .factorization import LaggedFactorization
 from .multigrid import MultigridCache
 from .levenberg_marquardt import (ForcingSequence, _emit, callback_stops, gradient_stop, model_product, start,
                                   stop_detail)
 from .options import SolverOptions
 from .pcg import inverse_diagonal, pcg
-from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, resolve_preconditioner
+from .problem import assembled_preconditioner, call_linearize, jtjp_operator, resolve_preconditioner
 from .report import IterationLog, SolveResult
 from .vectors import vector_ops
 
@@ -37,8 +38,9 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
     initial_cost = cost
     log: list[IterationLog] = []
     preconditioner = resolve_preconditioner(problem, opts)
-    adaptive = JacobiThenMultigrid() if preconditioner == "jacobi+multigrid" else None
     multigrid = MultigridCache()  # the hierarchy reused across the solve's systems
+    factors = LaggedFactorization()  # preconditioner='factorization': reused while it serves
+    adaptive = JacobiThenMultigrid() if preconditioner == "jacobi+multigrid" else None
     forcing = ForcingSequence(opts, dt)
     numbers: dict = {}
     _emit(opts, f"GN ({dt.name}, preconditioner {preconditioner}): initial cost {cost:.10e}")
@@ -71,10 +73,11 @@ def gauss_newton(problem: Any, x0: np.ndarray, opts: SolverOptions) -> SolveResu
                       check_every=opts.pcg_check_every)
         if adaptive is not None:
             res = adaptive.solve(jtjp, -g, inverse_diagonal(diag, "jacobi"),
-                                 lambda: multigrid_preconditioner(problem, x, cache=multigrid), **pcg_kw)
+                                 lambda: assembled_preconditioner(preconditioner, problem, x, None, multigrid,
+                                                               factors), **pcg_kw)
         else:
-            if preconditioner == "multigrid":
-                m_inv = multigrid_preconditioner(problem, x, cache=multigrid)
+            if preconditioner in ("multigrid", "factorization"):
+                m_inv = assembled_preconditioner(preconditioner, problem, x, None, multigrid, factors)
             else:
                 m_inv = inverse_diagonal(diag, preconditioner, xp=xp)
             res = pcg(jtjp, -g, m_inv, **pcg_kw)

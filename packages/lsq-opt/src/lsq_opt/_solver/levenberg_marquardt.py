@@ -64,11 +64,12 @@ from typing import Any
 import numpy as np
 
 from .adaptive import JacobiThenMultigrid
+from .factorization import LaggedFactorization
 from .multigrid import MultigridCache
 from .options import (FORCING_INITIAL, POOR_STEP_FORCING, POOR_STEP_RHO, POOR_STEP_RUN,
                       SolverOptions, forcing_term)
 from .pcg import inverse_diagonal, pcg
-from .problem import call_linearize, jtjp_operator, multigrid_preconditioner, resolve_preconditioner
+from .problem import assembled_preconditioner, call_linearize, jtjp_operator, resolve_preconditioner
 from .report import IterationLog, SolveResult
 from .vectors import VectorOps, vector_ops
 
@@ -340,8 +341,9 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
     mu = float(opts.initial_trust_region_radius)
     nu = float(opts.radius_decrease_factor)
     preconditioner = resolve_preconditioner(problem, opts)
-    adaptive = JacobiThenMultigrid() if preconditioner == "jacobi+multigrid" else None
     multigrid = MultigridCache()  # hierarchy and J^T J reused across the solve's systems
+    factors = LaggedFactorization()  # preconditioner='factorization': reused while it serves
+    adaptive = JacobiThenMultigrid() if preconditioner == "jacobi+multigrid" else None
     forcing = ForcingSequence(opts, dt)
     q_tolerance = opts.lm_q_tolerance()
     pcg_cap = opts.pcg_cap()
@@ -399,10 +401,11 @@ def levenberg_marquardt(problem: Any, x0: np.ndarray, opts: SolverOptions) -> So
             pcg_kw["decrease_tolerance"] = PREDICTED_STOP_FRACTION * opts.function_tolerance * cost
         if adaptive is not None:
             res = adaptive.solve(apply_A, -g, inverse_diagonal(diag + D, "jacobi"),
-                                 lambda D=D: multigrid_preconditioner(problem, x, D, multigrid), **pcg_kw)
+                                 lambda D=D: assembled_preconditioner(preconditioner, problem, x, D, multigrid,
+                                                                   factors), **pcg_kw)
         else:
-            if preconditioner == "multigrid":
-                m_inv = multigrid_preconditioner(problem, x, D, multigrid)
+            if preconditioner in ("multigrid", "factorization"):
+                m_inv = assembled_preconditioner(preconditioner, problem, x, D, multigrid, factors)
             else:
                 m_inv = inverse_diagonal(diag + D, preconditioner, xp=xp)
             res = pcg(apply_A, -g, m_inv, **pcg_kw)

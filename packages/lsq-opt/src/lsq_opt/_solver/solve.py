@@ -25,8 +25,8 @@ def solve(problem: Any, x0: np.ndarray, method: str = "lm", *, options: SolverOp
     ``initial_trust_region_radius`` (alias ``mu``), ``min_trust_region_radius``,
     ``max_trust_region_radius``, ``radius_decrease_factor``, ``min_lm_diagonal`` /
     ``max_lm_diagonal`` (aliases ``min_diagonal`` / ``max_diagonal``), ``min_relative_decrease``,
-    ``jacobi_scaling``, ``preconditioner`` ("jacobi" | "none" | "ceres" | "modified_ceres" |
-    "epsilon"), ``verbose``, ``progress`` (callable receiving each progress line), ``callback``
+    ``jacobi_scaling``, ``preconditioner`` ("auto" | "jacobi" | "none" | "ceres" |
+    "modified_ceres" | "epsilon" | "multigrid" | "jacobi+multigrid" | "factorization"), ``verbose``, ``progress`` (callable receiving each progress line), ``callback``
     (``callback(entry, x)``; returning True stops with "user callback"), ``device_loop``,
     ``pcg_check_every``, ``linear_system`` ("auto" | "matrix_free" | "jacobian" | "jtj": per
     linearisation the cheaper of the next two by measured cost, the generated J^T J p, or J
