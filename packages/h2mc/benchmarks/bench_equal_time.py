@@ -10,7 +10,7 @@ that it finishes in about half an hour on two cores. Kernels are compiled before
 
     .venv/bin/python packages/h2mc/benchmarks/bench_equal_time.py [--scenes ring torus]
         [--size 64] [--max-length 5] [--seconds 20] [--seeds 3] [--ref-factor 20] [--out DIR]
-        [--parameterization kelemen modified] [--lens-prob 0.3] [--no-light-coordinates]
+        [--parameterization kelemen modified] [--lens-prob 0.3 [0 ...]] [--no-light-coordinates]
         [--direct-spp 64] [--clock cpu|wall] [--reference-only]
 
 Equal time is equal CPU time of one thread by default (``--clock cpu``): on a machine shared
@@ -53,8 +53,9 @@ def main(argv=None):
                     default=["kelemen"],
                     help="H2MC's small steps in Kelemen's coordinates and / or the thesis' "
                     "modified ones (one H2MC row each; MMLT and PSSMLT stay in Kelemen's)")
-    ap.add_argument("--lens-prob", type=float, default=0.3,
-                    help="modified: H2 lens perturbation probability (0 turns it off)")
+    ap.add_argument("--lens-prob", type=float, nargs="+", default=[0.3],
+                    help="modified: H2 lens perturbation probability (0 turns it off); "
+                    "several: one H2MC row each")
     ap.add_argument("--no-light-coordinates", action="store_true",
                     help="modified: without the light-coordinate substitution")
     ap.add_argument("--direct-spp", type=int, default=64,
@@ -94,34 +95,49 @@ def main(argv=None):
         if args.reference_only:
             continue
         rows, images = [], {}
-        runs = [("pssmlt", "pssmlt", {}), ("mmlt", "mmlt", {})] + [
-            ("h2mc" if p == "kelemen" else "h2mc-modified", "h2mc",
-             dict(parameterization=p, lens_perturb_prob=args.lens_prob,
-                  light_coordinates=not args.no_light_coordinates))
-            for p in args.parameterization]
+        runs = [("pssmlt", "pssmlt", {}), ("mmlt", "mmlt", {})]
+        for p in args.parameterization:
+            for lens in args.lens_prob if p == "modified" else args.lens_prob[:1]:
+                label = "h2mc" if p == "kelemen" else "h2mc-modified"
+                if p == "modified" and len(args.lens_prob) > 1:
+                    label += f" lens {lens:g}"
+                runs.append((label, "h2mc", dict(
+                    parameterization=p, lens_perturb_prob=lens,
+                    light_coordinates=not args.no_light_coordinates)))
         spaces = {}  # one compiled PathSpace per parameterisation, shared by the seeds
         for label, method, modified in runs:
-            errs, mpps, accs = [], [], []
             p = modified.get("parameterization", "kelemen")
             if p not in spaces:
                 spaces[p] = path_space_for(
                     scene, args.max_length, p,
                     light_coordinates=modified.get("light_coordinates", True))
-            for s in range(args.seeds):
-                image, stats, mutations, _ = render(
+        results = {label: ([], [], [], []) for label, *_ in runs}
+        # seeds outside, methods inside: a change of load during the run weighs on every
+        # method alike
+        for s in range(args.seeds):
+            for label, method, modified in runs:
+                errs, mpps, accs, costs = results[label]
+                image, stats, mutations, seconds = render(
                     scene, method, seconds=args.seconds, max_length=args.max_length, seed=s,
                     chains=args.chains, sigma2=args.sigma2 or SIGMA2[name],
-                    direct_spp=args.direct_spp, path_space=spaces[p], clock=clock,
-                    **modified)
+                    direct_spp=args.direct_spp,
+                    path_space=spaces[modified.get("parameterization", "kelemen")],
+                    clock=clock, **modified)
                 errs.append(h2mc.rel_mse(image, ref))
                 mpps.append(mutations / (args.size * args.size))
                 accs.append({k: v.acceptance for k, v in stats.items()})
+                costs.append(seconds / mutations)
                 images.setdefault(label, image)
+                print(f"  seed {s} {label}: relMSE {errs[-1]:.3e}, {mpps[-1]:.0f} mutations/px, "
+                      f"{1e6 * costs[-1]:.2f} us/mutation (load {os.getloadavg()[0]:.1f})",
+                      flush=True)
+        for label, (errs, mpps, accs, costs) in results.items():
             acc = {k: float(np.median([a[k] for a in accs])) for k in accs[0]}
             rows.append((label, float(np.median(errs)), errs, float(np.median(mpps)), acc))
             print(f"  {label}: median relMSE {np.median(errs):.3e} "
                   f"({', '.join(f'{e:.2e}' for e in errs)}), {np.median(mpps):.0f} mutations/px "
-                  f"({', '.join(f'{m:.0f}' for m in mpps)}), median acceptance "
+                  f"({', '.join(f'{m:.0f}' for m in mpps)}), {1e6 * np.median(costs):.2f} "
+                  f"us/mutation, median acceptance "
                   f"{', '.join(f'{k} {v:.2f}' for k, v in acc.items())}", flush=True)
         med = {m: e for m, e, *_ in rows}
         h2 = [m for m in med if m.startswith("h2mc")]
