@@ -11,7 +11,7 @@ that it finishes in about half an hour on two cores. Kernels are compiled before
     .venv/bin/python packages/h2mc/benchmarks/bench_equal_time.py [--scenes ring torus]
         [--size 64] [--max-length 5] [--seconds 20] [--seeds 3] [--ref-factor 20] [--out DIR]
         [--parameterization kelemen modified] [--lens-prob 0.3 [0 ...]] [--no-light-coordinates]
-        [--direct-spp 64] [--clock cpu|wall] [--reference-only]
+        [--direct-spp 64] [--clock cpu|wall] [--reference-only | --wait-reference]
 
 Equal time is equal CPU time of one thread by default (``--clock cpu``): on a machine shared
 with other work, wall clock would charge each method for its neighbours' load.
@@ -66,6 +66,9 @@ def main(argv=None):
                     "machine shared with other work, one thread) or wall clock")
     ap.add_argument("--reference-only", action="store_true",
                     help="compute (and keep in --out) the references only")
+    ap.add_argument("--wait-reference", action="store_true",
+                    help="render the methods first, then wait for the reference that a "
+                    "--reference-only run (started beside this one) keeps in --out")
     ap.add_argument("--out", default="outputs/h2mc-equal-time")
     args = ap.parse_args(argv)
     if args.full:
@@ -81,15 +84,15 @@ def main(argv=None):
         scene = getattr(scenes, SCENES[name])((args.size, args.size))
         ref_seconds = args.seconds * args.ref_factor
         cached = os.path.join(args.out, f"{name}_{args.size}_L{args.max_length}_reference.npz")
-        if os.path.exists(cached) and float(np.load(cached)["seconds"]) >= ref_seconds:
-            ref = np.load(cached)["image"]  # kept from an earlier run at least as long
-            print(f"{name}: reference from {cached}", flush=True)
-        else:
+        ref = _kept_reference(cached, ref_seconds)
+        if ref is None and not args.wait_reference:
             t0 = time.perf_counter()
             ref, *_ = render(scene, "pssmlt", seconds=ref_seconds, max_length=args.max_length,
                              seed=10_000, chains=args.chains, clock=clock,
                              direct_spp=int(args.direct_spp * args.ref_factor))
-            np.savez(cached, image=ref, seconds=ref_seconds)
+            tmp = f"{cached}.{os.getpid()}.npz"  # atomic: a --wait-reference run polls for it
+            np.savez(tmp, image=ref, seconds=ref_seconds)
+            os.replace(tmp, cached)
             print(f"{name}: reference (PSSMLT, {ref_seconds:.0f} s) in "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
         if args.reference_only:
@@ -111,26 +114,39 @@ def main(argv=None):
                 spaces[p] = path_space_for(
                     scene, args.max_length, p,
                     light_coordinates=modified.get("light_coordinates", True))
+            t0, c0 = time.perf_counter(), time.process_time()
+            spaces[p].compile_kernels(derivatives=method == "h2mc",
+                                      lens=p == "modified" and modified["lens_perturb_prob"] > 0)
+            print(f"  {label}: kernels ready in {time.process_time() - c0:.0f} s CPU, "
+                  f"{time.perf_counter() - t0:.0f} s wall (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
         results = {label: ([], [], [], []) for label, *_ in runs}
+        renders = []
         # seeds outside, methods inside: a change of load during the run weighs on every
         # method alike
         for s in range(args.seeds):
             for label, method, modified in runs:
-                errs, mpps, accs, costs = results[label]
+                _, mpps, accs, costs = results[label]
                 image, stats, mutations, seconds = render(
                     scene, method, seconds=args.seconds, max_length=args.max_length, seed=s,
                     chains=args.chains, sigma2=args.sigma2 or SIGMA2[name],
                     direct_spp=args.direct_spp,
                     path_space=spaces[modified.get("parameterization", "kelemen")],
                     clock=clock, **modified)
-                errs.append(h2mc.rel_mse(image, ref))
                 mpps.append(mutations / (args.size * args.size))
                 accs.append({k: v.acceptance for k, v in stats.items()})
                 costs.append(seconds / mutations)
-                images.setdefault(label, image)
-                print(f"  seed {s} {label}: relMSE {errs[-1]:.3e}, {mpps[-1]:.0f} mutations/px, "
+                renders.append((s, label, image))
+                print(f"  seed {s} {label}: {mpps[-1]:.0f} mutations/px, "
                       f"{1e6 * costs[-1]:.2f} us/mutation (load {os.getloadavg()[0]:.1f})",
                       flush=True)
+        while ref is None:  # --wait-reference: another process is computing it
+            time.sleep(30)
+            ref = _kept_reference(cached, ref_seconds)
+        for s, label, image in renders:
+            results[label][0].append(h2mc.rel_mse(image, ref))
+            images.setdefault(label, image)
+            print(f"  seed {s} {label}: relMSE {results[label][0][-1]:.3e}", flush=True)
         for label, (errs, mpps, accs, costs) in results.items():
             acc = {k: float(np.median([a[k] for a in accs])) for k in accs[0]}
             rows.append((label, float(np.median(errs)), errs, float(np.median(mpps)), acc))
@@ -150,6 +166,16 @@ def main(argv=None):
         print("| mutations / pixel | " + " | ".join(f"{r[3]:.0f}" for r in rows) + " |"
               + " |" * len(h2))
         _figure(os.path.join(args.out, f"{name}_{args.size}.png"), name, ref, images, med)
+
+
+def _kept_reference(path, seconds):
+    """The reference image kept in ``path`` by an earlier run at least ``seconds`` long, or
+    None."""
+    try:
+        kept = np.load(path)
+        return kept["image"] if float(kept["seconds"]) >= seconds else None
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _figure(path, name, ref, images, med):
