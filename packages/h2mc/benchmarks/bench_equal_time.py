@@ -191,7 +191,7 @@ def _figure(path, name, ref, images, med):
     axes[1, 0].axis("off")
     for k, (method, image) in enumerate(images.items(), start=1):
         axes[0, k].imshow(to_srgb8(image))
-        axes[0, k].set_title(f"{method} (median relMSE {med[method]:.2e})", fontsize=9)
+        axes[0, k].set_title(f"{method}\nmedian relMSE {med[method]:.2e}", fontsize=9)
         err = ((image - ref) ** 2 / (ref ** 2 + 1e-2)).mean(axis=-1)
         axes[1, k].imshow(err, cmap="inferno", vmin=0, vmax=np.percentile(err, 99))
         axes[1, k].set_title("relative squared error", fontsize=9)
