@@ -10,8 +10,8 @@ that it finishes in about half an hour on two cores. Kernels are compiled before
 
     .venv/bin/python packages/h2mc/benchmarks/bench_equal_time.py [--scenes ring torus]
         [--size 64] [--max-length 5] [--seconds 20] [--seeds 3] [--ref-factor 20] [--out DIR]
-        [--parameterization kelemen modified] [--lens-prob 0.3] [--no-light-coordinates]
-        [--direct-spp 64] [--clock cpu|wall] [--reference-only]
+        [--parameterization kelemen modified] [--lens-prob 0.3 [0 ...]] [--no-light-coordinates]
+        [--direct-spp 64] [--clock cpu|wall] [--reference-only | --wait-reference]
 
 Equal time is equal CPU time of one thread by default (``--clock cpu``): on a machine shared
 with other work, wall clock would charge each method for its neighbours' load.
@@ -53,8 +53,9 @@ def main(argv=None):
                     default=["kelemen"],
                     help="H2MC's small steps in Kelemen's coordinates and / or the thesis' "
                     "modified ones (one H2MC row each; MMLT and PSSMLT stay in Kelemen's)")
-    ap.add_argument("--lens-prob", type=float, default=0.3,
-                    help="modified: H2 lens perturbation probability (0 turns it off)")
+    ap.add_argument("--lens-prob", type=float, nargs="+", default=[0.3],
+                    help="modified: H2 lens perturbation probability (0 turns it off); "
+                    "several: one H2MC row each")
     ap.add_argument("--no-light-coordinates", action="store_true",
                     help="modified: without the light-coordinate substitution")
     ap.add_argument("--direct-spp", type=int, default=64,
@@ -65,6 +66,9 @@ def main(argv=None):
                     "machine shared with other work, one thread) or wall clock")
     ap.add_argument("--reference-only", action="store_true",
                     help="compute (and keep in --out) the references only")
+    ap.add_argument("--wait-reference", action="store_true",
+                    help="render the methods first, then wait for the reference that a "
+                    "--reference-only run (started beside this one) keeps in --out")
     ap.add_argument("--out", default="outputs/h2mc-equal-time")
     args = ap.parse_args(argv)
     if args.full:
@@ -80,48 +84,76 @@ def main(argv=None):
         scene = getattr(scenes, SCENES[name])((args.size, args.size))
         ref_seconds = args.seconds * args.ref_factor
         cached = os.path.join(args.out, f"{name}_{args.size}_L{args.max_length}_reference.npz")
-        if os.path.exists(cached) and float(np.load(cached)["seconds"]) >= ref_seconds:
-            ref = np.load(cached)["image"]  # kept from an earlier run at least as long
-            print(f"{name}: reference from {cached}", flush=True)
-        else:
+        ref = _kept_reference(cached, ref_seconds)
+        if ref is None and not args.wait_reference:
             t0 = time.perf_counter()
             ref, *_ = render(scene, "pssmlt", seconds=ref_seconds, max_length=args.max_length,
                              seed=10_000, chains=args.chains, clock=clock,
                              direct_spp=int(args.direct_spp * args.ref_factor))
-            np.savez(cached, image=ref, seconds=ref_seconds)
+            tmp = f"{cached}.{os.getpid()}.npz"  # atomic: a --wait-reference run polls for it
+            np.savez(tmp, image=ref, seconds=ref_seconds)
+            os.replace(tmp, cached)
             print(f"{name}: reference (PSSMLT, {ref_seconds:.0f} s) in "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
         if args.reference_only:
             continue
         rows, images = [], {}
-        runs = [("pssmlt", "pssmlt", {}), ("mmlt", "mmlt", {})] + [
-            ("h2mc" if p == "kelemen" else "h2mc-modified", "h2mc",
-             dict(parameterization=p, lens_perturb_prob=args.lens_prob,
-                  light_coordinates=not args.no_light_coordinates))
-            for p in args.parameterization]
+        runs = [("pssmlt", "pssmlt", {}), ("mmlt", "mmlt", {})]
+        for p in args.parameterization:
+            for lens in args.lens_prob if p == "modified" else args.lens_prob[:1]:
+                label = "h2mc" if p == "kelemen" else "h2mc-modified"
+                if p == "modified" and len(args.lens_prob) > 1:
+                    label += f" lens {lens:g}"
+                runs.append((label, "h2mc", dict(
+                    parameterization=p, lens_perturb_prob=lens,
+                    light_coordinates=not args.no_light_coordinates)))
         spaces = {}  # one compiled PathSpace per parameterisation, shared by the seeds
         for label, method, modified in runs:
-            errs, mpps, accs = [], [], []
             p = modified.get("parameterization", "kelemen")
             if p not in spaces:
                 spaces[p] = path_space_for(
                     scene, args.max_length, p,
                     light_coordinates=modified.get("light_coordinates", True))
-            for s in range(args.seeds):
-                image, stats, mutations, _ = render(
+            t0, c0 = time.perf_counter(), time.process_time()
+            spaces[p].compile_kernels(derivatives=method == "h2mc",
+                                      lens=p == "modified" and modified["lens_perturb_prob"] > 0)
+            print(f"  {label}: kernels ready in {time.process_time() - c0:.0f} s CPU, "
+                  f"{time.perf_counter() - t0:.0f} s wall (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
+        results = {label: ([], [], [], []) for label, *_ in runs}
+        renders = []
+        # seeds outside, methods inside: a change of load during the run weighs on every
+        # method alike
+        for s in range(args.seeds):
+            for label, method, modified in runs:
+                _, mpps, accs, costs = results[label]
+                image, stats, mutations, seconds = render(
                     scene, method, seconds=args.seconds, max_length=args.max_length, seed=s,
                     chains=args.chains, sigma2=args.sigma2 or SIGMA2[name],
-                    direct_spp=args.direct_spp, path_space=spaces[p], clock=clock,
-                    **modified)
-                errs.append(h2mc.rel_mse(image, ref))
+                    direct_spp=args.direct_spp,
+                    path_space=spaces[modified.get("parameterization", "kelemen")],
+                    clock=clock, **modified)
                 mpps.append(mutations / (args.size * args.size))
                 accs.append({k: v.acceptance for k, v in stats.items()})
-                images.setdefault(label, image)
+                costs.append(seconds / mutations)
+                renders.append((s, label, image))
+                print(f"  seed {s} {label}: {mpps[-1]:.0f} mutations/px, "
+                      f"{1e6 * costs[-1]:.2f} us/mutation (load {os.getloadavg()[0]:.1f})",
+                      flush=True)
+        while ref is None:  # --wait-reference: another process is computing it
+            time.sleep(30)
+            ref = _kept_reference(cached, ref_seconds)
+        for s, label, image in renders:
+            results[label][0].append(h2mc.rel_mse(image, ref))
+            images.setdefault(label, image)
+            print(f"  seed {s} {label}: relMSE {results[label][0][-1]:.3e}", flush=True)
+        for label, (errs, mpps, accs, costs) in results.items():
             acc = {k: float(np.median([a[k] for a in accs])) for k in accs[0]}
             rows.append((label, float(np.median(errs)), errs, float(np.median(mpps)), acc))
             print(f"  {label}: median relMSE {np.median(errs):.3e} "
                   f"({', '.join(f'{e:.2e}' for e in errs)}), {np.median(mpps):.0f} mutations/px "
-                  f"({', '.join(f'{m:.0f}' for m in mpps)}), median acceptance "
+                  f"({', '.join(f'{m:.0f}' for m in mpps)}), {1e6 * np.median(costs):.2f} "
+                  f"us/mutation, median acceptance "
                   f"{', '.join(f'{k} {v:.2f}' for k, v in acc.items())}", flush=True)
         med = {m: e for m, e, *_ in rows}
         h2 = [m for m in med if m.startswith("h2mc")]
@@ -134,6 +166,16 @@ def main(argv=None):
         print("| mutations / pixel | " + " | ".join(f"{r[3]:.0f}" for r in rows) + " |"
               + " |" * len(h2))
         _figure(os.path.join(args.out, f"{name}_{args.size}.png"), name, ref, images, med)
+
+
+def _kept_reference(path, seconds):
+    """The reference image kept in ``path`` by an earlier run at least ``seconds`` long, or
+    None."""
+    try:
+        kept = np.load(path)
+        return kept["image"] if float(kept["seconds"]) >= seconds else None
+    except (OSError, ValueError, KeyError):
+        return None
 
 
 def _figure(path, name, ref, images, med):
@@ -149,7 +191,7 @@ def _figure(path, name, ref, images, med):
     axes[1, 0].axis("off")
     for k, (method, image) in enumerate(images.items(), start=1):
         axes[0, k].imshow(to_srgb8(image))
-        axes[0, k].set_title(f"{method} (median relMSE {med[method]:.2e})", fontsize=9)
+        axes[0, k].set_title(f"{method}\nmedian relMSE {med[method]:.2e}", fontsize=9)
         err = ((image - ref) ** 2 / (ref ** 2 + 1e-2)).mean(axis=-1)
         axes[1, k].imshow(err, cmap="inferno", vmin=0, vmax=np.percentile(err, 99))
         axes[1, k].set_title("relative squared error", fontsize=9)
