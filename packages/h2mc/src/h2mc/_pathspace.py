@@ -86,6 +86,7 @@ coordinate's 1D density. Lights and the camera do not move.
 from __future__ import annotations
 
 import functools
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -131,6 +132,10 @@ def luminance(rgb):
 LENS_REACH_TOL = 1e-8
 
 HIT, NEE = 0, 1  # techniques by their number of light-subpath vertices s (spec 1.4)
+
+# A call's lanes of one material sequence take its specialised Hessian kernel from this many
+# on (fewer: the generic one, PathSpace ``specialize``)
+SPECIALIZE_MIN_LANES = 128
 
 
 @dataclass
@@ -245,6 +250,16 @@ def _relative_eta(geometry, si):
     return torch.where(glass, bsdf.relative_eta(torch.where(glass, eta, 1.0), si.front), 0.0)
 
 
+def _by_material(glass, dielectric, opaque):
+    """The expressions ``dielectric()`` on glass vertices, ``opaque()`` elsewhere (lists, one
+    per component): a per-lane ``where`` when ``glass`` is an expression (a kernel holding both
+    BSDFs), only the one it names when it is a bool (a kernel specialised to the vertex's
+    material, which then differentiates one BSDF)."""
+    if isinstance(glass, bool):
+        return list(dielectric() if glass else opaque())
+    return [sym.where(glass, a, b) for a, b in zip(dielectric(), opaque())]
+
+
 def spherical_direction(w):
     """World-space unit directions of spherical coordinates ``w`` (N, 2) in [0, 1)^2:
     ``theta_az = 2 pi w[:, 0]``, ``phi = pi w[:, 1]`` (spec 5.1 [R])."""
@@ -282,11 +297,18 @@ class PathSpace:
     ``techniques``: the ``(length, s)`` keys, ``s`` in (:data:`HIT`, :data:`NEE`), in the
     order of :attr:`Paths.contrib`'s technique axis. ``roughness_threshold``: enables the
     modified parameterisation (module docstring) for vertices rougher than it (None: PSS only;
-    its kernels then carry no absolute-direction branch).
+    its kernels then carry no absolute-direction branch). ``specialize`` (scenes with a
+    dielectric): Hessian kernels per *material sequence* (which surface vertices of the path
+    are dielectric), each vertex differentiating its own BSDF, next to the generic one whose
+    vertices hold both BSDFs picked per lane: a call gives the lanes of each sequence with at
+    least :attr:`specialize_min_lanes` of them its kernel (built on first use, so only for
+    sequences the chains visit often; render_mlt does not charge the build to its time
+    budget) and the rest the generic one. Values and the other kernels stay one per
+    technique (cheap: a call per sequence would cost more than the branch it saves).
     """
 
     def __init__(self, scene, max_length=3, min_length=3, backend=None,
-                 roughness_threshold=None, light_coordinates=False):
+                 roughness_threshold=None, light_coordinates=False, specialize=True):
         if not 2 <= int(min_length) <= int(max_length):
             raise PathSpaceError(f"PathSpace: need 2 <= min_length <= max_length, got "
                                  f"{min_length}, {max_length}")
@@ -322,6 +344,8 @@ class PathSpace:
                                      "dielectric (roughness 0): its contribution is a delta, "
                                      "not differentiable; give it a roughness > 0")
         self._dielectric = self.geometry.has_dielectric
+        self._specialize = bool(specialize) and self._dielectric
+        self.specialize_min_lanes = SPECIALIZE_MIN_LANES
         if len(self.geometry.light_tris) == 0:
             raise PathSpaceError("PathSpace: the scene has no light (no mesh with a non-zero "
                                  "emission); every path contribution would be zero")
@@ -341,7 +365,10 @@ class PathSpace:
         self.dim = first + 3 * (self.max_length - self.min_length + 1)
         self.techniques = [(k, s) for k in self.light_dims for s in (HIT, NEE)]
         self.backend = backend
-        self._kernels = {}  # (kind, length, s) -> compiled kernel
+        self._kernels = {}  # (kind, length, s, j | material sequence) -> compiled kernel
+        # time spent building kernels, by ``clock`` (render_mlt sets its own and does not
+        # charge the builds on first use to its budget)
+        self.clock, self.build_seconds = time.perf_counter, 0.0
 
     def _vertex_normals(self):
         """(T, 3) unit winding normals and (T, 3, 3) shading normals at each triangle's
@@ -713,13 +740,16 @@ class PathSpace:
         u, params, rgb = self._expressions(length, technique)[:3]
         return u, params, rgb
 
-    def _expressions(self, length, technique, lens=None):
+    def _expressions(self, length, technique, lens=None, materials=None):
         """:meth:`expressions`, the technique's MIS weight, ``|det du/dw|``, the sampled
         directions and the surface vertices (expressions). ``lens`` (a vertex index ``j``):
         the lens perturbation's path (spec 5.3), whose vertex ``j`` sends its direction to
         the fixed point ``anchor`` (three more parameters, last) on vertex ``j + 1``'s
         triangle; vertex ``j``'s factor of the Jacobian is then ``p_bsdf(omega_j) |cos
-        theta_{j+1}| / d^2`` (:meth:`lens_derivatives`)."""
+        theta_{j+1}| / d^2`` (:meth:`lens_derivatives`). ``materials``: None (each vertex
+        of a scene with a dielectric holds both BSDFs, picked per lane by its ``eta``) or
+        the bit mask of :meth:`_material_sequences` (vertex ``i + 1`` is a dielectric
+        where bit ``i`` is set, opaque elsewhere: one BSDF per vertex)."""
         k, s = self._check_technique(length, technique)
         cam = self.scene.camera
         u = [sym.var(f"pss{j}") for j in range(len(self.dims(k, s)))]
@@ -752,10 +782,16 @@ class PathSpace:
                 jacobian = jacobian * sym.abs(_dot(ng, d))
             wi = tuple(-x for x in d)
             mat = {nm: vp[nm] for nm in ("kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")}
-            glass = vp["eta"] > 0.0
+            if not self._dielectric:
+                glass = False
+            elif materials is None:
+                glass = vp["eta"] > 0.0
+            else:
+                glass = bool(materials >> i & 1)
             # a glass index on opaque vertices keeps the unused dielectric branch regular (at
             # eta = 1 refraction degenerates to wo = -wi, whose branches flip on rounding)
-            glass_mat = {"eta": sym.where(glass, vp["eta"], 1.5), "rough": vp["rough"]}
+            glass_mat = {"eta": vp["eta"] if isinstance(glass, bool)
+                         else sym.where(glass, vp["eta"], 1.5), "rough": vp["rough"]}
             last = i == k - 2
             if lens is not None and i + 1 == lens:  # reconnect to the fixed vertex j + 1
                 to_anchor = _sub(anchor, p)
@@ -769,12 +805,11 @@ class PathSpace:
                 du = u[self._screen + 2 + 3 * i: self._screen + 5 + 3 * i]
                 env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "u0", "u1", "u2"),
                                (*ns, *wi, *du)))
-                wo = sym.substitute(s_out, {v: env.get(v.name, mat.get(v.name))
-                                            for v in s_in})
-                if self._dielectric:
-                    wo_d = sym.substitute(sd_out, {v: env.get(v.name, glass_mat.get(v.name))
-                                                   for v in sd_in})
-                    wo = [sym.where(glass, a, b) for a, b in zip(wo_d, wo)]
+                wo = _by_material(
+                    glass, lambda: sym.substitute(sd_out, {v: env.get(v.name, glass_mat.get(
+                        v.name)) for v in sd_in}),
+                    lambda: sym.substitute(s_out, {v: env.get(v.name, mat.get(v.name))
+                                                   for v in s_in}))
                 wo, pdf = tuple(wo[:3]), wo[3]
                 if self.roughness_threshold is not None:
                     pdfs = ((p_out, p_in), (pd_out, pd_in) if self._dielectric else None)
@@ -807,10 +842,10 @@ class PathSpace:
                 else:  # the BSDF sample's pdf against the light's for the hit point
                     a, b = pdf, p_light
                 mis = a * a / (a * a + b * b)  # power heuristic (a > 0 on the smooth piece)
-            f = self._bsdf(e_vars, e_out, ns, ng, wi, wo, mat)
-            if self._dielectric:  # grey; reflection or transmission by the side of wo
-                (f_d,) = self._bsdf(d_vars, [d_out], ns, ng, wi, wo, glass_mat)
-                f = [sym.where(glass, f_d, x) for x in f]
+            # the dielectric's is grey; reflection or transmission by the side of wo
+            f = _by_material(glass, lambda: self._bsdf(d_vars, [d_out], ns, ng, wi, wo,
+                                                       glass_mat) * 3,
+                             lambda: self._bsdf(e_vars, e_out, ns, ng, wi, wo, mat))
             weight = [f[c] / pdf for c in range(3)]
             if last:
                 le = (light["ler"], light["leg"], light["leb"])
@@ -830,13 +865,12 @@ class PathSpace:
         env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "ox", "oy", "oz"),
                        (*ns, *wi, *omega)))
         p_out, p_in = opaque_pdf
-        pdf = sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name)) for v in p_in})[0]
-        if glass_pdf is not None:
-            pd_out, pd_in = glass_pdf
-            p_glass = sym.substitute([pd_out], {v: env.get(v.name, glass_mat.get(v.name))
-                                                for v in pd_in})[0]
-            pdf = sym.where(glass, p_glass, pdf)
-        return pdf
+        pd_out, pd_in = glass_pdf or (None, None)
+        return _by_material(
+            glass, lambda: sym.substitute([pd_out], {v: env.get(v.name, glass_mat.get(v.name))
+                                                     for v in pd_in}),
+            lambda: sym.substitute([p_out], {v: env.get(v.name, mat.get(v.name))
+                                             for v in p_in}))[0]
 
     @classmethod
     def _absolute(cls, vp, du, wo, pdf, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf):
@@ -936,11 +970,14 @@ class PathSpace:
         env.update(mat)
         return sym.substitute(e_out, {v: env[name] for name, v in e_vars.items()})
 
-    def _kernel(self, kind, length, technique):
-        key = (kind, *self._check_technique(length, technique))
+    def _kernel(self, kind, length, technique, materials=None):
+        """The compiled kernel ``kind`` of technique ``(length, technique)``, for the lanes
+        of material sequence ``materials`` (:meth:`_material_sequences`; None: any)."""
+        key = (kind, *self._check_technique(length, technique), materials)
         if key not in self._kernels:
+            start = self.clock()
             u, params, rgb, mis, jacobian, directions, positions = self._expressions(
-                length, technique)
+                length, technique, materials=materials)
             if kind == "value":  # with the modified parameterisation, also |det du/dw|
                 outs = rgb + ([jacobian] if self.roughness_threshold is not None else [])
             elif kind == "mis":
@@ -964,24 +1001,58 @@ class PathSpace:
                 tri = [(i, j) for i in range(len(u)) for j in range(i + 1)]
                 outs = [logf, *grad, *(hess[i][j] for i, j in tri)]
             self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
+            self.build_seconds += self.clock() - start
         return self._kernels[key]
 
     def _value_kernel(self, length, technique):
         return self._kernel("value", length, technique)
 
+    def _material_sequences(self, length, params):
+        """Per lane (column of the kernel parameters ``params`` of a technique of
+        ``length``), the bit mask of its dielectric surface vertices (bit ``i``: vertex
+        ``i + 1``), which names its specialised kernels; None where kernels are not
+        specialised (no dielectric in the scene, or ``specialize=False``)."""
+        if not self._specialize:
+            return None
+        nv, col = len(self._vertex_names), self._vertex_names.index("eta")
+        out = np.zeros(params.shape[1], np.int64)
+        for i in range(length - 1):
+            out |= (params[i * nv + col] > 0.0).astype(np.int64) << i
+        return out
+
     def _run(self, kind, u, length, technique, paths, lanes=None):
         """``(lanes, outputs (n_out, len(lanes)))`` of one kernel on the lanes (of ``lanes``,
-        if given) that have a path of technique ``(length, technique)``."""
+        if given) that have a path of technique ``(length, technique)``. Hessian kernels of a
+        specialised path space run per material sequence: their lanes come back grouped by
+        sequence, not sorted."""
         key = self._check_technique(length, technique)
         if key not in paths.structure:
             return np.zeros(0, np.int64), None
         lanes_k, params = paths.structure[key]
-        if lanes is not None:
-            keep = np.isin(lanes_k, lanes)
-            lanes_k, params = lanes_k[keep], np.compress(keep, params, axis=1)
+        keep = np.arange(len(lanes_k)) if lanes is None else np.flatnonzero(
+            np.isin(lanes_k, lanes))
+        groups = [(None, 0, len(keep))]  # (material sequence or None: generic, lane range)
+        materials = self._material_sequences(key[0], params) if kind == "hessian" else None
+        if materials is not None and len(keep):
+            # a call of a large kernel costs ~100 lanes' work whatever its lane count (its
+            # code streams in): sequences with few lanes here share the generic kernel (-1)
+            seqs, counts = np.unique(materials[keep], return_counts=True)
+            seq = np.where(np.isin(materials[keep], seqs[counts < self.specialize_min_lanes]),
+                           -1, materials[keep])
+            order = np.argsort(seq, kind="stable")  # each sequence's lanes side by side
+            keep, seq = keep[order], seq[order]
+            first = np.flatnonzero(np.diff(seq, prepend=-2))
+            groups = [(None if seq[a] < 0 else int(seq[a]), a, b)
+                      for a, b in zip(first, [*first[1:], len(keep)])]
+        if len(keep) < len(lanes_k) or len(groups) > 1:
+            lanes_k, params = lanes_k[keep], params.take(keep, axis=1)
+        inputs = self._kernel_inputs(u, key, lanes_k, params)
         with np.errstate(all="ignore"):
-            return lanes_k, self._kernel(kind, *key).call_stacked(
-                self._kernel_inputs(u, key, lanes_k, params))
+            if len(groups) == 1:
+                return lanes_k, self._kernel(kind, *key, groups[0][0]).call_stacked(inputs)
+            return lanes_k, np.concatenate([
+                self._kernel(kind, *key, m).call_stacked(inputs[:, a:b]) for m, a, b in groups],
+                axis=1)
 
     def mis_weights(self, u, length, technique, paths=None):
         """Power-heuristic MIS weight of technique ``(length, technique)`` per lane, (B,);
@@ -1059,6 +1130,7 @@ class PathSpace:
     def _lens_kernel(self, kind, length, technique, j):
         key = (kind, length, technique, j)
         if key not in self._kernels:
+            start = self.clock()
             u, params, rgb, _, _, directions, _ = self._expressions(length, technique, lens=j)
             if kind == "lens_direction":
                 outs = directions[3 * (j - 1):3 * j]
@@ -1069,6 +1141,7 @@ class PathSpace:
                 hess = sym.hessian(logf, screen)
                 outs = [logf, *grad, hess[0][0], hess[1][0], hess[1][1]]
             self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
+            self.build_seconds += self.clock() - start
         return self._kernels[key]
 
     def compile_kernels(self, derivatives=False, lens=False):
@@ -1077,7 +1150,9 @@ class PathSpace:
         with ``derivatives`` the Hessians of ``log f*``, with ``lens`` the lens
         perturbation's of every reconnection vertex (modified coordinates). They are
         otherwise built on first use: a technique rare in the first samples (a BSDF sample
-        that hits a small light) would compile inside a timed render."""
+        that hits a small light) would compile inside a timed render. A specialised path
+        space's Hessians of single material sequences are built on first use: only for
+        sequences the chains visit often, not all ``2^(length-1)``."""
         kinds = ["value"] + (["directions", "positions"] if self.roughness_threshold is not None
                              else []) + (["hessian"] if derivatives else [])
         if lens:
