@@ -465,7 +465,7 @@ def test_specialised_hessian_kernels_match_the_generic_ones(scene, length, techn
         scene, lambda: getattr(scenes, {"torus": "torus_glass_cube", "ring": "ring_scene"}.get(
             scene, scene))((12, 12)))()
     kw = dict(max_length=length, min_length=length, backend="numpy")
-    special, generic = PathSpace(sc, **kw), PathSpace(sc, specialize=False, **kw)
+    special, generic = PathSpace(sc, specialize=True, **kw), PathSpace(sc, **kw)
     special.specialize_min_lanes = 1  # every sequence its own kernel
     u = np.random.default_rng(5).random((samples, generic.dim))
     p = generic.trace(u)

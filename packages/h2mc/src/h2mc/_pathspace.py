@@ -305,10 +305,14 @@ class PathSpace:
     sequences the chains visit often; render_mlt does not charge the build to its time
     budget) and the rest the generic one. Values and the other kernels stay one per
     technique (cheap: a call per sequence would cost more than the branch it saves).
+    Off by default: at 1024 chains a step's lanes split over the sequences and a large
+    kernel's call costs ~100 lanes of work, so the step costs what it did, while the
+    first-use builds add tens of seconds to a render's wall clock; it pays with a few
+    hundred lanes of one sequence per call (many more chains).
     """
 
     def __init__(self, scene, max_length=3, min_length=3, backend=None,
-                 roughness_threshold=None, light_coordinates=False, specialize=True):
+                 roughness_threshold=None, light_coordinates=False, specialize=False):
         if not 2 <= int(min_length) <= int(max_length):
             raise PathSpaceError(f"PathSpace: need 2 <= min_length <= max_length, got "
                                  f"{min_length}, {max_length}")
