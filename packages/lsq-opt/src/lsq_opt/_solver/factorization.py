@@ -43,6 +43,7 @@ import numpy as np
 import scipy.sparse as sp
 import scipy.sparse.linalg as spla
 
+from .multigrid import LinearisedJtJ
 from .pcg import inverse_diagonal
 
 __all__ = ["REFACTOR_AFTER", "LaggedFactorization", "factorize"]
@@ -71,13 +72,13 @@ class LaggedFactorization:
     """The factor preconditioners of one solve: :meth:`preconditioner` returns the last factor
     while the solve that used it needed at most ``refactor_after`` PCG iterations, else a new
     factorisation of ``J^T J + diag(shift)`` at ``x`` (``J^T J`` assembled once per
-    linearisation point, as :class:`.multigrid.MultigridCache` does); where the matrix cannot be
+    linearisation point, :class:`.multigrid.LinearisedJtJ`); where the matrix cannot be
     factored, its inverse diagonal (Jacobi). ``factorizations`` / ``reuses`` / ``failures``
     count what it did."""
 
     def __init__(self, refactor_after: int = REFACTOR_AFTER):
         self.refactor_after = refactor_after
-        self._x = self._jtj = None
+        self._jtj = LinearisedJtJ()
         self._solve = None
         self._applications = 0  # applications of the current factor since the last call
         self.factorizations = self.reuses = self.failures = 0
@@ -88,16 +89,14 @@ class LaggedFactorization:
             self._applications = 0
             self.reuses += 1
             return self._counted
-        if self._jtj is None or not np.array_equal(x, self._x):
-            self._jtj = problem.jtj_matrix(x)
-            self._x = np.array(x, copy=True)
+        jtj = self._jtj.at(problem, x)
         try:
-            self._solve = factorize(self._jtj, shift)
+            self._solve = factorize(jtj, shift)
         except np.linalg.LinAlgError:  # singular (no damping, an unknown no residual reads)
             self._solve = None
             self.failures += 1
-            diag = self._jtj.diagonal() + (0.0 if shift is None else np.asarray(shift))
-            return inverse_diagonal(diag.astype(self._jtj.dtype, copy=False))
+            diag = jtj.diagonal() + (0.0 if shift is None else np.asarray(shift))
+            return inverse_diagonal(diag.astype(jtj.dtype, copy=False))
         self._applications = 0
         self.factorizations += 1
         return self._counted

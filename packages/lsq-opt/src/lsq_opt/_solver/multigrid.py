@@ -231,27 +231,45 @@ def _remember_hierarchy(coords, hierarchy: Hierarchy) -> None:
     _HIERARCHIES[id(coords)] = (ref, hierarchy)
 
 
-class MultigridCache:
-    """The multigrid preconditioners of one solve (:meth:`preconditioner`): the
-    :class:`Hierarchy` reused while ``J^T J`` keeps its pattern (also across solves on the same
-    plan: it is remembered by the plan's coords array), and ``J^T J`` assembled once per
-    linearisation point (the LM damping changes between rejected steps, ``J^T J`` does not).
-    ``setups`` / ``assemblies`` / ``hierarchies`` count the work done."""
+class LinearisedJtJ:
+    """``problem.jtj_matrix(x)`` (CSR) assembled once per linearisation point: the LM damping
+    changes between rejected steps, ``J^T J`` does not. Shared by the preconditioners that
+    assemble it (multigrid, the sparse factorisation); ``assemblies`` counts the builds."""
 
     def __init__(self):
         self._x = self._jtj = None
-        self.setups = self.assemblies = self.hierarchies = 0
+        self.assemblies = 0
 
-    def preconditioner(self, problem: Any, x: np.ndarray, shift=None) -> Multigrid:
-        """A V-cycle for ``J^T J (+ diag(shift))`` at ``x`` (``problem.jtj_matrix`` and
-        ``problem.unknown_coords``)."""
+    def at(self, problem: Any, x: np.ndarray) -> sp.csr_matrix:
         if self._jtj is None or not np.array_equal(x, self._x):
             self._jtj = sp.csr_matrix(problem.jtj_matrix(x))
             self._x = np.array(x, copy=True)
             self.assemblies += 1
+        return self._jtj
+
+
+class MultigridCache:
+    """The multigrid preconditioners of one solve (:meth:`preconditioner`): the
+    :class:`Hierarchy` reused while ``J^T J`` keeps its pattern (also across solves on the same
+    plan: it is remembered by the plan's coords array), and ``J^T J`` assembled once per
+    linearisation point (:class:`LinearisedJtJ`). ``setups`` / ``assemblies`` /
+    ``hierarchies`` count the work done."""
+
+    def __init__(self):
+        self._jtj = LinearisedJtJ()
+        self.setups = self.hierarchies = 0
+
+    @property
+    def assemblies(self) -> int:
+        return self._jtj.assemblies
+
+    def preconditioner(self, problem: Any, x: np.ndarray, shift=None) -> Multigrid:
+        """A V-cycle for ``J^T J (+ diag(shift))`` at ``x`` (``problem.jtj_matrix`` and
+        ``problem.unknown_coords``)."""
+        jtj = self._jtj.at(problem, x)
         coords = problem.unknown_coords()
         known = _known_hierarchy(coords)
-        M = Multigrid(self._jtj, coords, shift=shift, hierarchy=known)
+        M = Multigrid(jtj, coords, shift=shift, hierarchy=known)
         if M.hierarchy is not known:
             _remember_hierarchy(coords, M.hierarchy)
             self.hierarchies += 1
