@@ -9,9 +9,12 @@
    (``core_ad.value_and_grad(f)(x_cupy)``: the primal, the reverse sweep and the sum fused into
    CUDA kernels, cached across calls) next to PyTorch eager autograd on a CUDA tensor and
    ``jax.jit(jax.value_and_grad(f))`` on the GPU.
-3. Batched symmetric eigendecomposition (``--eigh-batch`` matrices of size 4 and 16, float64):
-   core_ad's per-lane Jacobi kernel (``core_ad.eigh`` on CuPy arrays), ``torch.linalg.eigh``
-   on CUDA and ``cupy.linalg.eigh``.
+3. Batched symmetric eigendecomposition (``--eigh-batch`` float64 matrices of each of
+   ``--eigh-sizes``): core_ad's Jacobi kernel (``core_ad.eigh`` on CuPy arrays, the layout it
+   picks, and each of its two layouts forced), ``torch.linalg.eigh`` on CUDA (in chunks of
+   ``--torch-eigh-chunk`` matrices: on the whole batch it failed with
+   CUSOLVER_STATUS_INTERNAL_ERROR at n = 4 and asked for 58 GiB at n = 16, H100, torch 2.11)
+   and ``cupy.linalg.eigh``.
 
 Every timed call ends with a device synchronisation, so the times are those a caller sees.
 Medians of ``--repeats`` alternated runs; the first call (compile) is reported apart.
@@ -137,8 +140,9 @@ def grad_of_sum_cases(cp, torch, jax, n, seed, notes):
     return (float(np.sum(terms)), grad, float(np.abs(terms).sum())), cases
 
 
-def eigh_cases(cp, torch, batch, size, seed):
+def eigh_cases(cp, torch, batch, size, seed, torch_chunk):
     import core_ad as ad
+    from core_ad._codegen import eigh as eigh_kernels
 
     rng = np.random.default_rng(seed)
     A = rng.standard_normal((batch, size, size))
@@ -156,12 +160,22 @@ def eigh_cases(cp, torch, batch, size, seed):
         sync()
         return cp.asnumpy(lam)
 
-    cases = {"core_ad jacobi": ours, "cupy.linalg.eigh": cupy_eigh}
+    def forced(variant):
+        def run():
+            lam, _ = eigh_kernels.eigh_cuda(H_cp, variant)
+            sync()
+            return cp.asnumpy(lam)
+        return run
+
+    cases = {"core_ad jacobi": ours}
+    cases.update({f"core_ad jacobi, {v} layout": forced(v) for v in eigh_kernels.CUDA_VARIANTS})
+    cases["cupy.linalg.eigh"] = cupy_eigh
     if torch is not None and torch.cuda.is_available():
         H_t = torch.tensor(H, device="cuda")
 
         def torch_eigh():
-            lam, _ = torch.linalg.eigh(H_t)
+            lam = torch.cat([torch.linalg.eigh(H_t[i:i + torch_chunk])[0]
+                             for i in range(0, batch, torch_chunk)])
             torch.cuda.synchronize()
             return lam.cpu().numpy()
 
@@ -173,6 +187,8 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--n", type=int, default=10_000_000, help="lanes (default 10^7)")
     p.add_argument("--eigh-batch", type=int, default=100_000)
+    p.add_argument("--eigh-sizes", type=int, nargs="+", default=[4, 8, 16])
+    p.add_argument("--torch-eigh-chunk", type=int, default=10_000)
     bench.add_common_arguments(p, repeats=11)
     args = bench.parse_arguments(p)
     if not codegen.cuda_available():
@@ -225,15 +241,16 @@ def main() -> int:
                        title=f"value_and_grad of a sum, n = {args.n}, float64, median of"
                              f" {args.repeats}")
 
-    for size in (4, 16):
-        want, cases = eigh_cases(cp, torch, args.eigh_batch, size, args.seed)
+    for size in args.eigh_sizes:
+        want, cases = eigh_cases(cp, torch, args.eigh_batch, size, args.seed,
+                                 args.torch_eigh_chunk)
         first = {}
         print(f"\nbatched eigh, {args.eigh_batch} float64 matrices of size {size}")
         for case, fn in list(cases.items()):
             try:
                 t, got = bench.time_first_call(fn)
             except RuntimeError as err:  # a peer's failure (seen: torch's batched cuSOLVER
-                if case == "core_ad jacobi":  # syevj, CUSOLVER_STATUS_INTERNAL_ERROR) is noted
+                if case.startswith("core_ad"):  # syevj, CUSOLVER_STATUS_INTERNAL_ERROR) is noted
                     raise
                 notes.append(f"{case} failed at {args.eigh_batch} x {size}^2"
                              f" ({bench.error_reason(err)}); not timed")
@@ -241,7 +258,7 @@ def main() -> int:
                 continue
             first[case] = t
             d = float(np.max(np.abs(got - want)))
-            print(f"  {case:18s} max abs diff of eigenvalues vs numpy {d:.1e}")
+            print(f"  {case:28s} max abs diff of eigenvalues vs numpy {d:.1e}")
             if d > 1e-9:
                 print("eigenvalues disagree; not timing")
                 return 1

@@ -22,11 +22,19 @@ def test_matches_numpy_eigh(n, dtype, tol):
     rng = np.random.default_rng(n)
     H = _sym_batch(rng, 37, n, dtype)  # 37 lanes: not a multiple of the vector width
     lam, E = ad.eigh(H)
-    assert lam.dtype == dtype and E.dtype == dtype
-    ref = np.linalg.eigh(H.astype(np.float64))[0]
-    scale = np.abs(ref).max()
-    np.testing.assert_allclose(lam, ref, atol=tol * scale, rtol=0)
+    _check_decomposition(H, lam, E, tol)
+
+
+def _check_decomposition(H, lam, E, tol):
+    """``lam`` ascending eigenvalues of sym(H) within ``tol * ||H||``, ``E`` orthonormal
+    eigenvector columns reconstructing sym(H)."""
+    n = H.shape[1]
+    assert lam.dtype == H.dtype and E.dtype == H.dtype
     Hs = H.astype(np.float64)
+    Hs = 0.5 * (Hs + np.swapaxes(Hs, 1, 2))
+    ref = np.linalg.eigh(Hs)[0]
+    scale = max(np.abs(ref).max(), 1.0)
+    np.testing.assert_allclose(lam, ref, atol=tol * scale, rtol=0)
     rec = np.einsum("bij,bj,bkj->bik", E.astype(np.float64), lam.astype(np.float64),
                     E.astype(np.float64))
     np.testing.assert_allclose(rec, Hs, atol=10 * tol * scale, rtol=0)
@@ -131,10 +139,20 @@ def test_eigh_in_batch_hessian_matches_traced_reference():
 
 # ---- CUDA: the source compiles; it runs where a device is present --------------------------
 
+def test_cuda_variant_choice_and_bad_variant():
+    assert kernels.cuda_variant(2) == "lane" and kernels.cuda_variant(16) == "group"
+    assert kernels.cuda_variant(16, "lane") == "lane"
+    with pytest.raises(ValueError, match="variant must be one of"):
+        kernels.cuda_source(4, "float64", "warp")
+    # the group kernel never lets a matrix's threads straddle two warps
+    assert kernels.cuda_launch_shape(11, 1000, "group") == (-(-1000 // 8), 128)
+
+
 @pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc not installed")
+@pytest.mark.parametrize("variant", kernels.CUDA_VARIANTS)
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
-def test_cuda_source_compiles_with_nvcc(tmp_path, dtype):
-    src, name = kernels.cuda_source(16, dtype)
+def test_cuda_source_compiles_with_nvcc(tmp_path, dtype, variant):
+    src, name = kernels.cuda_source(16, dtype, variant)
     path = tmp_path / "eigh.cu"
     path.write_text(src)
     r = subprocess.run(["nvcc", "-ptx", str(path), "-o", str(tmp_path / "eigh.ptx")],
@@ -153,3 +171,24 @@ def test_cuda_kernel_matches_cpu():
     H = _sym_batch(np.random.default_rng(8), 300, 7)
     lam, _ = ad.eigh(cupy.asarray(H))
     np.testing.assert_allclose(cupy.asnumpy(lam), np.linalg.eigh(H)[0], atol=1e-12)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("variant", kernels.CUDA_VARIANTS)
+@pytest.mark.parametrize("dtype,tol", [(np.float64, 1e-12), (np.float32, 2e-5)])
+def test_cuda_variants_every_size(variant, dtype, tol):
+    """Both CUDA layouts, every n, lane counts that leave the last block part-filled,
+    non-symmetric input, a diagonal batch with a repeated eigenvalue and a zero matrix."""
+    from core_ad import codegen
+
+    if not codegen.cuda_available():
+        pytest.skip("no CUDA device")
+    import cupy
+
+    rng = np.random.default_rng(9)
+    for n in range(1, kernels.MAX_N + 1):
+        H = rng.standard_normal((517, n, n)).astype(dtype)
+        H[0] = np.diag(np.arange(n) % 3)
+        H[1] = 0
+        lam, E = kernels.eigh_cuda(cupy.asarray(H), variant)
+        _check_decomposition(H, cupy.asnumpy(lam), cupy.asnumpy(E), tol)

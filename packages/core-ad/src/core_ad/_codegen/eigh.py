@@ -7,8 +7,12 @@ CPU: one LLVM module per ``(n, dtype)``; ``W`` lanes (one SIMD register) are sol
 vector registers, each lane with its own rotations; sweeps repeat until every lane of the
 group has converged (relative off-diagonal mass below the dtype's epsilon squared, at most
 ``MAX_SWEEPS``); an exchange sort then orders each lane's eigenvalues and eigenvector columns.
-Groups of lanes are spread over the kernels' thread pool. CUDA: the same algorithm, one thread
-per lane (:func:`cuda_source`).
+Groups of lanes are spread over the kernels' thread pool. CUDA (:func:`cuda_source`): the same
+rotations and stopping rule, in one of two layouts. ``"lane"``: one thread per matrix, the
+matrix in the thread's own (local) memory -- fine while ``A`` and ``V`` are small, but at
+``n = 16`` their 512 words spill, and the kernel is bound by local-memory traffic.
+``"group"``: ``n`` threads of one warp per matrix, ``A`` and ``V`` in shared memory; thread
+``k`` applies each rotation to row ``k`` (two warp-level barriers per rotation).
 
 Why Jacobi: for n <= 16 it is short, branch-free per rotation (vectorises across lanes),
 and accurate to full relative precision; numpy's batched ``eigh`` pays LAPACK's setup per
@@ -26,10 +30,14 @@ from .llvm.builder import Arg, KernelModule, loop, parallel_for
 from .llvm.runtime import num_threads
 from .llvm.vecmath import VecMath, intrinsic
 
-__all__ = ["MAX_N", "MAX_SWEEPS", "cuda_source", "eigh_cpu", "eigh_cuda"]
+__all__ = ["CUDA_VARIANTS", "MAX_N", "MAX_SWEEPS", "cuda_launch_shape", "cuda_source",
+           "cuda_variant", "eigh_cpu", "eigh_cuda"]
 
 MAX_N = 16
 MAX_SWEEPS = 40
+CUDA_VARIANTS = ("lane", "group")
+# The smallest n for which the shared-memory "group" layout is the default CUDA kernel.
+GROUP_FROM_N = 5
 _KERNELS: dict = {}
 _LOCK = threading.Lock()
 
@@ -256,14 +264,40 @@ def eigh_cpu(H, threads=None):
     return k(H, threads)
 
 
-def cuda_source(n: int, dtype="float64") -> tuple[str, str]:
-    """``(source, kernel name)``: CUDA C for ``n x n`` lanes, one thread per lane
-    (``kernel(const T* H, T* lam, T* E, long long B)``)."""
+def cuda_variant(n: int, variant: str | None = None) -> str:
+    """The CUDA layout used for ``n x n`` lanes: ``variant`` if given, else ``"group"`` from
+    ``n >= GROUP_FROM_N`` on."""
+    if variant is None:
+        return "group" if n >= GROUP_FROM_N else "lane"
+    if variant not in CUDA_VARIANTS:
+        raise ValueError(f"eigh: CUDA variant must be one of {CUDA_VARIANTS}, got {variant!r}")
+    return variant
+
+
+def cuda_source(n: int, dtype="float64", variant: str | None = None) -> tuple[str, str]:
+    """``(source, kernel name)``: CUDA C for ``n x n`` lanes,
+    ``kernel(const T* H, T* lam, T* E, long long B)``, in the layout :func:`cuda_variant`
+    picks (launch: ``cuda_launch_shape``)."""
     dtype = np.dtype(dtype)
     if not 1 <= n <= MAX_N:
         raise ValueError(f"eigh: n must be in [1, {MAX_N}], got {n}")
     T = "double" if dtype == np.float64 else "float"
     sfx = "" if dtype == np.float64 else "f"
+    tol = repr(_tolerance(dtype))
+    if cuda_variant(n, variant) == "group":
+        return _group_source(n, T, sfx, tol)
+    return _lane_source(n, T, sfx, tol)
+
+
+def _rotation(T, sfx):
+    """C statements: ``t, c, s`` of the Jacobi rotation zeroing ``apq`` (``apq != 0``)."""
+    return f"""{T} theta = (aqq - app) / (({T})2 * apq);
+                {T} t = copysign{sfx}(({T})1, theta)
+                        / (fabs{sfx}(theta) + sqrt{sfx}(theta * theta + ({T})1));
+                {T} c = ({T})1 / sqrt{sfx}(t * t + ({T})1), s = t * c;"""
+
+
+def _lane_source(n, T, sfx, tol):
     name = f"core_ad_eigh_{n}_{T}"
     src = f"""
 extern "C" __global__ void {name}(const {T}* __restrict__ H, {T}* __restrict__ lam,
@@ -283,10 +317,7 @@ extern "C" __global__ void {name}(const {T}* __restrict__ H, {T}* __restrict__ l
             for (int q = p + 1; q < n; ++q) {{
                 {T} apq = A[p * n + q], app = A[p * n + p], aqq = A[q * n + q];
                 if (apq == ({T})0) continue;
-                {T} theta = (aqq - app) / (({T})2 * apq);
-                {T} t = copysign{sfx}(({T})1, theta)
-                        / (fabs{sfx}(theta) + sqrt{sfx}(theta * theta + ({T})1));
-                {T} c = ({T})1 / sqrt{sfx}(t * t + ({T})1), s = t * c;
+                {_rotation(T, sfx)}
                 for (int k = 0; k < n; ++k) {{
                     {T} x = A[k * n + p], y = A[k * n + q];
                     A[k * n + p] = A[p * n + k] = c * x - s * y;
@@ -307,7 +338,7 @@ extern "C" __global__ void {name}(const {T}* __restrict__ H, {T}* __restrict__ l
                 all += a2;
                 if (i != j) off += a2;
             }}
-        if (!(off > ({T}){_tolerance(dtype)!r} * all)) break;
+        if (!(off > ({T}){tol} * all)) break;
     }}
     for (int i = 0; i < n - 1; ++i)
         for (int j = i + 1; j < n; ++j)
@@ -326,20 +357,113 @@ extern "C" __global__ void {name}(const {T}* __restrict__ H, {T}* __restrict__ l
     return src, name
 
 
-def eigh_cuda(H):
-    """The CUDA kernel on a CuPy array ``(B, n, n)`` (needs CuPy and a device)."""
+# Threads per block of the "group" kernel (whole warps: a matrix's threads never straddle two).
+_GROUP_WARPS = 4
+
+
+def _group_source(n, T, sfx, tol):
+    name = f"core_ad_eigh_group_{n}_{T}"
+    per_warp = 32 // n
+    ld = n + 1  # padded rows: column accesses A[k][p] of the n threads hit distinct banks
+    mats = _GROUP_WARPS * per_warp
+    src = f"""
+extern "C" __global__ void __launch_bounds__({32 * _GROUP_WARPS})
+{name}(const {T}* __restrict__ H, {T}* __restrict__ lam, {T}* __restrict__ E, long long B) {{
+    const int n = {n}, ld = {ld};
+    __shared__ {T} sA[{mats}][{n * ld}], sV[{mats}][{n * ld}], sR[{mats}][{2 * n}];
+    const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / n, k = threadIdx.x % 32 % n;
+    if (g >= {per_warp}) return;
+    const long long m = ((long long)blockIdx.x * {_GROUP_WARPS} + warp) * {per_warp} + g;
+    if (m >= B) return;  // the whole group leaves together: its barriers name only its lanes
+    const unsigned mask = {hex((1 << n) - 1)}u << (g * n);  // this group's lanes
+    {T}* A = sA[warp * {per_warp} + g];
+    {T}* V = sV[warp * {per_warp} + g];
+    {T}* R = sR[warp * {per_warp} + g];
+    const {T}* h = H + m * n * n;
+    for (int j = 0; j < n; ++j) {{
+        A[k * ld + j] = ({T})0.5 * (h[k * n + j] + h[j * n + k]);
+        V[k * ld + j] = k == j ? ({T})1 : ({T})0;
+    }}
+    for (int sweep = 0; sweep < {MAX_SWEEPS}; ++sweep) {{
+        for (int p = 0; p < n - 1; ++p)
+            for (int q = p + 1; q < n; ++q) {{
+                __syncwarp(mask);  // the last rotation's writes are visible
+                {T} apq = A[p * ld + q], app = A[p * ld + p], aqq = A[q * ld + q];
+                if (apq == ({T})0) continue;  // the same for every thread of the group
+                {_rotation(T, sfx)}
+                {T} x = A[k * ld + p], y = A[k * ld + q];
+                {T} vx = V[k * ld + p], vy = V[k * ld + q];
+                __syncwarp(mask);  // every read of A is done before any write
+                if (k == p) {{
+                    A[p * ld + p] = app - t * apq;
+                    A[p * ld + q] = A[q * ld + p] = ({T})0;
+                }} else if (k == q) {{
+                    A[q * ld + q] = aqq + t * apq;
+                }} else {{
+                    A[k * ld + p] = A[p * ld + k] = c * x - s * y;
+                    A[k * ld + q] = A[q * ld + k] = s * x + c * y;
+                }}
+                V[k * ld + p] = c * vx - s * vy;
+                V[k * ld + q] = s * vx + c * vy;
+            }}
+        __syncwarp(mask);
+        {T} off = 0, all = 0;
+        for (int j = 0; j < n; ++j) {{
+            {T} a2 = A[k * ld + j] * A[k * ld + j];
+            all += a2;
+            if (j != k) off += a2;
+        }}
+        R[k] = off;
+        R[n + k] = all;
+        __syncwarp(mask);
+        off = 0;
+        all = 0;
+        for (int j = 0; j < n; ++j) {{
+            off += R[j];
+            all += R[n + j];
+        }}
+        __syncwarp(mask);  // R is read by all before the next sweep writes it
+        if (!(off > ({T}){tol} * all)) break;
+    }}
+    // thread k owns eigenpair k; its rank among the eigenvalues (ascending, NaN last, ties by
+    // index: a permutation) is its output column
+    const {T} d = A[k * ld + k];
+    int r = 0;
+    for (int j = 0; j < n; ++j) {{
+        {T} dj = A[j * ld + j];
+        bool below = dj < d || (dj == dj && d != d), above = d < dj || (d == d && dj != dj);
+        r += below || (!above && j < k);
+    }}
+    lam[m * n + r] = d;
+    for (int i = 0; i < n; ++i) E[m * n * n + i * n + r] = V[i * ld + k];
+}}
+"""
+    return src, name
+
+
+def cuda_launch_shape(n: int, B: int, variant: str | None = None) -> tuple[int, int]:
+    """``(blocks, threads per block)`` for :func:`cuda_source`'s kernel on ``B`` lanes."""
+    if cuda_variant(n, variant) == "group":
+        per_block = _GROUP_WARPS * (32 // n)
+        return -(-B // per_block), 32 * _GROUP_WARPS
+    block = 128
+    return -(-B // block), block
+
+
+def eigh_cuda(H, variant: str | None = None):
+    """The CUDA kernel on a CuPy array ``(B, n, n)`` (needs CuPy and a device); ``variant``
+    overrides the layout :func:`cuda_variant` picks."""
     import cupy
 
     from .cuda.launcher import get_kernel
 
     _check(H, "eigh")
     B, n = H.shape[0], H.shape[1]
-    src, name = cuda_source(n, H.dtype)
+    src, name = cuda_source(n, H.dtype, variant)
     Hc = cupy.ascontiguousarray(H)
     lam = cupy.empty((B, n), H.dtype)
     E = cupy.empty((B, n, n), H.dtype)
     if B:
-        block = 128
-        get_kernel(src, name)(((B + block - 1) // block,), (block,),
-                              (Hc, lam, E, np.int64(B)))
+        blocks, threads = cuda_launch_shape(n, B, variant)
+        get_kernel(src, name)((blocks,), (threads,), (Hc, lam, E, np.int64(B)))
     return lam, E
