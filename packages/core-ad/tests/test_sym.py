@@ -808,3 +808,33 @@ def test_matches_tracing_engine():
         gx, gy = tracing(np.float64(xv), np.float64(yv))
         sx, sy = fn(xv, yv)
         close([sx, sy], [gx, gy], rtol=1e-12, atol=1e-15)
+
+
+_BUILD_IN_ORDER = """
+import sys
+from core_ad import sym
+from core_ad._codegen.cache import code_key
+from core_ad._sym.program import cse
+first, second = sys.argv[1:3]
+sym.var(first), sym.var(second)  # interned in this order: their creation serials differ
+x, y = sym.var("x"), sym.var("y")
+if sys.argv[3] == "other-kernel-first":
+    sym.sin(y) * sym.cos(x) + y * x
+e = sym.sin(x) * sym.sin(y) + sym.cos(y) * sym.cos(x) + x * y + sym.exp(x + y) * 3.0
+h = sym.hessian(e, [x, y])
+outs = [e] + [h[i][j] for i in range(2) for j in range(2)]
+print(code_key(cse(outs), outs, [x, y]))
+"""
+
+
+def test_program_does_not_depend_on_build_order():
+    """The same expression over vars compiles to the same program (so the same disk-cache
+    entry) whatever was built before it in the process: operands of equal shape are ordered
+    by a hash of their structure and var names, not by when they were first made."""
+    import subprocess
+    import sys
+
+    keys = {subprocess.run([sys.executable, "-c", _BUILD_IN_ORDER, *args], check=True,
+                           capture_output=True, text=True).stdout
+            for args in (("x", "y", "-"), ("y", "x", "-"), ("y", "x", "other-kernel-first"))}
+    assert len(keys) == 1, keys

@@ -48,7 +48,7 @@ def test_conditions_win_over_float_factors():
     h = sym.horner(e)
     _agree(e, h, [x, y, a])
     # the outermost factoring is by the condition, although x is in all three terms
-    assert sym.to_str(h) == "(select(gt(a, 0.0), (x * (1.0 + y)), 0.0) + (x * a))"
+    assert sym.to_str(h) == "(select(gt(a, 0.0), (x * (1.0 + y)), 0.0) + (a * x))"
     assert _ops(h, "select") == 1
 
 

@@ -62,8 +62,9 @@ _LOCK = threading.Lock()
 _SERIAL = itertools.count()
 
 
-def _intern(key, make, shape):
-    """The interned node for ``key`` (made by ``make`` when new, with ``shape``)."""
+def _intern(key, make, shape, ident=0):
+    """The interned node for ``key`` (made by ``make`` when new, with ``shape`` and
+    ``ident``)."""
     node = _TABLE.get(key)
     if node is not None:
         return node
@@ -73,6 +74,7 @@ def _intern(key, make, shape):
             node = make()
             object.__setattr__(node, "serial", next(_SERIAL))
             object.__setattr__(node, "shape", shape)
+            object.__setattr__(node, "ident", ident)
             _TABLE[key] = node
     return node
 
@@ -84,13 +86,20 @@ def _name_code(name: str) -> int:
 def order_key(node):
     """The canonical position of an operand of an n-ary add or mul: its ``shape`` (a hash of
     its float structure: leaves reduced to kind and dtype, non-constant integer and bool
-    operands to their dtype; see ``_operand_shape``), then its creation serial.
-    Float sums and products are evaluated in this order, so two expressions that differ only
-    in their leaves round alike: the k scatters of a bilinear adjoint, each built over its
-    own loop variables, compute the same corner from the same coordinates. (Creation order
-    alone made ``8 * nx * theta`` in one scatter and ``8 * theta * nx`` in the next: one
-    ulp apart, so a sample exactly at a pixel centre reached that pixel twice.)"""
-    return node.shape, node.serial
+    operands to their dtype; see ``_operand_shape``), then its ``ident``, then its creation
+    serial. Float sums and products are evaluated in this order, so two expressions that
+    differ only in their leaves round alike: the k scatters of a bilinear adjoint, each built
+    over its own loop variables, compute the same corner from the same coordinates. (Creation
+    order alone made ``8 * nx * theta`` in one scatter and ``8 * theta * nx`` in the next: one
+    ulp apart, so a sample exactly at a pixel centre reached that pixel twice.)
+
+    Vars of one dtype (one shape) go by name; ``ident`` is a hash of the whole structure, var
+    names and constant values included, for nodes built from vars and constants alone (0 for
+    the rest, whose ties keep the creation order above). This makes such expressions --
+    h2mc's path contributions, say -- the same program whatever the process built before
+    them, so they hit the disk cache of an earlier process that built in another order."""
+    return (node.shape, node.ident == 0, node.key if node.__class__ is Var else "", node.ident,
+            node.serial)
 
 
 def intern_table_size() -> int:
@@ -119,7 +128,7 @@ class Expr:
 
     # shape: a hash of the structure, leaves reduced to kind and dtype (ints only, so the same
     # in every process); see order_key
-    __slots__ = ("dtype", "serial", "shape", "flags", "__weakref__")
+    __slots__ = ("dtype", "serial", "shape", "ident", "flags", "__weakref__")
     __array_ufunc__ = None  # numpy defers to our reflected operators
     args: tuple = ()
 
@@ -332,7 +341,9 @@ def _make_const(value, dtype: np.dtype, weak: bool) -> Const:
         object.__setattr__(n, "flags", F_FINITE if finite else 0)
         return n
 
-    return _intern(key, make, hash((1, dtype.num, zlib.crc32(key[3]))))
+    code = zlib.crc32(key[3])
+    return _intern(key, make, hash((1, dtype.num, code)),
+                   hash((1, dtype.num, code, weak)) or 1)
 
 
 def const(value, dtype=None) -> Const:
@@ -427,8 +438,11 @@ def leaf(kind: str, key, dtype="float64", *, finite: bool = True) -> Leaf:
         object.__setattr__(n, "flags", F_FINITE if finite else 0)
         return n
 
+    # only vars get an ident: other leaf families (buffers, unknowns) rely on their creation
+    # order for alike rounding of expressions that differ in their leaves (see order_key)
+    ident = (hash((2, _name_code(key), dt.num, finite)) or 1) if cls is Var else 0
     return _intern(("leaf", kind, key, dt) if finite else ("leaf", kind, key, dt, "nonfinite"),
-                   make, hash((2, _name_code(kind), dt.num)))
+                   make, hash((2, _name_code(kind), dt.num)), ident)
 
 
 def var(name: str, dtype="float64") -> Var:
@@ -483,7 +497,12 @@ def make_apply(prim: Primitive, args: tuple, pkey: tuple, params: dict, dtype: n
     code = _PRIM_CODES.get(prim)
     if code is None:
         code = _PRIM_CODES[prim] = _name_code(prim.name)
-    return _intern(key, make, hash((3, code, dtype.num, *map(_operand_shape, args))))
+    idents = [a.ident for a in args]
+    ident = 0
+    if all(idents):
+        pcode = _name_code(repr(pkey)) if pkey else 0
+        ident = hash((3, code, dtype.num, pcode, *idents)) or 1
+    return _intern(key, make, hash((3, code, dtype.num, *map(_operand_shape, args))), ident)
 
 
 def _operand_shape(a):

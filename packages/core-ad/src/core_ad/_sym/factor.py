@@ -80,7 +80,7 @@ def _rebuild(mono, dtype):
     else:
         e = parts[0] if len(parts) == 1 else build(R.mul_p, tuple(parts), {})
     if conds:
-        return _guard(sorted(conds.values(), key=lambda c: c.serial), e, dtype)
+        return _guard(sorted(conds.values(), key=order_key), e, dtype)
     return e
 
 
