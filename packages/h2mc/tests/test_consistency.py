@@ -70,8 +70,8 @@ def test_ae8_small(tmp_path):
 
 @pytest.mark.slow
 def test_ae8_long(tmp_path):
-    """AE-8 at 32x32, paths up to 5 segments (the spec's 64x64 / 7 is ae8_consistency's default,
-    several CPU hours here), 256 chains, 64 -> 2048 mutations per pixel (five doublings),
+    """AE-8 at 32x32, paths up to 5 segments (the spec's 64x64 / 7 is ae8_consistency's default:
+    about an hour of one core, measured in the README), 256 chains, 64 -> 2048 mutations per pixel (five doublings),
     against edge_rt at 4 x 4096 spp (its own relMSE ~1e-4, subtracted). Every kernel: relMSE
     falling as 1/t (fitted slope within 0.25 of -1), total luminance within 1%; the H2 kernels
     below 1e-3 at the end, the isotropic one (~2x the error per mutation) below 1.5e-3.
