@@ -16,7 +16,9 @@
    CUSOLVER_STATUS_INTERNAL_ERROR at n = 4 and asked for 58 GiB at n = 16, H100, torch 2.11)
    and ``cupy.linalg.eigh``.
 
-Every timed call ends with a device synchronisation, so the times are those a caller sees.
+Every timed call ends with a device synchronisation, so the times are those a caller sees;
+results stay on the device (their copy to numpy for the checks is not timed: on the H100
+machine it took longer than the computations).
 Medians of ``--repeats`` alternated runs; the first call (compile) is reported apart.
 Without CuPy or a CUDA device the script prints why and exits 0. From the repository root:
 
@@ -91,8 +93,10 @@ def value_and_grad_cases(cp, torch, jax, n, dtype, seed, notes):
 
 
 def grad_of_sum_cases(cp, torch, jax, n, seed, notes):
-    """Callables returning ``(value, grad)`` as numpy after a device sync: bench_grad's
-    function on traced arrays (core_ad lazy on CuPy), torch CUDA eager and jax.jit."""
+    """Callables returning ``(value as a float, grad on the device)`` after a device sync:
+    bench_grad's function on traced arrays (core_ad lazy on CuPy), torch CUDA eager and
+    jax.jit; and per case the function that copies its gradient to numpy (outside the timed
+    call: the copy of 8n bytes over PCIe would otherwise dominate every row)."""
     import core_ad as ad
     import core_ad.numpy as anp
 
@@ -108,9 +112,10 @@ def grad_of_sum_cases(cp, torch, jax, n, seed, notes):
         with ad.lazy():
             v, g = vg(x_cp)
         sync()
-        return float(v), cp.asnumpy(g)
+        return float(v), g
 
     cases = {"core_ad lazy cuda": ours}
+    to_host = {"core_ad lazy cuda": cp.asnumpy}
     if torch is not None and torch.cuda.is_available():
         x_t = torch.tensor(x_host, device="cuda")
 
@@ -119,9 +124,10 @@ def grad_of_sum_cases(cp, torch, jax, n, seed, notes):
             y = f(torch, x)
             (g,) = torch.autograd.grad(y, x)
             torch.cuda.synchronize()
-            return float(y), g.cpu().numpy()
+            return float(y.detach()), g
 
         cases["torch cuda eager"] = torch_eager
+        to_host["torch cuda eager"] = lambda g: g.cpu().numpy()
     if jax is not None and any(d.platform == "gpu" for d in jax.devices()):
         import jax.numpy as jnp
 
@@ -131,16 +137,19 @@ def grad_of_sum_cases(cp, torch, jax, n, seed, notes):
         def jax_jit():
             v, g = jvg(x_j)
             jax.block_until_ready(g)
-            return float(v), np.asarray(g)
+            return float(v), g
 
         cases["jax.jit gpu"] = jax_jit
+        to_host["jax.jit gpu"] = np.asarray
     e = np.exp(-x_host * x_host)
     terms = np.sin(x_host) * e + x_host**3
     grad = np.cos(x_host) * e - 2.0 * x_host * np.sin(x_host) * e + 3.0 * x_host * x_host
-    return (float(np.sum(terms)), grad, float(np.abs(terms).sum())), cases
+    return (float(np.sum(terms)), grad, float(np.abs(terms).sum())), cases, to_host
 
 
 def eigh_cases(cp, torch, batch, size, seed, torch_chunk):
+    """numpy's eigenvalues, callables returning the eigenvalues on the device after a sync,
+    and per case the copy to numpy (outside the timed call)."""
     import core_ad as ad
     from core_ad._codegen import eigh as eigh_kernels
 
@@ -153,23 +162,24 @@ def eigh_cases(cp, torch, batch, size, seed, torch_chunk):
     def ours():
         lam, _ = ad.eigh(H_cp)
         sync()
-        return cp.asnumpy(lam)
+        return lam
 
     def cupy_eigh():
         lam, _ = cp.linalg.eigh(H_cp)
         sync()
-        return cp.asnumpy(lam)
+        return lam
 
     def forced(variant):
         def run():
             lam, _ = eigh_kernels.eigh_cuda(H_cp, variant)
             sync()
-            return cp.asnumpy(lam)
+            return lam
         return run
 
     cases = {"core_ad jacobi": ours}
     cases.update({f"core_ad jacobi, {v} layout": forced(v) for v in eigh_kernels.CUDA_VARIANTS})
     cases["cupy.linalg.eigh"] = cupy_eigh
+    to_host = dict.fromkeys(cases, cp.asnumpy)
     if torch is not None and torch.cuda.is_available():
         H_t = torch.tensor(H, device="cuda")
 
@@ -177,10 +187,11 @@ def eigh_cases(cp, torch, batch, size, seed, torch_chunk):
             lam = torch.cat([torch.linalg.eigh(H_t[i:i + torch_chunk])[0]
                              for i in range(0, batch, torch_chunk)])
             torch.cuda.synchronize()
-            return lam.cpu().numpy()
+            return lam
 
         cases["torch.linalg.eigh"] = torch_eigh
-    return np.linalg.eigh(H)[0], cases
+        to_host["torch.linalg.eigh"] = lambda lam: lam.cpu().numpy()
+    return np.linalg.eigh(H)[0], cases, to_host
 
 
 def main() -> int:
@@ -225,13 +236,13 @@ def main() -> int:
         bench.side_by_side(res, "core_ad cuda", first_calls=first,
                            title=f"value+grad, n = {args.n}, {dtype}, median of {args.repeats}")
 
-    want, cases = grad_of_sum_cases(cp, torch, jax, args.n, args.seed, notes)
+    want, cases, to_host = grad_of_sum_cases(cp, torch, jax, args.n, args.seed, notes)
     first = {}
     print(f"\nbench_grad's function, value and gradient on traced arrays, {args.n} float64 lanes")
     for case, fn in cases.items():
         t, (v, g) = bench.time_first_call(fn)
         first[case] = t
-        d = max(abs(v - want[0]) / want[2], bench.max_rel_diff(g, want[1]))
+        d = max(abs(v - want[0]) / want[2], bench.max_rel_diff(to_host[case](g), want[1]))
         print(f"  {case:18s} rel diff vs numpy float64 {d:.1e}")
         if d > 1e-12:
             print("outputs disagree beyond 1e-12; not timing")
@@ -242,7 +253,7 @@ def main() -> int:
                              f" {args.repeats}")
 
     for size in args.eigh_sizes:
-        want, cases = eigh_cases(cp, torch, args.eigh_batch, size, args.seed,
+        want, cases, to_host = eigh_cases(cp, torch, args.eigh_batch, size, args.seed,
                                  args.torch_eigh_chunk)
         first = {}
         print(f"\nbatched eigh, {args.eigh_batch} float64 matrices of size {size}")
@@ -257,7 +268,7 @@ def main() -> int:
                 del cases[case]
                 continue
             first[case] = t
-            d = float(np.max(np.abs(got - want)))
+            d = float(np.max(np.abs(to_host[case](got) - want)))
             print(f"  {case:28s} max abs diff of eigenvalues vs numpy {d:.1e}")
             if d > 1e-9:
                 print("eigenvalues disagree; not timing")
