@@ -10,7 +10,8 @@ that it finishes in about half an hour on two cores. Kernels are compiled before
 
     .venv/bin/python packages/h2mc/benchmarks/bench_equal_time.py [--scenes ring torus]
         [--size 64] [--max-length 5] [--seconds 20] [--seeds 3] [--ref-factor 20] [--out DIR]
-        [--parameterization modified [kelemen]] [--lens-prob 0.3 0] [--no-light-coordinates]
+        [--parameterization modified [kelemen]] [--lens-prob 0.3 0] [--lens-sigma 0.01]
+        [--no-light-coordinates]
         [--direct-spp 64] [--clock cpu|wall] [--reference-only | --wait-reference]
 
 By default H2MC runs in the thesis' modified coordinates twice: with the spec's lens
@@ -60,6 +61,9 @@ def main(argv=None):
     ap.add_argument("--lens-prob", type=float, nargs="+", default=[0.3, 0.0],
                     help="modified: H2 lens perturbation probability (0 turns it off); "
                     "several: one H2MC row each")
+    ap.add_argument("--lens-sigma", type=float, nargs="+", default=[0.01],
+                    help="modified: the H2 lens steps' prior std-dev in screen units (spec: "
+                    "0.01, the thesis' torus 0.02); several: one H2MC row each")
     ap.add_argument("--no-light-coordinates", action="store_true",
                     help="modified: without the light-coordinate substitution")
     ap.add_argument("--direct-spp", type=int, default=64,
@@ -105,12 +109,16 @@ def main(argv=None):
         runs = [("pssmlt", "pssmlt", {}), ("mmlt", "mmlt", {})]
         for p in args.parameterization:
             for lens in args.lens_prob if p == "modified" else args.lens_prob[:1]:
-                label = "h2mc" if p == "kelemen" else "h2mc-modified"
-                if p == "modified" and len(args.lens_prob) > 1:
-                    label += f" lens {lens:g}"
-                runs.append((label, "h2mc", dict(
-                    parameterization=p, lens_perturb_prob=lens,
-                    light_coordinates=not args.no_light_coordinates)))
+                sigmas = args.lens_sigma if p == "modified" and lens > 0 else args.lens_sigma[:1]
+                for sigma in sigmas:
+                    label = "h2mc" if p == "kelemen" else "h2mc-modified"
+                    if p == "modified" and len(args.lens_prob) > 1:
+                        label += f" lens {lens:g}"
+                    if len(sigmas) > 1:
+                        label += f" sigma {sigma:g}"
+                    runs.append((label, "h2mc", dict(
+                        parameterization=p, lens_perturb_prob=lens, lens_sigma2=sigma * sigma,
+                        light_coordinates=not args.no_light_coordinates)))
         spaces = {}  # one compiled PathSpace per parameterisation, shared by the seeds
         for label, method, modified in runs:
             p = modified.get("parameterization", "kelemen")

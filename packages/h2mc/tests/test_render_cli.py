@@ -80,6 +80,21 @@ def test_renders_of_one_scene_can_share_its_compiled_path_space(monkeypatch):
     assert not np.array_equal(a, c) and np.isfinite(b).all()
 
 
+def test_render_passes_the_lens_step_size_in_the_modified_coordinates(monkeypatch):
+    """``render(..., lens_sigma2=...)`` reaches render_mlt in the modified coordinates (the
+    lens perturbation's prior variance; the equal-time harness' ``--lens-sigma``)."""
+    from edge_rt import scenes
+    seen = []
+    monkeypatch.setattr(render_module, "render_mlt",
+                        lambda *a, **kw: seen.append(kw.get("lens_sigma2")) or render_mlt(*a, **kw))
+    scene = scenes.cornell_box()
+    scene.camera.resolution = (8, 6)
+    kw = dict(mutations_per_pixel=1, chains=16, direct_spp=0)
+    render_module.render(scene, "mmlt", parameterization="modified", lens_sigma2=9e-4, **kw)
+    render_module.render(scene, "mmlt", lens_sigma2=9e-4, **kw)  # Kelemen: no lens steps
+    assert seen == [9e-4, None]
+
+
 def _json_scene(path, lit):
     """A floor quad seen from above, lit (or not) by a small quad facing it."""
     floor = {"vertices": [[-1, 0, -1], [-1, 0, 1], [1, 0, 1], [1, 0, -1]],

@@ -116,12 +116,13 @@ def path_space_for(scene, max_length=3, parameterization="kelemen",
 def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=3,
            seed=0, chains=1024, sigma2=1e-3, direct_spp=16, time_mode="hessian",
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
-           lens_perturb_prob=0.3, path_space=None, clock=time.perf_counter):
+           lens_perturb_prob=0.3, lens_sigma2=1e-4, path_space=None, clock=time.perf_counter):
     """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
     clock (after compiling the kernels) are spent; ``time_mode``,
-    ``parameterization``, ``roughness_threshold``, ``light_coordinates`` and
-    ``lens_perturb_prob`` as render_mlt's (the last three only in the modified one);
+    ``parameterization``, ``roughness_threshold``, ``light_coordinates``,
+    ``lens_perturb_prob`` and ``lens_sigma2`` as render_mlt's (the last four only in the
+    modified one);
     ``path_space``: one from :func:`path_space_for` with the same settings, reused;
     ``clock``: the budget's (render_mlt's)."""
     modified = parameterization == "modified"
@@ -136,7 +137,8 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
               parameterization=parameterization, lens_perturb_prob=lens_perturb_prob,
               clock=clock)
     if modified:
-        kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates)
+        kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates,
+                  lens_sigma2=lens_sigma2)
     t0 = clock()
     if seconds is None:
         bar = tqdm(total=int(np.ceil(mutations_per_pixel * npix / chains)) * chains,
