@@ -202,6 +202,11 @@ def main() -> int:
     p.add_argument("--torch-eigh-chunk", type=int, default=10_000)
     bench.add_common_arguments(p, repeats=11)
     args = bench.parse_arguments(p)
+    from core_ad._codegen.eigh import MAX_N
+
+    if not all(1 <= k <= MAX_N for k in args.eigh_sizes) or args.torch_eigh_chunk < 1:
+        p.error(f"--eigh-sizes must lie in [1, {MAX_N}] and --torch-eigh-chunk be >= 1, got "
+                f"{args.eigh_sizes} and {args.torch_eigh_chunk}")
     if not codegen.cuda_available():
         print("bench_cuda: no CuPy with a usable CUDA device; nothing to time")
         return 0
@@ -254,7 +259,7 @@ def main() -> int:
 
     for size in args.eigh_sizes:
         want, cases, to_host = eigh_cases(cp, torch, args.eigh_batch, size, args.seed,
-                                 args.torch_eigh_chunk)
+                                          args.torch_eigh_chunk)
         first = {}
         print(f"\nbatched eigh, {args.eigh_batch} float64 matrices of size {size}")
         for case, fn in list(cases.items()):
