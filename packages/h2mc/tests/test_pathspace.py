@@ -561,6 +561,40 @@ def test_modified_coordinates_reproduce_the_pss_paths():
     np.testing.assert_allclose(spherical_coordinates(spherical_direction(ws)), ws, atol=1e-12)
 
 
+def test_one_trace_of_two_batches_splits_into_their_own_traces():
+    """render_mlt traces the next step's large-step states (PSS, coords -1) beside this step's
+    modified ones in one call: ``Paths.lane_range`` of that trace equals each batch traced on
+    its own (values, structure renumbered from 0, directions)."""
+    ps = PathSpace(_glossy_box(), max_length=4, min_length=3, backend="numpy",
+                   roughness_threshold=0.05)
+    rng = np.random.default_rng(5)
+    u = rng.random((4096, ps.dim))
+    t = rng.integers(0, len(ps.techniques), len(u))
+    w = ps.to_modified(u, ps.trace(u), t, rng)
+    v = rng.random((1500, ps.dim))
+    both = ps.trace(np.concatenate([w, v]), coords=np.concatenate([t, np.full(len(v), -1)]))
+    for alone, part in ((ps.trace(w, coords=t), both.lane_range(0, len(w))),
+                        (ps.trace(v), both.lane_range(len(w), len(w) + len(v)))):
+        assert part.valid.any(axis=0).sum() >= 3
+        for field in ("xy", "pixel", "contrib", "valid", "nonfinite", "jacobian"):
+            np.testing.assert_array_equal(getattr(part, field), getattr(alone, field))
+        assert part.structure.keys() == alone.structure.keys()
+        for key, (lanes, params) in alone.structure.items():
+            np.testing.assert_array_equal(part.structure[key][0], lanes)
+            np.testing.assert_array_equal(part.structure[key][1], params)
+            assert part.structure[key][1].flags.c_contiguous  # rows of the LLVM kernels' input
+        # the other batch's lanes may bounce further: empty entries past this batch's last
+        assert all(not len(lanes) for lanes, _, _ in part.directions[len(alone.directions):])
+        for a, b in zip(part.directions, alone.directions):
+            for x, y in zip(a, b):
+                np.testing.assert_array_equal(x, y)
+    # the split PSS paths feed the large step's conversion (kernels on their parameters)
+    pss, alone = both.lane_range(len(w), len(w) + len(v)), ps.trace(v)
+    tv = rng.integers(0, len(ps.techniques), len(v))
+    np.testing.assert_array_equal(ps.to_modified(v, pss, tv, np.random.default_rng(1)),
+                                  ps.to_modified(v, alone, tv, np.random.default_rng(1)))
+
+
 @pytest.mark.parametrize("kind", ["diffuse", "glossy"])
 def test_jacobian_matches_finite_differences_of_the_map(kind):
     """The factor p_bsdf |d omega/dw| of spec 5.2 is |det du/dw|: on a single-lobe BSDF

@@ -182,6 +182,31 @@ class Paths:
         """Luminance of each technique's contribution (the MMLT targets f*_t), (B, T)."""
         return luminance(self.contrib)
 
+    def lane_range(self, start, stop):
+        """The paths of lanes ``start:stop``, renumbered from 0 (one :meth:`PathSpace.trace`
+        of several batches side by side, split again)."""
+
+        def rows(lanes):
+            sel = np.flatnonzero((lanes >= start) & (lanes < stop))
+            return sel, lanes[sel] - start
+
+        structure = {}
+        for key, (lanes, params) in self.structure.items():
+            sel, local = rows(lanes)
+            if len(sel):
+                structure[key] = (local, params.take(sel, axis=1))  # C order: kernel rows
+        directions = None
+        if self.directions is not None:
+            directions = []
+            for lanes, wo, rough in self.directions:
+                sel, local = rows(lanes)
+                directions.append((local, wo[sel], rough[sel]))
+        part = np.s_[start:stop]
+        return Paths(self.xy[part], self.pixel[part], self.contrib[part], self.valid[part],
+                     self.nonfinite[part], structure, self.techniques,
+                     None if self.jacobian is None else self.jacobian[part], directions,
+                     None if self.moving is None else self.moving[part])
+
     def _columns_of(self, length, technique):
         cols = [t for t, (k, s) in enumerate(self.techniques)
                 if k == length and technique in (None, s)]
@@ -457,10 +482,11 @@ class PathSpace:
         # The directions of the path as its kernel evaluates it (rays from the exact
         # vertices; the traced ones leave from offset origins and differ by ~1e-7), so that
         # w's path is u's to rounding; the traced ones where the technique has no path.
-        exact = {}
+        exact, kernel_directions = {}, {}
         for t in np.unique(tech[tech >= 0]):
             lanes, res = self._run("directions", u, *self.techniques[t], paths,
                                    np.flatnonzero(tech == t))
+            kernel_directions[t] = (lanes, res)
             for i in range(len(res) // 3 if len(lanes) else 0):
                 exact[i + 1, t] = (lanes, res[3 * i:3 * i + 3].T)
         for i, (lanes, wo, rough) in enumerate(paths.directions, start=1):
@@ -474,10 +500,10 @@ class PathSpace:
             w[lanes, self.bsdf_dims[i - 1][0]] = rng.random(len(lanes))
             w[np.ix_(lanes, self.bsdf_dims[i - 1][1:])] = spherical_coordinates(wo[sel])
         if self.light_coordinates:
-            self._to_light_coordinates(u, w, paths, tech, rng)
+            self._to_light_coordinates(u, w, paths, tech, kernel_directions, rng)
         return w
 
-    def _to_light_coordinates(self, u, w, paths, tech, rng):
+    def _to_light_coordinates(self, u, w, paths, tech, kernel_directions, rng):
         """On lanes of techniques that hit the light, the last bounce's numbers become the
         light sample of the point it hits (spec 5.1 (ii)): a fresh uniform within the hit
         triangle's share of edge_rt's light-pick cdf, and the inverse of its triangle
@@ -490,10 +516,12 @@ class PathSpace:
         params = self.lane_params(paths, tech)
         for t in np.unique(tech[tech >= 0]):
             k, s = self.techniques[t]
-            lanes, pos = self._run("positions", u, k, s, paths, np.flatnonzero(tech == t))
-            if s != HIT or not len(lanes):
+            if s != HIT:
                 continue
-            _, out = self._run("directions", u, k, s, paths, lanes)
+            lanes, pos = self._run("positions", u, k, s, paths, np.flatnonzero(tech == t))
+            if not len(lanes):
+                continue
+            out = kernel_directions[t][1]  # to_modified's, on the same lanes
             p = pos[3 * (k - 2):].T  # the last bounce and its direction
             d = out[3 * (k - 2):].T
             v = params[lanes, (k - 1) * nv:(k - 1) * nv + 9].reshape(-1, 3, 3)
