@@ -468,8 +468,9 @@ def test_step_extension_on_an_arap_mesh_same_minimum_fewer_iterations():
     from lsq_opt.examples import mesh as mesh_example
 
     plan = mesh_example.arap_plan(32, 16)[0]  # the benchmark size: 43 against 50 iterations
-    ext = solve(plan, plan.x0)
-    plain = solve(plan, plan.x0, step_extension=False)
+    fixed_cap = dict(pcg_max_iterations=100)  # without the cap's own rule (missed models)
+    ext = solve(plan, plan.x0, **fixed_cap)
+    plain = solve(plan, plan.x0, step_extension=False, **fixed_cap)
     assert ext.converged and plain.converged
     assert ext.cost <= plain.cost * (1 + 1e-6)
     assert ext.iterations < plain.iterations
@@ -498,6 +499,52 @@ def test_forcing_tightens_after_a_run_of_poorly_predicted_steps():
         f.step_taken(1.0, 0.01, poor)
         f.new_gradient(5.0)
     assert f.tolerance() == 0.3
+
+
+def test_pcg_cap_shrinks_after_a_step_the_model_missed():
+    from lsq_opt._solver.levenberg_marquardt import ForcingSequence
+    from lsq_opt._solver.options import AUTO_PCG_MAX_ITERATIONS, MODEL_ERROR_PCG_CAP, MODEL_ERROR_RHO
+
+    f = ForcingSequence(SolverOptions(), np.dtype(np.float64))
+    assert f.max_iterations() == AUTO_PCG_MAX_ITERATIONS
+    for rho, cap in ((1 + 2 * MODEL_ERROR_RHO, MODEL_ERROR_PCG_CAP), (1.0, AUTO_PCG_MAX_ITERATIONS),
+                     (1 - 2 * MODEL_ERROR_RHO, MODEL_ERROR_PCG_CAP), (float("nan"), AUTO_PCG_MAX_ITERATIONS),
+                     (1 + 0.5 * MODEL_ERROR_RHO, AUTO_PCG_MAX_ITERATIONS)):
+        f.step_taken(1.0, 0.01, rho)
+        assert f.max_iterations() == cap, rho
+    # a cap the user set is never changed
+    fixed = ForcingSequence(SolverOptions(pcg_max_iterations=80), np.dtype(np.float64))
+    fixed.step_taken(1.0, 0.01, 2.0)
+    assert fixed.max_iterations() == 80
+
+
+def test_arap_mesh_takes_capped_solves_after_missed_steps_to_the_same_minimum(monkeypatch):
+    import sys
+
+    from lsq_opt.examples import mesh as mesh_example
+
+    lm = sys.modules["lsq_opt._solver.levenberg_marquardt"]
+    plan = mesh_example.arap_plan(32, 16)[0]
+    caps = []
+    real_pcg = lm.pcg
+
+    def recording_pcg(*args, **kw):
+        caps.append(kw["max_iterations"])
+        return real_pcg(*args, **kw)
+
+    monkeypatch.setattr(lm, "pcg", recording_pcg)
+    res = solve(plan, plan.x0)
+    monkeypatch.setattr(lm, "pcg", real_pcg)
+    assert res.converged, res.termination_detail
+    missed, binding = False, 0
+    for entry, cap in zip(res.log, caps):
+        assert cap == (lm.MODEL_ERROR_PCG_CAP if missed else 100)
+        binding += cap == lm.MODEL_ERROR_PCG_CAP and entry.pcg_reason == "max iterations"
+        if entry.accepted:
+            missed = abs(entry.rho - 1.0) > lm.MODEL_ERROR_RHO
+    assert binding >= 3  # the cap cut solves short
+    full = solve(plan, plan.x0, pcg_max_iterations=100)  # the full cap throughout
+    assert res.cost == pytest.approx(full.cost, rel=1e-5)
 
 
 def test_poor_step_forcing_ends_a_spring_network_crawl_at_the_same_minimum(monkeypatch):

@@ -30,7 +30,11 @@ pcg_max_iterations         None (auto)      PCG iteration cap; None: 100. The fo
                                             image 1.35x, intrinsic and a spring network 1.1x
                                             faster, grid problems unchanged; 50 was 2.3x on
                                             the spring network but stopped a linear Jacobi
-                                            smoothing at a 50x larger gradient)
+                                            smoothing at a 50x larger gradient). LM: 30
+                                            after an accepted step whose rho was off 1 by
+                                            more than 0.1 (the model missed; a 2048-vertex
+                                            ARAP mesh 2.7x faster, see
+                                            :class:`.levenberg_marquardt.ForcingSequence`)
 q_tolerance                None (auto)      LM Q-based early exit (spec §4.3); None: off when
                                             pcg_tolerance is automatic (the forcing term
                                             already bounds the effort), 1e-4 otherwise
@@ -153,6 +157,10 @@ FORCING_SAFEGUARD_EXPONENT = 1.618
 POOR_STEP_RHO = 0.75
 POOR_STEP_FORCING = 0.1
 POOR_STEP_RUN = 3
+# LM with the automatic cap: after an accepted step with |rho - 1| > MODEL_ERROR_RHO the next PCG
+# solve stops at MODEL_ERROR_PCG_CAP iterations (:class:`.levenberg_marquardt.ForcingSequence`)
+MODEL_ERROR_RHO = 0.1
+MODEL_ERROR_PCG_CAP = 30
 AUTO_PCG_MAX_ITERATIONS = 100
 # device PCG: iterations between two host checks (a check is a synchronisation, ~10-20 us plus
 # the launch queue draining; an iteration launched after the stop costs the product and four
