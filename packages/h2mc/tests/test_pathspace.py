@@ -175,6 +175,13 @@ def test_log_f_derivatives_match_central_differences(cornell, scene, length, tec
     assert (g[:, discrete] == 0).all() and (H[:, discrete] == 0).all()
     # lanes without a path: -inf and zero derivatives
     assert (g[~np.isfinite(lf)] == 0).all()
+    # a subset of lanes (the render's per-group call): the same rows, and -inf elsewhere
+    lanes = np.flatnonzero(np.random.default_rng(3).random(len(u)) < 0.5)
+    for got, want in zip(ps.log_f_rows(u, length, technique, p, lanes), (lf, g, H)):
+        np.testing.assert_array_equal(got, want[lanes])
+    lf_sub = ps.log_f_derivatives(u, length, technique, paths=p, lanes=lanes[::-1])[0]
+    np.testing.assert_array_equal(lf_sub[lanes], lf[lanes])
+    assert np.isneginf(np.delete(lf_sub, lanes)).all()
 
 
 @pytest.mark.parametrize("max_length", [3, pytest.param(4, marks=pytest.mark.slow)])

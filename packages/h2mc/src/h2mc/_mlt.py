@@ -552,11 +552,12 @@ class _Gaussians:
         key = self.keys[g]
         if key is None:
             logf, grad, H = self.ps.log_f_star_derivatives(u, paths, lanes)
-        else:
-            logf, grad, H = self.ps.log_f_derivatives(u, *key, paths=paths, lanes=lanes)
+            logf, grad, H = logf[lanes], grad[lanes], H[lanes]
+        else:  # lanes are sorted (np.flatnonzero / a sorted selection of them)
+            logf, grad, H = self.ps.log_f_rows(u, *key, paths, lanes)
         if self.drop_time:  # time perturbed by the prior's kick alone, not in the Hessian
             grad[:, 0], H[:, 0, :], H[:, :, 0] = 0.0, 0.0, 0.0
-        return h2mc_proposal(grad[lanes], H[lanes], self.sigma2, log_f=logf[lanes])
+        return h2mc_proposal(grad, H, self.sigma2, log_f=logf)
 
     def put(self, g, lanes, gp):
         if g not in self.cache:

@@ -1293,21 +1293,37 @@ class PathSpace:
         if technique is None:
             keys = [(length, s) for s in (HIT, NEE)]
             return self._log_sum_derivatives(u, keys, self.dims(length), paths, lanes)
-        n = len(self.dims(length, technique))
+        if lanes is None:  # every lane: the rows are the whole batch
+            return self.log_f_rows(u, length, technique, paths)
+        lanes = np.unique(np.asarray(lanes, np.int64))
+        rows = self.log_f_rows(u, length, technique, paths, lanes)
         B = u.shape[0]
-        logf, grad, hess = np.full(B, -np.inf), np.zeros((B, n)), np.zeros((B, n, n))
-        lanes, res = self._run("hessian", u, length, technique, paths, lanes)
-        if not len(lanes):
+        out = (np.full(B, -np.inf), np.zeros((B,) + rows[1].shape[1:]),
+               np.zeros((B,) + rows[2].shape[1:]))
+        for full, part in zip(out, rows):
+            full[lanes] = part
+        return out
+
+    def log_f_rows(self, u, length, technique, paths, lanes=None):
+        """:meth:`log_f_derivatives` of one technique on the lanes ``lanes`` only (sorted; None:
+        all), row ``i`` for lane ``lanes[i]``: ``(logf (m,), grad (m, n), hess (m, n, n))``
+        (what a group of chains needs, without arrays of the whole batch)."""
+        n = len(self.dims(length, technique))
+        m = len(u) if lanes is None else len(lanes)
+        logf, grad, hess = np.full(m, -np.inf), np.zeros((m, n)), np.zeros((m, n, n))
+        found, res = self._run("hessian", u, length, technique, paths, lanes)
+        if not len(found):
             return logf, grad, hess
         # f* = 0 on an existing path (a BSDF gate): log f = -inf and no derivatives, as for
         # a missing path.
         ok = np.isfinite(res[0])
-        lanes, res = lanes[ok], res[:, ok]
-        logf[lanes] = res[0]
-        grad[lanes] = res[1:n + 1].T
-        hess[lanes] = res[n + 1:][_lower_index(n)].T.reshape(-1, n, n)
+        found, res = found[ok], res[:, ok]
+        at = found if lanes is None else np.searchsorted(lanes, found)
+        logf[at] = res[0]
+        grad[at] = res[1:n + 1].T
+        hess[at] = res[n + 1:][_lower_index(n)].T.reshape(-1, n, n)
         if self.time_dim is not None:  # static paths: time is no H2MC dimension (spec 5.1)
-            static = lanes[~paths.moving[lanes, self.techniques.index((length, technique))]]
+            static = at[~paths.moving[found, self.techniques.index((length, technique))]]
             grad[static, self.time_dim] = 0.0
             hess[static, self.time_dim, :] = 0.0
             hess[static, :, self.time_dim] = 0.0
