@@ -23,6 +23,21 @@ def readme_snippet() -> str:
     return re.search(r"```python\n(.*?)```", text, re.S).group(1)
 
 
+def record_pcg_argument(monkeypatch, name) -> list:
+    """Patch LM's pcg to record the keyword ``name`` of every call; the list of values."""
+    import sys
+
+    lm = sys.modules["lsq_opt._solver.levenberg_marquardt"]
+    real_pcg, seen = lm.pcg, []
+
+    def recording_pcg(*args, **kw):
+        seen.append(kw[name])
+        return real_pcg(*args, **kw)
+
+    monkeypatch.setattr(lm, "pcg", recording_pcg)
+    return seen
+
+
 def test_readme_snippet_converges_and_says_why():
     out = io.StringIO()
     scope: dict = {}
@@ -278,20 +293,10 @@ def test_lm_forcing_measures_the_undamped_model(monkeypatch):
     """On a linear problem the undamped model g + J^T J s predicts the next gradient exactly, so
     after a heavily damped first step the forcing term drops to its minimum (1e-8 in float64);
     the damped PCG residual g + (J^T J + D) s would keep it near the first step's 0.1."""
-    import sys
-
-    lm = sys.modules["lsq_opt._solver.levenberg_marquardt"]
     rng = np.random.default_rng(0)
     A, b = rng.normal(size=(40, 10)), rng.normal(size=40)
     problem = DenseProblem(lambda x: A @ x - b, lambda x: A, 10)
-    tolerances = []
-    real_pcg = lm.pcg
-
-    def recording_pcg(*args, **kw):
-        tolerances.append(kw["tolerance"])
-        return real_pcg(*args, **kw)
-
-    monkeypatch.setattr(lm, "pcg", recording_pcg)
+    tolerances = record_pcg_argument(monkeypatch, "tolerance")
     res = solve(problem, np.zeros(10), initial_trust_region_radius=1e-2, max_iterations=3)
     assert res.log[0].accepted and tolerances[0] == FORCING_INITIAL
     assert tolerances[1] == 1e-8
@@ -525,16 +530,9 @@ def test_arap_mesh_takes_capped_solves_after_missed_steps_to_the_same_minimum(mo
 
     lm = sys.modules["lsq_opt._solver.levenberg_marquardt"]
     plan = mesh_example.arap_plan(32, 16)[0]
-    caps = []
-    real_pcg = lm.pcg
-
-    def recording_pcg(*args, **kw):
-        caps.append(kw["max_iterations"])
-        return real_pcg(*args, **kw)
-
-    monkeypatch.setattr(lm, "pcg", recording_pcg)
+    caps = record_pcg_argument(monkeypatch, "max_iterations")
     res = solve(plan, plan.x0)
-    monkeypatch.setattr(lm, "pcg", real_pcg)
+    caps = caps[:]  # the later solves record too
     assert res.converged, res.termination_detail
     missed, binding = False, 0
     for entry, cap in zip(res.log, caps):
@@ -552,17 +550,10 @@ def test_poor_step_forcing_ends_a_spring_network_crawl_at_the_same_minimum(monke
 
     lm = sys.modules["lsq_opt._solver.levenberg_marquardt"]
     plan = spring_network(12, 8)  # LM crawls on it with rho ~ 1/2
-    tolerances = []
-    real_pcg = lm.pcg
-
-    def recording_pcg(*args, **kw):
-        tolerances.append(kw["tolerance"])
-        return real_pcg(*args, **kw)
-
     mf = dict(linear_system="matrix_free")  # "auto"'s timed choices move the rounding
-    monkeypatch.setattr(lm, "pcg", recording_pcg)
+    tolerances = record_pcg_argument(monkeypatch, "tolerance")
     res = solve(plan, plan.x0, **mf)
-    monkeypatch.setattr(lm, "pcg", real_pcg)
+    tolerances = tolerances[:]  # the later solves record too
     assert res.converged, res.termination_detail
     # every solve after a run of accepted poor steps asked for at most POOR_STEP_FORCING
     run, checked = 0, 0
