@@ -88,7 +88,10 @@ def test_roughness_gradient_matches_finite_differences():
 
 
 def test_shading_normal_gradient_matches_finite_differences():
+    # the differences' mean varies from run to run with fixed seeds (4.50-4.79 in four runs of
+    # 256 spp, 2026-11-28; the AD mean does not), and at 256 spp their standard error reached
+    # 0.47 against a bound of 0.45 in a CI run: 1024 spp keep it at 0.15-0.19
     scene = diffuse_scene()
     direction = np.random.default_rng(4).normal(size=scene.meshes[0].normals.shape)
     agree_statistically(scene, lambda s: s.meshes[0].normals, direction, h=3e-2, seeds=8,
-                        ad_spp=256, fd_spp=256)
+                        ad_spp=256, fd_spp=1024)
