@@ -248,6 +248,10 @@ def test_bad_arguments():
         ps.dims(3, 2)
     with pytest.raises(PathSpaceError, match="paths must be a Paths"):
         ps.log_f_derivatives(np.zeros((1, ps.dim)), 3, ps.trace(np.zeros((1, ps.dim))))
+    u = np.zeros((4, ps.dim))
+    for lanes in ([2, 1], [1, 1], [0, 4], [-1, 2]):  # unsorted, repeated, out of range
+        with pytest.raises(PathSpaceError, match="sorted, unique lane indices in"):
+            ps.log_f_rows(u, 3, NEE, ps.trace(u), lanes)
 
 
 def test_nonfinite_contribution_is_voided(monkeypatch, poisoned):

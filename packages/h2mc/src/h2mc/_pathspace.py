@@ -1308,6 +1308,13 @@ class PathSpace:
         """:meth:`log_f_derivatives` of one technique on the lanes ``lanes`` only (sorted; None:
         all), row ``i`` for lane ``lanes[i]``: ``(logf (m,), grad (m, n), hess (m, n, n))``
         (what a group of chains needs, without arrays of the whole batch)."""
+        u = self._check_u(u)
+        if lanes is not None:
+            lanes = np.asarray(lanes, np.int64)
+            if lanes.ndim != 1 or (len(lanes) and (
+                    lanes[0] < 0 or lanes[-1] >= len(u) or (np.diff(lanes) <= 0).any())):
+                raise PathSpaceError(f"log_f_rows: lanes must be sorted, unique lane indices "
+                                     f"in [0, {len(u)})")
         n = len(self.dims(length, technique))
         m = len(u) if lanes is None else len(lanes)
         logf, grad, hess = np.full(m, -np.inf), np.zeros((m, n)), np.zeros((m, n, n))
