@@ -1011,5 +1011,7 @@ def test_lens_vertex_rules():
         assert j[i] == (first if fixed else 0), (i, k, s, flags, j[i])
     assert (j[lit] == 0).any() and (j[lit] == 1).any() and (j[lit] == 2).any()
     assert (j[~lit & ~pw.valid[np.arange(len(u)), t]] == 0).all()
+    some = np.sort(rng.choice(len(u), 700, replace=False))  # the rows of some lanes only
+    np.testing.assert_array_equal(ps.lane_params(pw, t, some), params[some])
     with pytest.raises(PathSpaceError, match="roughness_threshold"):
         PathSpace(_glossy_box(), max_length=3, backend="numpy").lens_vertex(pw, t)

@@ -671,7 +671,7 @@ class _Lens:
         """Chains that accepted a lens step keep its fixed vertex and Gaussian at the new
         state; any other accepted move clears their cache."""
         self.j[accept] = j_y[accept]
-        self.params[accept] = self.ps.lane_params(py, ty)[accept]
+        self.params[accept] = self.ps.lane_params(py, ty, np.flatnonzero(accept))
         self.cached[accept] = False
         if pending is not None:
             lanes, log_f, gy = self._proposed

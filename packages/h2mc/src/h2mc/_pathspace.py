@@ -1098,19 +1098,26 @@ class PathSpace:
         return out
 
     # ------------------------------------------------------------------ lens perturbation
-    def lane_params(self, paths, coords):
+    def lane_params(self, paths, coords, lanes=None):
         """Each lane's kernel parameters for technique ``techniques[coords[i]]``, (B, P)
-        padded with NaN (and all NaN where the lane has no such path)."""
+        padded with NaN (and all NaN where the lane has no such path); ``lanes`` (sorted):
+        the rows of those lanes only, (len(lanes), P)."""
         nv = len(self._vertex_names)
-        out = np.full((len(paths.xy), (self.max_length - 1) * nv + len(_LIGHT)), np.nan)
+        B = len(paths.xy) if lanes is None else len(lanes)
+        out = np.full((B, (self.max_length - 1) * nv + len(_LIGHT)), np.nan)
         coords = np.asarray(coords, np.int64)
-        for t in np.unique(coords[coords >= 0]):
-            key = self.techniques[t]
+        for t in np.unique(coords[coords >= 0] if lanes is None else coords[lanes]):
+            key = self.techniques[t] if t >= 0 else None
             if key not in paths.structure:
                 continue
             lanes_k, params = paths.structure[key]
             sel = coords[lanes_k] == t
-            out[lanes_k[sel], :len(params)] = params[:, sel].T
+            rows = lanes_k[sel]
+            if lanes is not None:  # the rows of the lanes asked for
+                pos = np.minimum(np.searchsorted(lanes, rows), B - 1)
+                hit = lanes[pos] == rows
+                rows, sel = pos[hit], np.flatnonzero(sel)[hit]
+            out[rows, :len(params)] = params[:, sel].T
         return out
 
     def structure_of(self, params, coords):
@@ -1141,22 +1148,24 @@ class PathSpace:
         structure allows no lens perturbation (the reference renderer's lensScore = 0)."""
         self._need_modified()
         nv, col = len(self._vertex_names), self._vertex_names.index("absolute")
-        params = self.lane_params(paths, coords)
-        out = np.zeros(len(params), np.int64)
+        out = np.zeros(len(paths.xy), np.int64)
         coords = np.asarray(coords, np.int64)
         for t, (k, s) in enumerate(self.techniques):
-            lanes = np.flatnonzero((coords == t) & np.isfinite(params[:, 0]))
-            if k < 3 or not len(lanes):
+            if k < 3 or (k, s) not in paths.structure:
                 continue
-            absolute = params[np.ix_(lanes, col + nv * np.arange(k - 1))] > 0.5
+            lanes_k, params = paths.structure[k, s]
+            sel = np.flatnonzero(coords[lanes_k] == t)
+            if not len(sel):
+                continue
+            absolute = params[np.ix_(col + nv * np.arange(k - 1), sel)].T > 0.5
             first = np.argmax(absolute[:, :k - 2], 1)  # 0-based; vertex first + 2 exists
-            fixed_next = absolute[np.arange(len(lanes)), first + 1] | (
+            fixed_next = absolute[np.arange(len(sel)), first + 1] | (
                 (s == NEE) & (first + 1 == k - 2))
             if self.light_coordinates:  # aimed at a point of the light
                 lc = self._vertex_names.index("lightcoord")
-                fixed_next |= params[lanes, lc + nv * (first + 1)] > 0.5
+                fixed_next |= params[lc + nv * (first + 1), sel] > 0.5
             ok = absolute[:, :k - 2].any(1) & fixed_next
-            out[lanes[ok]] = first[ok] + 1
+            out[lanes_k[sel[ok]]] = first[ok] + 1
         return out
 
     def _lens_kernel(self, kind, length, technique, j):

@@ -116,10 +116,14 @@ def path_space_for(scene, max_length=3, parameterization="kelemen",
 def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=3,
            seed=0, chains=1024, sigma2=1e-3, direct_spp=16, time_mode="hessian",
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
-           lens_perturb_prob=0.3, lens_sigma2=1e-4, path_space=None, clock=time.perf_counter):
+           lens_perturb_prob=0.3, lens_sigma2=1e-4, path_space=None, clock=time.perf_counter,
+           small_step=None, large_step_prob=0.3):
     """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
-    clock (after compiling the kernels) are spent; ``time_mode``,
+    clock (after compiling the kernels) are spent; ``small_step``: render_mlt's override of
+    the method's (``"isotropic"``: the reference renderer's Gaussian of variance ``sigma2``);
+    ``large_step_prob``: render_mlt's (spec 1.6: 0.3, the thesis' torus 0.5);
+    ``time_mode``,
     ``parameterization``, ``roughness_threshold``, ``light_coordinates``,
     ``lens_perturb_prob`` and ``lens_sigma2`` as render_mlt's (the last four only in the
     modified one);
@@ -130,12 +134,12 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
                                       light_coordinates)
     # compile every technique's kernels now, outside the budget and the mutations-per-second
     # figure
-    ps.compile_kernels(derivatives=METHODS[method][0] == "h2mc",
-                       lens=modified and METHODS[method][0] == "h2mc" and lens_perturb_prob > 0)
+    h2 = (small_step or METHODS[method][0]) == "h2mc"
+    ps.compile_kernels(derivatives=h2, lens=modified and h2 and lens_perturb_prob > 0)
     npix = ps.width * ps.height
     kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps, time_mode=time_mode,
               parameterization=parameterization, lens_perturb_prob=lens_perturb_prob,
-              clock=clock)
+              clock=clock, small_step=small_step, large_step_prob=large_step_prob)
     if modified:
         kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates,
                   lens_sigma2=lens_sigma2)
