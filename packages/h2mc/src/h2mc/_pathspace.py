@@ -246,6 +246,14 @@ class Paths:
         return out
 
 
+def _in_sorted(a, b):
+    """``np.isin(a, b)`` for a sorted ``b``: one binary search per entry of ``a`` (isin sorts
+    both arrays, tens of microseconds a call on a few hundred lanes)."""
+    if not len(b):
+        return np.zeros(len(a), bool)
+    return b[np.minimum(np.searchsorted(b, a), len(b) - 1)] == a
+
+
 @functools.cache
 def _lower_index(n):
     """For each entry ``(i, j)`` of an ``n x n`` symmetric matrix, row-major, the position of
@@ -1062,14 +1070,14 @@ class PathSpace:
             return np.zeros(0, np.int64), None
         lanes_k, params = paths.structure[key]
         keep = np.arange(len(lanes_k)) if lanes is None else np.flatnonzero(
-            np.isin(lanes_k, lanes))
+            _in_sorted(lanes_k, lanes))
         groups = [(None, 0, len(keep))]  # (material sequence or None: generic, lane range)
         materials = self._material_sequences(key[0], params) if kind == "hessian" else None
         if materials is not None and len(keep):
             # a call of a large kernel costs ~100 lanes' work whatever its lane count (its
             # code streams in): sequences with few lanes here share the generic kernel (-1)
             seqs, counts = np.unique(materials[keep], return_counts=True)
-            seq = np.where(np.isin(materials[keep], seqs[counts < self.specialize_min_lanes]),
+            seq = np.where(_in_sorted(materials[keep], seqs[counts < self.specialize_min_lanes]),
                            -1, materials[keep])
             order = np.argsort(seq, kind="stable")  # each sequence's lanes side by side
             keep, seq = keep[order], seq[order]
@@ -1114,9 +1122,8 @@ class PathSpace:
             sel = coords[lanes_k] == t
             rows = lanes_k[sel]
             if lanes is not None:  # the rows of the lanes asked for
-                pos = np.minimum(np.searchsorted(lanes, rows), B - 1)
-                hit = lanes[pos] == rows
-                rows, sel = pos[hit], np.flatnonzero(sel)[hit]
+                hit = _in_sorted(rows, lanes)
+                rows, sel = np.searchsorted(lanes, rows[hit]), np.flatnonzero(sel)[hit]
             out[rows, :len(params)] = params[:, sel].T
         return out
 
@@ -1210,12 +1217,13 @@ class PathSpace:
         group of ``lanes`` (with ``j > 0``), on ``paths``' structure and ``u``'s coordinates."""
         out = []
         lanes = np.asarray(lanes, np.int64)
-        lanes = lanes[j[lanes] > 0]
-        for t, jj in {(int(a), int(b)) for a, b in zip(coords[lanes], j[lanes])}:
+        lanes = np.sort(lanes[j[lanes] > 0])
+        groups = coords[lanes] * (self.max_length + 1) + j[lanes]  # (technique, j) pairs
+        for g in np.unique(groups):
+            t, jj = divmod(int(g), self.max_length + 1)
             key = self.techniques[t]
-            group = lanes[(coords[lanes] == t) & (j[lanes] == jj)]
             lanes_k, params = paths.structure[key]
-            keep = np.isin(lanes_k, group)
+            keep = _in_sorted(lanes_k, lanes[groups == g])
             lanes_k = lanes_k[keep]
             with np.errstate(all="ignore"):
                 res = self._lens_kernel(kind, *key, jj).call_stacked(self._kernel_inputs(
