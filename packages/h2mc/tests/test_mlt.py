@@ -672,7 +672,7 @@ def test_cached_gaussians_are_the_ones_at_the_states(cornell, monkeypatch, param
         px = self.ps.trace(state.x, coords=state.t if modified else None)
         for g in np.unique(state.t[lanes]):
             sel = lanes[state.t[lanes] == g]
-            fresh, cached = self.compute(g, state.x, px, sel), self.cache[g].take(sel)
+            fresh, cached = self.compute([(g, sel)], state.x, px)[g], self.cache[g].take(sel)
             np.testing.assert_array_equal(cached.isotropic, fresh.isotropic)
             for a, b in ((cached.covariance(), fresh.covariance()), (cached.mean, fresh.mean)):
                 np.testing.assert_allclose(a, b, rtol=0, atol=1e-12 * np.abs(b).max())
@@ -704,7 +704,7 @@ def test_time_independent_mode_keeps_time_out_of_the_gaussians():
     cov = {}
     for mode in (True, False):
         g = _Gaussians(ps, True, 1e-4, len(u), time_in_hessian=mode)
-        cov[mode] = g.compute(t, u, p, lanes).covariance()
+        cov[mode] = g.compute([(t, lanes)], u, p)[t].covariance()
     np.testing.assert_allclose(cov[False][:, 0, 1:], 0.0, atol=1e-18)
     np.testing.assert_allclose(cov[False][:, 0, 0], 1e-4, rtol=1e-9)
     assert (np.abs(cov[True][:, 0, 1:]).max(1) > 1e-9).sum() >= len(lanes) // 2

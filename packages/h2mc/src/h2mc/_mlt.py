@@ -546,18 +546,30 @@ class _Gaussians:
         self.keys = keys
         self.cache = {}
 
-    def compute(self, g, u, paths, lanes):
-        """The Gaussians of group ``g`` at ``u[lanes]`` (one value + gradient + Hessian
-        evaluation each)."""
-        key = self.keys[g]
-        if key is None:
-            logf, grad, H = self.ps.log_f_star_derivatives(u, paths, lanes)
-            logf, grad, H = logf[lanes], grad[lanes], H[lanes]
-        else:  # lanes are sorted (np.flatnonzero / a sorted selection of them)
-            logf, grad, H = self.ps.log_f_rows(u, *key, paths, lanes)
-        if self.drop_time:  # time perturbed by the prior's kick alone, not in the Hessian
-            grad[:, 0], H[:, 0, :], H[:, :, 0] = 0.0, 0.0, 0.0
-        return h2mc_proposal(grad, H, self.sigma2, log_f=logf)
+    def compute(self, groups, u, paths):
+        """The Gaussians of the groups ``[(g, lanes)]`` at ``u[lanes]`` (one value + gradient
+        + Hessian evaluation each), ``{g: GaussianProposal}``: one h2mc_proposal call per
+        dimension (a length's techniques share theirs), not one per group."""
+        by_n = {}
+        for g, lanes in groups:
+            key = self.keys[g]
+            if key is None:
+                logf, grad, H = self.ps.log_f_star_derivatives(u, paths, lanes)
+                logf, grad, H = logf[lanes], grad[lanes], H[lanes]
+            else:  # lanes are sorted (np.flatnonzero / a sorted selection of them)
+                logf, grad, H = self.ps.log_f_rows(u, *key, paths, lanes)
+            by_n.setdefault(len(self.dims[g]), []).append((g, logf, grad, H))
+        out = {}
+        for rows in by_n.values():
+            logf, grad, H = (np.concatenate([r[i] for r in rows]) for i in (1, 2, 3))
+            if self.drop_time:  # time perturbed by the prior's kick alone, not in the Hessian
+                grad[:, 0], H[:, 0, :], H[:, :, 0] = 0.0, 0.0, 0.0
+            gp = h2mc_proposal(grad, H, self.sigma2, log_f=logf)
+            start = 0
+            for g, lf, *_ in rows:
+                out[g] = gp.take(slice(start, start + len(lf)))
+                start += len(lf)
+        return out
 
     def put(self, g, lanes, gp):
         if g not in self.cache:
@@ -569,9 +581,9 @@ class _Gaussians:
 
     def update(self, u, paths, lanes, groups):
         """Recompute the Gaussians of chains ``lanes`` at their new states ``u``."""
-        for g in np.unique(groups[lanes]):
-            sel = lanes[groups[lanes] == g]
-            self.put(g, sel, self.compute(g, u, paths, sel))
+        sels = {g: lanes[groups[lanes] == g] for g in np.unique(groups[lanes])}
+        for g, gp in self.compute(list(sels.items()), u, paths).items():
+            self.put(g, sels[g], gp)
 
     def propose(self, state, h2, y, rng):
         """Write H2MC proposals of the chains ``h2`` into ``y``; ``[(group, lanes, Gaussian
@@ -592,10 +604,9 @@ class _Gaussians:
         ``moved`` by accepted large / isotropic / lens steps: one evaluation per group (the
         technique ``ty``) for both, kept until :meth:`accept`."""
         lanes = np.sort(np.concatenate([moved] + [sel for _, sel, _, _ in pending]))
-        self.pending = {}
-        for g in np.unique(ty[lanes]):
-            sel = lanes[ty[lanes] == g]
-            self.pending[g] = (sel, self.compute(g, y, py, sel))
+        sels = {g: lanes[ty[lanes] == g] for g in np.unique(ty[lanes])}
+        self.pending = {g: (sels[g], gp)
+                        for g, gp in self.compute(list(sels.items()), y, py).items()}
         for g, sel, gx, z in pending:
             at, gy = self.pending[g]
             gy = gy.take(np.searchsorted(at, sel))

@@ -25,6 +25,7 @@ and at ``y`` gives the forward and reverse densities of one fixed MH kernel (eqs
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import core_ad
@@ -121,6 +122,14 @@ def isotropic_proposal(batch: int, n: int, sigma2) -> GaussianProposal:
     )
 
 
+@functools.cache
+def _unit_coefficients(T, offset_variant):
+    """:func:`dynamics_coefficients` at ``alpha = -1, 0, 1`` and ``beta = 1`` (read-only)."""
+    s3, o3 = dynamics_coefficients(np.array([-1.0, 0.0, 1.0]), 1.0, T, offset_variant)
+    s3.flags.writeable = o3.flags.writeable = False
+    return s3, o3
+
+
 def h2mc_proposal(grad, hess, sigma2, *, log_f=None, T=T_DEFAULT, eps=1e-10,
                   offset_variant: str = "exact", min_variance=1e-10, min_f=1e-15,
                   fallback_hessian_norm=0.5) -> GaussianProposal:
@@ -154,8 +163,8 @@ def h2mc_proposal(grad, hess, sigma2, *, log_f=None, T=T_DEFAULT, eps=1e-10,
     a = np.where(flat, 0.0, 1.0 / np.where(flat, 1.0, np.abs(lam)))
     alpha = np.where(flat, 0.0, np.sign(lam))
     if np.ndim(T) == 0:
-        # alpha is -1, 0 or +1: evaluate the closed forms once (o is linear in beta)
-        s3, o3 = dynamics_coefficients(np.array([-1.0, 0.0, 1.0]), 1.0, T, offset_variant)
+        # alpha is -1, 0 or +1: the closed forms at those three (o is linear in beta)
+        s3, o3 = _unit_coefficients(float(T), offset_variant)
         k = (alpha + 1).astype(np.int64)
         s, o = s3[k], o3[k] * (a * g)
     else:
