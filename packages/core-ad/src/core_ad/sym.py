@@ -66,6 +66,10 @@ order; ``outputs``: names). ``compile(outputs, inputs, backend=None, **options)`
 * ``"numpy"``: the reference evaluator (numpy broadcasting and dtype conversion);
 * ``"cuda"``: CUDA C through CuPy on CuPy arrays (needs CuPy and a device).
 
+``compile_derived(values, inputs, derive, tag)``: ``compile(derive(values), inputs)``, found in
+a later process from the disk cache without deriving again (derivatives of large expressions
+cost more to derive than to load; :mod:`core_ad._codegen.derived`).
+
 Kernel buffers: ``buffer(name, dtype)``, ``gather(buf, index)``, ``scatter_add(buf, index,
 value)`` (an output), bounds-checked in every backend. ``evaluate(e, env)`` for one-off
 evaluation.
@@ -75,7 +79,8 @@ constructible by force) raises :class:`SymbolicCycleError`.
 """
 
 from ._codegen import compile, evaluate
+from ._codegen.derived import compile_derived
 from ._sym import *  # noqa: F403
 from ._sym import __all__ as _sym_all
 
-__all__ = _sym_all + ["compile", "evaluate"]  # noqa: PLE0605
+__all__ = _sym_all + ["compile", "compile_derived", "evaluate"]  # noqa: PLE0605

@@ -263,6 +263,25 @@ def _lower_index(n):
     return (i * (i + 1) // 2 + j).ravel()
 
 
+def _log_f_kernel(rgb, wrt, inputs, backend):
+    """The compiled ``log f`` (f the luminance of ``rgb``), its gradient and its lower-triangle
+    Hessian (row by row, ``(i, j), j <= i``) with respect to ``wrt`` (some of ``inputs``).
+    Through ``sym.compile_derived``: a later process finds the kernel in the disk cache
+    without deriving the Hessian again (most of a long path's load time)."""
+    n = len(wrt)
+    first = next(k for k, v in enumerate(inputs) if v is wrt[0])
+
+    def derive(values):
+        (logf,) = values
+        hess = sym.hessian(logf, wrt)
+        return [logf, *sym.grad(logf, wrt), *(hess[i][j] for i in range(n) for j in range(i + 1))]
+
+    logf = sym.log(sum(w * c for w, c in zip(LUMINANCE, rgb)))
+    return sym.compile_derived([logf], inputs, derive, backend=backend,
+                               tag=f"log f, gradient, lower Hessian in inputs [{first}, "
+                                   f"{first + n}): h2mc v1")
+
+
 def _dot(a, b):
     return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
 
@@ -1035,12 +1054,10 @@ class PathSpace:
                             preds.setdefault(id(pred), pred)
                 outs = [sym.where(pred, 1.0, 0.0) for pred in preds.values()]
             else:  # "hessian": log f*, its gradient and its lower-triangle Hessian
-                logf = sym.log(sum(w * c for w, c in zip(LUMINANCE, rgb)))
-                grad = sym.grad(logf, u)
-                hess = sym.hessian(logf, u)
-                tri = [(i, j) for i in range(len(u)) for j in range(i + 1)]
-                outs = [logf, *grad, *(hess[i][j] for i, j in tri)]
-            self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
+                outs = None
+            self._kernels[key] = (_log_f_kernel(rgb, u, u + params, self.backend)
+                                  if outs is None else
+                                  sym.compile(outs, u + params, backend=self.backend))
             self.build_seconds += self.clock() - start
         return self._kernels[key]
 
@@ -1181,14 +1198,11 @@ class PathSpace:
             start = self.clock()
             u, params, rgb, _, _, directions, _ = self._expressions(length, technique, lens=j)
             if kind == "lens_direction":
-                outs = directions[3 * (j - 1):3 * j]
+                self._kernels[key] = sym.compile(directions[3 * (j - 1):3 * j], u + params,
+                                                 backend=self.backend)
             else:  # "lens_hessian": log lensScore and its derivatives in the screen position
-                screen = u[self._screen:self._screen + 2]
-                logf = sym.log(sum(w * c for w, c in zip(LUMINANCE, rgb)))
-                grad = sym.grad(logf, screen)
-                hess = sym.hessian(logf, screen)
-                outs = [logf, *grad, hess[0][0], hess[1][0], hess[1][1]]
-            self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
+                self._kernels[key] = _log_f_kernel(rgb, u[self._screen:self._screen + 2],
+                                                   u + params, self.backend)
             self.build_seconds += self.clock() - start
         return self._kernels[key]
 

@@ -25,6 +25,8 @@ import os
 import threading
 import time
 
+import numpy as np
+
 from .emitter import (
     LOWERINGS,
     BoundsFailure,
@@ -96,13 +98,63 @@ _CODE_LOCK = threading.RLock()  # one compile per code key, even from concurrent
 def compile_program(prog, roots, inputs, options: tuple, key: str):
     """Build the :class:`~.runtime.LLVMKernel` of a checked program (raises
     :class:`~.emitter.Unsupported` when a primitive or dtype cannot be lowered)."""
-    from ..cache import code_key
-    from .jit import host_signature, jit
-    from .kernel import build_kernel, check_supported
-    from .runtime import LLVMKernel, report_compile
+    from .kernel import check_supported
+    from .runtime import LLVMKernel
 
     check_supported(prog, roots, inputs)
-    opts = dict(options)
+    return LLVMKernel(prog, roots, inputs, dict(options), key,
+                      _builder(prog, roots, inputs, dict(options), key))
+
+
+def code_name(kernel) -> str:
+    """The name of ``kernel``'s all-array variant's machine code (its object file in the disk
+    cache), for :func:`load_derived`."""
+    return kernel._builder.name((False,) * kernel.n_in, False)
+
+
+def load_derived(name, dtypes, min_lanes, inputs, options: dict, key, derive):
+    """The :class:`~.runtime.LLVMKernel` of a derived program without the program: its
+    all-array variant's machine code ``name`` (:func:`code_name`) from this process or the
+    disk cache, its outputs lane outputs of ``dtypes``; None when that code is gone. The
+    other variants (0-d inputs, strided arrays) and :attr:`~.runtime.LLVMKernel.program` call
+    ``derive() -> (prog, roots)`` on first use."""
+    from .runtime import LLVMKernel, OutputSpec
+
+    with _CODE_LOCK:  # this process' machine code of that name, else the disk cache's
+        hit = next(((addr, kir) for ckey, (addr, kir, _) in _CODE.items()
+                    if f"core_ad_k{ckey[:24]}" == name), None)
+        if hit is None:
+            VecMath(libmvec=options["libmvec"])  # loads libmvec, whose symbols the code calls
+            hit = _load_cached(name)
+        if hit is None:
+            return None
+    derived = {}
+
+    def full():  # the derived program and its own builder, on first need
+        if not derived:
+            prog, roots = derive()
+            derived.update(prog=prog, builder=_builder(prog, roots, inputs, options, key))
+        return derived
+
+    def builder(mask, atomic, strided=False):
+        if not (any(mask) or atomic or strided):
+            return hit[0], hit[1], 0.0
+        return full()["builder"](mask, atomic, strided)
+
+    builder.ir_text = lambda mask, atomic, strided=False: full()["builder"].ir_text(
+        mask, atomic, strided)
+    return LLVMKernel(lambda: full()["prog"], [OutputSpec(np.dtype(d)) for d in dtypes],
+                      inputs, options, key, builder, min_lanes=min_lanes)
+
+
+def _builder(prog, roots, inputs, opts: dict, key: str):
+    """``builder(mask, atomic, strided) -> (address, KernelIR, seconds)`` of a program's
+    variants (compiled, or loaded from the disk cache, once per process)."""
+    from ..cache import code_key
+    from .jit import host_signature, jit
+    from .kernel import build_kernel
+    from .runtime import report_compile
+
     math = VecMath(libmvec=opts["libmvec"])
     host = host_signature()
     n_nodes = len(prog.assignments)
@@ -157,7 +209,8 @@ def compile_program(prog, roots, inputs, options: tuple, key: str):
         return addr, kir, secs
 
     builder.ir_text = lambda mask, atomic, strided=False: _ir(mask, atomic, strided).text
-    return LLVMKernel(prog, roots, inputs, opts, key, builder)
+    builder.name = lambda mask, atomic, strided=False: _name(mask, atomic, strided)[1]
+    return builder
 
 
 def _meta_path(name: str) -> str | None:

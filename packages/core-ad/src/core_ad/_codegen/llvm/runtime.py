@@ -51,6 +51,7 @@ import os
 import sys
 import threading
 from collections import deque
+from typing import NamedTuple
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -166,6 +167,22 @@ def _plural(n, word):
     return f"{n} {word}{'s' if n != 1 else ''}"
 
 
+def min_lanes_of(prog) -> int:
+    """Lanes per thread below which a call of ``prog``'s kernel does not start another
+    thread: its rough per-lane cost against a thread's start-up."""
+    n_ops = sum(1 for _, n in prog.assignments if isinstance(n, Apply))
+    n_calls = sum(1 for _, n in prog.assignments if isinstance(n, Apply)
+                  and n.prim.name in _EXPENSIVE)
+    cost = 1 + n_ops + 20 * n_calls  # ~ns per lane, roughly
+    return int(min(65536, max(2048, 400_000 // cost)))
+
+
+class OutputSpec(NamedTuple):
+    """A lane output of a kernel loaded without its program: its dtype only."""
+
+    dtype: np.dtype
+
+
 class LLVMKernel:
     """A compiled lane-wise kernel (returned by ``sym.compile(..., backend="llvm")``).
 
@@ -178,8 +195,11 @@ class LLVMKernel:
 
     backend = "llvm"
 
-    def __init__(self, prog, roots, inputs, options: dict, key: str, builder):
-        self.program = prog
+    def __init__(self, prog, roots, inputs, options: dict, key: str, builder, min_lanes=None):
+        # prog: the Program, or a callable building it on first use (a derived kernel whose
+        # machine code came from the disk cache, see :func:`.load_derived`; ``min_lanes`` is
+        # then given, and ``roots`` are :class:`OutputSpec` stand-ins of lane outputs)
+        self._program = prog
         self.outputs = list(roots)
         self.inputs = list(inputs)
         self.options = dict(options)
@@ -216,15 +236,18 @@ class LLVMKernel:
             f"compiled function takes {_plural(self.n_in, 'array')}"
             f" ({', '.join(self.names)}), got %d"
         )
-        n_ops = sum(1 for _, n in prog.assignments if isinstance(n, Apply))
-        n_calls = sum(1 for _, n in prog.assignments if isinstance(n, Apply)
-                      and n.prim.name in _EXPENSIVE)
-        cost = 1 + n_ops + 20 * n_calls  # ~ns per lane, roughly
-        self.min_lanes = int(min(65536, max(2048, 400_000 // cost)))
+        self.min_lanes = min_lanes_of(prog) if min_lanes is None else int(min_lanes)
         addr, kir, secs = self._build((False,) * self.n_in, False)
         self.width = kir.width
         self._ir = kir.text  # None when the machine code came from the disk cache
         self.compile_time = secs
+
+    @property
+    def program(self):
+        """The cse :class:`~core_ad.sym.Program` (built now for a kernel loaded without it)."""
+        if callable(self._program):
+            self._program = self._program()
+        return self._program
 
     @property
     def ir(self) -> str:
