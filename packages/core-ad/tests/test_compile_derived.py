@@ -45,6 +45,8 @@ if sys.argv[1] == "no-derive":  # a 0-d input needs another variant: derived on 
     assert np.allclose(s[1], np.cos(0.5) * np.exp(b) + b)
     assert len(calls) == 1
     assert k.program is not None
+    plain = sym.compile(derive([f]), [x, y])  # the same code, linked once in the process
+    assert np.array_equal(np.stack(plain(a, b)), out)
 print("ok", len(calls))
 """
 
@@ -61,7 +63,8 @@ def _run(cache, *modes):
 def test_a_later_process_loads_the_derived_kernel_without_deriving(tmp_path):
     """The first process derives, compiles and writes the index entry; the second links the
     machine code without calling ``derive`` (it raises there) and gets the same values, until
-    it asks for a variant that is not in the cache (a 0-d input), which derives then."""
+    it asks for a variant that is not in the cache (a 0-d input), which derives then; a plain
+    compile of the derived program then shares the linked code."""
     _run(tmp_path, "derive", "no-derive")
     assert len(list(tmp_path.glob("derived_*.json"))) == 1
 

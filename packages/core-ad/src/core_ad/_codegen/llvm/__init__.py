@@ -235,11 +235,18 @@ def _save_meta(name: str, kir) -> None:
         pass  # a read-only or full cache directory only costs the cache
 
 
+_LINKED: dict = {}  # code name -> (address, KernelIR) of the object files linked so far
+
+
 def _load_cached(name: str):
-    """(address, KernelIR without its text) from the disk cache, or None."""
+    """(address, KernelIR without its text) from the disk cache, or None. An object file is
+    linked once per process (a derived kernel loaded by name and the same program compiled
+    later share it)."""
     from .jit import jit
     from .kernel import KernelIR
 
+    if name in _LINKED:
+        return _LINKED[name]
     path = _meta_path(name)
     if path is None or not os.path.exists(path):
         return None
@@ -250,4 +257,7 @@ def _load_cached(name: str):
     except (OSError, ValueError, KeyError, TypeError):
         return None
     addrs = jit().load_cached(name, [name])
-    return None if addrs is None else (addrs[0], kir)
+    if addrs is None:
+        return None
+    _LINKED[name] = (addrs[0], kir)
+    return _LINKED[name]
