@@ -91,12 +91,16 @@ class CompiledBatchHessian:
         self.n, self.dtype = int(n), np.dtype(dtype)
         self.value = bool(value)
         xs, out = _trace(f, n, dtype, "batch_hessian")
-        grad = sym.grad(out, xs)
-        hess = sym.hessian(out, xs)
         self._tri = [(i, j) for i in range(self.n) for j in range(i + 1)]
-        outputs = ([out] if self.value else []) + list(grad) + [hess[i][j] for i, j in self._tri]
-        kw = {} if backend is None else {"backend": backend}
-        self.kernel = sym.compile(outputs, xs, **kw)
+
+        def derive(values):
+            hess = sym.hessian(values[0], xs)
+            return (values[:1] if self.value else []) + list(sym.grad(values[0], xs)) + [
+                hess[i][j] for i, j in self._tri]
+
+        # found in the disk cache without deriving the Hessian again (compile_derived)
+        self.kernel = sym.compile_derived([out], xs, derive, backend=backend,
+                                          tag=f"batch_hessian v1, value={self.value}")
 
     def __call__(self, x):
         B, cols = _columns_of(x, self.n, self.dtype, "batch_hessian")
@@ -122,9 +126,9 @@ class CompiledBatchGrad:
         self.n, self.dtype = int(n), np.dtype(dtype)
         self.value = bool(value)
         xs, out = _trace(f, n, dtype, "batch_grad")
-        outputs = ([out] if self.value else []) + list(sym.grad(out, xs))
-        kw = {} if backend is None else {"backend": backend}
-        self.kernel = sym.compile(outputs, xs, **kw)
+        self.kernel = sym.compile_derived(
+            [out], xs, lambda values: (values[:1] if self.value else []) + list(
+                sym.grad(values[0], xs)), backend=backend, tag=f"batch_grad v1, value={self.value}")
 
     def __call__(self, x):
         B, cols = _columns_of(x, self.n, self.dtype, "batch_grad")
