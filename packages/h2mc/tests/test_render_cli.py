@@ -95,6 +95,27 @@ def test_render_passes_the_lens_step_size_in_the_modified_coordinates(monkeypatc
     assert seen == [9e-4, None]
 
 
+def test_render_passes_the_small_step_and_the_large_step_probability(monkeypatch):
+    """``render(..., small_step="isotropic", large_step_prob=...)`` reaches render_mlt (the
+    equal-time harness' isotropic baselines, spec 1.6, and its ``--large-step-prob``): the
+    share of large steps follows the probability."""
+    from edge_rt import scenes
+    seen = []
+    monkeypatch.setattr(render_module, "render_mlt",
+                        lambda *a, **kw: seen.append(kw.get("small_step")) or render_mlt(*a, **kw))
+    scene = scenes.cornell_box()
+    scene.camera.resolution = (8, 6)
+    kw = dict(mutations_per_pixel=64, chains=64, direct_spp=0, sigma2=1e-4)
+    shares = []
+    for p in (0.1, 0.6):
+        _, stats, mutations, _ = render_module.render(scene, "pssmlt", small_step="isotropic",
+                                                      large_step_prob=p, **kw)
+        shares.append(stats["large"].proposed / mutations)
+        assert stats["small"].proposed > 0 and 0 < stats["small"].acceptance < 1
+    assert abs(shares[0] - 0.1) < 0.03 and abs(shares[1] - 0.6) < 0.05, shares
+    assert seen == ["isotropic", "isotropic"]
+
+
 def _json_scene(path, lit):
     """A floor quad seen from above, lit (or not) by a small quad facing it."""
     floor = {"vertices": [[-1, 0, -1], [-1, 0, 1], [1, 0, 1], [1, 0, -1]],
