@@ -135,3 +135,14 @@ def test_the_index_key_hashes_the_symbolic_engine(tmp_path):
     with open(copy / "_sym" / "diff.py", "a") as f:
         f.write("\n# an edit\n")
     assert derived._engine_fingerprint(str(copy)) != before
+
+
+def test_kernels_with_buffers_or_lane_sums_are_not_indexed(monkeypatch, tmp_path):
+    """A loaded kernel's outputs are dtype stand-ins, so derivations whose kernels scatter,
+    sum over lanes or read buffers compile as usual and write no index entry."""
+    monkeypatch.setenv("CORE_AD_CACHE_DIR", str(tmp_path))
+    x = sym.var("cd_z")
+    k = sym.compile_derived([x * x], [x], lambda v: [sym.lane_sum(sym.grad(v[0], [x])[0])],
+                            tag="sum of f'")
+    np.testing.assert_allclose(k(np.arange(4.0))[0], 12.0)
+    assert not list(tmp_path.glob("derived_*.json"))

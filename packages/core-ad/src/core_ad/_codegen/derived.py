@@ -127,7 +127,10 @@ def compile_derived(values, inputs, derive, tag: str, backend: str | None = None
         _debug(f"compile_derived: no entry {os.path.basename(path)} ({tag}): deriving")
     if kernel is None:
         kernel = compile_expressions(derive(list(roots)), inputs, backend, **options)
-        if path is not None and getattr(kernel, "backend", None) == "llvm":
+        # indexed: LLVM kernels of lane inputs and lane outputs only (a loaded kernel's
+        # outputs are dtype stand-ins: no scatter or lane_sum semantics)
+        if path is not None and getattr(kernel, "backend", None) == "llvm" and not (
+                any(kernel.scatter_out) or kernel.sum_out or any(kernel.is_buf)):
             _write(path, {"code": code_name(kernel), "key": kernel.key,
                           "dtypes": [str(o.dtype) for o in kernel.outputs],
                           "min_lanes": kernel.min_lanes})
