@@ -1037,6 +1037,10 @@ class PathSpace:
             start = self.clock()
             u, params, rgb, mis, jacobian, directions, positions = self._expressions(
                 length, technique, materials=materials)
+            if kind == "hessian":  # log f*, its gradient and its lower-triangle Hessian
+                self._kernels[key] = _log_f_kernel(rgb, u, u + params, self.backend)
+                self.build_seconds += self.clock() - start
+                return self._kernels[key]
             if kind == "value":  # with the modified parameterisation, also |det du/dw|
                 outs = rgb + ([jacobian] if self.roughness_threshold is not None else [])
             elif kind == "mis":
@@ -1045,7 +1049,7 @@ class PathSpace:
                 outs = directions
             elif kind == "positions":
                 outs = positions
-            elif kind == "branch":
+            else:  # "branch"
                 preds = {}
                 for node in sym.toposort(rgb):
                     rule = _PIECEWISE.get(getattr(getattr(node, "prim", None), "name", None))
@@ -1053,11 +1057,7 @@ class PathSpace:
                         for pred in rule(node.args):
                             preds.setdefault(id(pred), pred)
                 outs = [sym.where(pred, 1.0, 0.0) for pred in preds.values()]
-            else:  # "hessian": log f*, its gradient and its lower-triangle Hessian
-                outs = None
-            self._kernels[key] = (_log_f_kernel(rgb, u, u + params, self.backend)
-                                  if outs is None else
-                                  sym.compile(outs, u + params, backend=self.backend))
+            self._kernels[key] = sym.compile(outs, u + params, backend=self.backend)
             self.build_seconds += self.clock() - start
         return self._kernels[key]
 
@@ -1131,8 +1131,9 @@ class PathSpace:
         B = len(paths.xy) if lanes is None else len(lanes)
         out = np.full((B, (self.max_length - 1) * nv + len(_LIGHT)), np.nan)
         coords = np.asarray(coords, np.int64)
-        for t in np.unique(coords[coords >= 0] if lanes is None else coords[lanes]):
-            key = self.techniques[t] if t >= 0 else None
+        asked = coords if lanes is None else coords[lanes]
+        for t in np.unique(asked[asked >= 0]):
+            key = self.techniques[t]
             if key not in paths.structure:
                 continue
             lanes_k, params = paths.structure[key]

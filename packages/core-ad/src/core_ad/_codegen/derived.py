@@ -93,7 +93,7 @@ def compile_derived(values, inputs, derive, tag: str, backend: str | None = None
     value program, the input list, the tag, the backend options and the versions of the
     symbolic engine and code generators).
     """
-    name, auto = resolve_backend(backend)
+    name, _ = resolve_backend(backend)
     roots, _, inputs = check_inputs(values, inputs, "compile_derived")
     if name != "llvm":
         return compile_expressions(derive(list(roots)), inputs, backend, **options)

@@ -51,8 +51,8 @@ import os
 import sys
 import threading
 from collections import deque
-from typing import NamedTuple
 from concurrent.futures import ThreadPoolExecutor
+from typing import NamedTuple
 
 import numpy as np
 
