@@ -31,6 +31,7 @@ The reference is kept in ``--out`` and reused by later runs of the same scene, s
 from __future__ import annotations
 
 import argparse
+import itertools
 import os
 import time
 
@@ -74,6 +75,11 @@ def main(argv=None):
                     "and / or the isotropic Gaussian (one row each)")
     ap.add_argument("--isotropic-sigma", type=float, default=0.01,
                     help="std-dev of the baselines' isotropic small steps (spec: 0.01)")
+    ap.add_argument("--mixing-step", nargs="+", choices=("isotropic", "kelemen"),
+                    default=["isotropic"],
+                    help="H2MC's uniform-mixing step(s), one H2MC row each (spec 1.6: isotropic)")
+    ap.add_argument("--mixing-sigma", type=float,
+                    help="std-dev of H2MC's isotropic mixing step (default: the H2MC prior's)")
     ap.add_argument("--large-step-prob", type=float, default=0.3,
                     help="every method's large-step probability (spec 1.6: 0.3; the reference "
                     "renderer's torus scene 0.5)")
@@ -128,15 +134,18 @@ def main(argv=None):
         for p in args.parameterization:
             for lens in args.lens_prob if p == "modified" else args.lens_prob[:1]:
                 sigmas = args.lens_sigma if p == "modified" and lens > 0 else args.lens_sigma[:1]
-                for sigma in sigmas:
+                for sigma, mixing in itertools.product(sigmas, args.mixing_step):
                     label = "h2mc" if p == "kelemen" else "h2mc-modified"
                     if p == "modified" and len(args.lens_prob) > 1:
                         label += f" lens {lens:g}"
                     if len(sigmas) > 1:
                         label += f" sigma {sigma:g}"
+                    if len(args.mixing_step) > 1:
+                        label += f" mixing {mixing}"
                     runs.append((label, "h2mc", dict(
                         parameterization=p, lens_perturb_prob=lens, lens_sigma2=sigma * sigma,
-                        light_coordinates=not args.no_light_coordinates)))
+                        light_coordinates=not args.no_light_coordinates, mixing_step=mixing,
+                        mixing_sigma2=args.mixing_sigma and args.mixing_sigma ** 2)))
         spaces = {}  # one compiled PathSpace per parameterisation, shared by the seeds
         for label, method, modified in runs:
             p = modified.get("parameterization", "kelemen")

@@ -87,6 +87,32 @@ def test_h2mc_small_steps_converge(cornell):
     assert r.stats["isotropic"].proposed > 0
 
 
+def test_h2mc_uniform_mixing_is_the_isotropic_gaussian(cornell):
+    """Spec 1.6 / 4.7 rule 4: H2MC's uniform-mixing step is the isotropic Gaussian of
+    ``mixing_sigma2`` (default: the H2 prior's sigma2). A vanishing variance barely moves a
+    chain, so nearly every such step is accepted; Kelemen's step (offsets from 1/1024 to
+    1/64) and a variance of 1e-3 are rejected far more often."""
+    scene, ps, _ = cornell
+    kw = dict(chains=256, bootstrap_samples=1 << 13, direct_spp=0, seed=4, path_space=ps,
+              small_step="h2mc", sigma2=1e-3, uniform_mixing=0.5)
+    acc = {name: render_mlt(scene, 8, **kw, **extra).stats["isotropic"].acceptance
+           for name, extra in (("tiny", dict(mixing_sigma2=1e-12)), ("prior", {}),
+                               ("kelemen", dict(mixing_step="kelemen",
+                                                mixing_sigma2=1e-12)))}
+    assert acc["tiny"] > 0.99, acc
+    assert acc["prior"] < 0.9 and acc["kelemen"] < 0.95, acc
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(mixing_step="gaussian"), "mixing_step must be"),
+    (dict(mixing_sigma2=0.0), "mixing_sigma2"),
+    (dict(mixing_sigma2=np.inf), "mixing_sigma2")])
+def test_bad_mixing_step_is_named(cornell, kw, match):
+    scene, ps, _ = cornell
+    with pytest.raises(MLTError, match=match):
+        render_mlt(scene, 1, path_space=ps, small_step="h2mc", **kw)
+
+
 def test_h2mc_acceptance_falls_with_prior_variance(cornell):
     """AE-6 on the Cornell box: H2MC small-step acceptance decreases strictly with sigma2
     (measured: 0.84, 0.61, 0.32 for 1e-4, 1e-3, 1e-2; 256 chains x 24 steps each)."""

@@ -30,7 +30,8 @@ reference renderer's isotropic Gaussian ``N(0, sigma2 I)`` on every coordinate, 
 symmetric, spec 1.6 perturbStdDev); ``"h2mc"``, the H2MC
 Gaussian from the gradient and Hessian of log f* at the state (h2mc_proposal; on a
 multiplexed state of ``log f*_t`` over the technique's coordinates, the others held), with
-probability ``uniform_mixing`` replaced by the Kelemen step (spec 4.7 rule 4); the Gaussian is
+probability ``uniform_mixing`` replaced by the ``mixing_step`` (spec 4.7 rule 4: the isotropic
+Gaussian, of variance ``mixing_sigma2``; ``"kelemen"``: Kelemen's); the Gaussian is
 cached with the state, so an H2MC step costs one value + gradient + Hessian evaluation, at the
 proposal. Methods: ``"pssmlt"`` = Kelemen state, Kelemen small steps; ``"mmlt"`` = multiplexed
 state, Kelemen small steps, MMLT large step; ``"h2mc"`` = multiplexed state, H2MC small steps,
@@ -223,6 +224,7 @@ class MLTResult:
 def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=None,
                large_step=None, max_length=3, min_length=3, chains=256, large_step_prob=0.3,
                s1=1.0 / 1024, s2=1.0 / 64, sigma2=1e-4, uniform_mixing=0.2,
+               mixing_step="isotropic", mixing_sigma2=None,
                bootstrap_samples=1 << 16, direct_spp=16, seed=0, checkpoints=(),
                path_space=None, progress=None, parameterization="kelemen",
                roughness_threshold=0.03, time_mode="hessian", lens_perturb_prob=0.3,
@@ -230,9 +232,12 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
-    state) override the method's; ``"isotropic"`` small steps use ``sigma2`` too. H2MC small steps use the prior *variance* ``sigma2``: the
-    default is the reference renderer's sigma = 0.01; tune it for 50-70% small-step
-    acceptance, 1e-3 on the Cornell box.
+    state) override the method's; ``"isotropic"`` small steps use ``sigma2`` too. H2MC small
+    steps use the prior *variance* ``sigma2``: the default is the reference renderer's sigma =
+    0.01; tune it for 50-70% small-step acceptance, 1e-3 on the Cornell box. Within H2MC small
+    steps, with probability ``uniform_mixing``, the ``mixing_step``: ``"isotropic"`` (spec 1.6,
+    the reference renderer's Gaussian of variance ``mixing_sigma2``, None: ``sigma2``, as the
+    reference renderer's one std-dev) or ``"kelemen"``.
 
     ``mutations_per_pixel``: total mutations = this x pixels, split over ``chains``;
     ``checkpoints``: mutations-per-pixel values at which to keep a copy of the indirect image;
@@ -270,6 +275,13 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                        f"{large_step!r}")
     if not 0.0 <= large_step_prob <= 1.0 or not 0.0 <= uniform_mixing <= 1.0:
         raise MLTError("render_mlt: large_step_prob and uniform_mixing must be in [0, 1]")
+    if mixing_step not in ("kelemen", "isotropic"):
+        raise MLTError(f"render_mlt: mixing_step must be 'kelemen' or 'isotropic', got "
+                       f"{mixing_step!r}")
+    mixing_sigma2 = sigma2 if mixing_sigma2 is None else mixing_sigma2
+    if not 0.0 < mixing_sigma2 < np.inf:
+        raise MLTError(f"render_mlt: mixing_sigma2 (a variance) must be positive and finite, "
+                       f"got {mixing_sigma2!r}")
     if not 0.0 < s1 < s2 < 0.5:
         raise MLTError(f"render_mlt: need 0 < s1 < s2 < 0.5, got s1={s1}, s2={s2}")
     if int(chains) < 1 or not mutations_per_pixel > 0:
@@ -402,9 +414,9 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
             h2 &= ~on_lens
         y = state.x.copy()  # an H2MC step on a technique moves only that technique's dims
         y[large] = u_large
-        if small_step == "isotropic":
-            y[iso] = _wrap(state.x[iso] + np.sqrt(sigma2) * rng.standard_normal(
-                (int(iso.sum()), ps.dim)))
+        if small_step == "isotropic" or (use_h2mc and mixing_step == "isotropic"):
+            std = np.sqrt(mixing_sigma2 if use_h2mc else sigma2)
+            y[iso] = _wrap(state.x[iso] + std * rng.standard_normal((int(iso.sum()), ps.dim)))
         else:
             y[iso] = kelemen_perturb(state.x[iso], rng, s1, s2)
         ty = state.t.copy()

@@ -117,12 +117,13 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
            seed=0, chains=1024, sigma2=1e-3, direct_spp=16, time_mode="hessian",
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
            lens_perturb_prob=0.3, lens_sigma2=1e-4, path_space=None, clock=time.perf_counter,
-           small_step=None, large_step_prob=0.3):
+           small_step=None, large_step_prob=0.3, mixing_step="isotropic", mixing_sigma2=None):
     """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
     clock (after compiling the kernels) are spent; ``small_step``: render_mlt's override of
     the method's (``"isotropic"``: the reference renderer's Gaussian of variance ``sigma2``);
     ``large_step_prob``: render_mlt's (spec 1.6: 0.3, the thesis' torus 0.5);
+    ``mixing_step``, ``mixing_sigma2``: render_mlt's (H2MC's uniform mixing);
     ``time_mode``,
     ``parameterization``, ``roughness_threshold``, ``light_coordinates``,
     ``lens_perturb_prob`` and ``lens_sigma2`` as render_mlt's (the last four only in the
@@ -139,7 +140,8 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     npix = ps.width * ps.height
     kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps, time_mode=time_mode,
               parameterization=parameterization, lens_perturb_prob=lens_perturb_prob,
-              clock=clock, small_step=small_step, large_step_prob=large_step_prob)
+              clock=clock, small_step=small_step, large_step_prob=large_step_prob,
+              mixing_step=mixing_step, mixing_sigma2=mixing_sigma2)
     if modified:
         kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates,
                   lens_sigma2=lens_sigma2)
