@@ -88,9 +88,10 @@ def test_roughness_gradient_matches_finite_differences():
 
 
 def test_shading_normal_gradient_matches_finite_differences():
-    # the differences' mean varies from run to run with fixed seeds (4.50-4.79 in four runs of
-    # 256 spp, 2026-11-28; the AD mean does not), and at 256 spp their standard error reached
-    # 0.47 against a bound of 0.45 in a CI run: 1024 spp keep it at 0.15-0.19
+    # at 256 spp the differences' standard error reached 0.47 against a bound of 0.45 in a CI
+    # run, when chunks rendered in threads could skip the envmap's next-event estimation (the
+    # mean then varied from run to run with fixed seeds; fixed, test_environment.py): 1024 spp
+    # keep it at 0.15-0.19
     scene = diffuse_scene()
     direction = np.random.default_rng(4).normal(size=scene.meshes[0].normals.shape)
     agree_statistically(scene, lambda s: s.meshes[0].normals, direction, h=3e-2, seeds=8,

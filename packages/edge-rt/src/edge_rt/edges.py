@@ -61,8 +61,9 @@ def edge_list(faces: np.ndarray, skip=(), positions=None):
     canon = None if positions is None else canonical_vertices(positions)
     key = (faces.tobytes(), tuple(np.asarray(skip).tolist()),
            None if canon is None else canon.tobytes())
-    if key in _EDGE_CACHE:
-        return _EDGE_CACHE[key]
+    cached = _EDGE_CACHE.get(key)  # one lookup: another thread may clear the memo
+    if cached is not None:
+        return cached
     keep = np.setdiff1d(np.arange(len(faces)), skip)
     f = faces[keep] if canon is None else canon[faces[keep]]
     pairs = np.concatenate([f[:, [0, 1]], f[:, [1, 2]], f[:, [2, 0]]])

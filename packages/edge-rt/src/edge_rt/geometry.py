@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import math
+import threading
 
 import numpy as np
 import torch
@@ -44,6 +45,7 @@ class Geometry:
         """``ray_caster``: a Geometry of the same scene whose Embree scene is reused (the
         backward pass rebuilds the differentiable part per chunk, not the BVH)."""
         self.scene, self.dtype = scene, dtype
+        self._env_lock = threading.Lock()
         verts, tris, mesh_of, offsets, uvs = [], [], [], [], []
         base = 0
         for mi, m in enumerate(scene.meshes):
@@ -300,31 +302,37 @@ class Geometry:
         """(cdf over the texels in row-major order, pmf per texel, H, W), or None: texels
         picked by luminance (its mean over their cell, or the envmap's ``importance``) times
         the sine of their row's polar angle (their solid angle), from the detached radiance
-        (the pdfs are held constant, spec 5.3)."""
-        if not hasattr(self, "_env_dist"):
-            self._env_dist = None
-            env = self.scene.envmap
-            if env is not None and not env.radiance.is_constant:
-                rad = env.radiance.values.detach().to(torch.float64)
-                h, w = rad.shape[0], rad.shape[1]
-                if env.importance is None:
-                    lum = torch.clamp(rad @ torch.tensor([0.2126, 0.7152, 0.0722],
-                                                         dtype=torch.float64), min=0.0)
-                    # the mean of the bilinear lookup (which wraps both ways) over each
-                    # texel's cell: (1, 6, 1) / 8 along each axis; positive wherever the
-                    # radiance is, and close to it
-                    for axis in (0, 1):
-                        lum = (6.0 * lum + torch.roll(lum, 1, axis)
-                               + torch.roll(lum, -1, axis)) / 8.0
-                else:
-                    lum = torch.as_tensor(env.importance)
-                sin_t = torch.sin((torch.arange(h, dtype=torch.float64) + 0.5) * math.pi / h)
-                weight = (lum * sin_t[:, None]).flatten()
-                total = float(weight.sum())
-                if total > 0.0 and math.isfinite(total):
-                    pmf = weight / total
-                    self._env_dist = (torch.cumsum(pmf, 0), pmf, h, w)
+        (the pdfs are held constant, spec 5.3). Built once, under a lock: a render's chunks
+        run in threads, and one that found a half-built (None) distribution skipped the
+        envmap's next-event estimation while the others did not."""
+        with self._env_lock:
+            if not hasattr(self, "_env_dist"):
+                self._env_dist = self._build_environment_distribution()
         return self._env_dist
+
+    def _build_environment_distribution(self):
+        env = self.scene.envmap
+        if env is not None and not env.radiance.is_constant:
+            rad = env.radiance.values.detach().to(torch.float64)
+            h, w = rad.shape[0], rad.shape[1]
+            if env.importance is None:
+                lum = torch.clamp(rad @ torch.tensor([0.2126, 0.7152, 0.0722],
+                                                     dtype=torch.float64), min=0.0)
+                # the mean of the bilinear lookup (which wraps both ways) over each
+                # texel's cell: (1, 6, 1) / 8 along each axis; positive wherever the
+                # radiance is, and close to it
+                for axis in (0, 1):
+                    lum = (6.0 * lum + torch.roll(lum, 1, axis)
+                           + torch.roll(lum, -1, axis)) / 8.0
+            else:
+                lum = torch.as_tensor(env.importance)
+            sin_t = torch.sin((torch.arange(h, dtype=torch.float64) + 0.5) * math.pi / h)
+            weight = (lum * sin_t[:, None]).flatten()
+            total = float(weight.sum())
+            if total > 0.0 and math.isfinite(total):
+                pmf = weight / total
+                return torch.cumsum(pmf, 0), pmf, h, w
+        return None
 
     def sample_environment(self, u):
         """Directions towards the envmap from (N, 3) uniforms, and their pdf in solid angle
