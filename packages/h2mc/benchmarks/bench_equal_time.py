@@ -13,6 +13,7 @@ that it finishes in about half an hour on two cores. Kernels are compiled before
         [--parameterization modified [kelemen]] [--lens-prob 0.3 0] [--lens-sigma 0.01]
         [--no-light-coordinates]
         [--baseline-steps kelemen [isotropic]] [--isotropic-sigma 0.01] [--large-step-prob 0.3]
+        [--mixing-step isotropic [kelemen]] [--mixing-sigma 0.01]
         [--direct-spp 64] [--clock cpu|wall] [--reference-only | --wait-reference]
 
 By default H2MC runs in the thesis' modified coordinates twice: with the spec's lens
@@ -20,7 +21,9 @@ perturbation probability 0.3 (its "full" H2MC) and without it (the configuration
 goal on both scenes); PSSMLT and MMLT run in Kelemen's coordinates, with Kelemen's
 exponential small steps and / or (``--baseline-steps isotropic``) the reference renderer's
 isotropic Gaussian of std-dev ``--isotropic-sigma`` (spec 1.6's perturbStdDev, 0.01), which is
-what the spec's AE-9 names; "below both baselines" means below the better of each.
+what the spec's AE-9 names; "below both baselines" means below the better of each. H2MC's
+uniform-mixing step (probability 0.2 within its small steps) is the same isotropic Gaussian
+(``--mixing-sigma``, spec 1.6), or Kelemen's (``--mixing-step kelemen``).
 
 Equal time is equal CPU time of one thread by default (``--clock cpu``): on a machine shared
 with other work, wall clock would charge each method for its neighbours' load.
@@ -78,8 +81,8 @@ def main(argv=None):
     ap.add_argument("--mixing-step", nargs="+", choices=("isotropic", "kelemen"),
                     default=["isotropic"],
                     help="H2MC's uniform-mixing step(s), one H2MC row each (spec 1.6: isotropic)")
-    ap.add_argument("--mixing-sigma", type=float,
-                    help="std-dev of H2MC's isotropic mixing step (default: the H2MC prior's)")
+    ap.add_argument("--mixing-sigma", type=float, default=0.01,
+                    help="std-dev of H2MC's isotropic mixing step (spec 1.6's perturbStdDev)")
     ap.add_argument("--large-step-prob", type=float, default=0.3,
                     help="every method's large-step probability (spec 1.6: 0.3; the reference "
                     "renderer's torus scene 0.5)")
@@ -145,7 +148,7 @@ def main(argv=None):
                     runs.append((label, "h2mc", dict(
                         parameterization=p, lens_perturb_prob=lens, lens_sigma2=sigma * sigma,
                         light_coordinates=not args.no_light_coordinates, mixing_step=mixing,
-                        mixing_sigma2=args.mixing_sigma and args.mixing_sigma ** 2)))
+                        mixing_sigma2=args.mixing_sigma ** 2)))
         spaces = {}  # one compiled PathSpace per parameterisation, shared by the seeds
         for label, method, modified in runs:
             p = modified.get("parameterization", "kelemen")
