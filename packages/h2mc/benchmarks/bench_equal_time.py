@@ -78,7 +78,7 @@ def main(argv=None):
                     "and / or the isotropic Gaussian (one row each)")
     ap.add_argument("--isotropic-sigma", type=float, default=0.01,
                     help="std-dev of the baselines' isotropic small steps (spec: 0.01)")
-    ap.add_argument("--mixing-step", nargs="+", choices=("isotropic", "kelemen"),
+    ap.add_argument("--mixing-step", nargs="+", choices=h2mc.MIXING_STEPS,
                     default=["isotropic"],
                     help="H2MC's uniform-mixing step(s), one H2MC row each (spec 1.6: isotropic)")
     ap.add_argument("--mixing-sigma", type=float, default=0.01,

@@ -32,6 +32,7 @@ from ._kernels import HMC, MALA, H2MCStep, IsotropicStep, Kernel, LargeStep, Ran
 from ._mlt import (
     LARGE_STEPS,
     METHODS,
+    MIXING_STEPS,
     PARAMETERIZATIONS,
     SMALL_STEPS,
     Bootstrap,
@@ -73,6 +74,7 @@ __all__ = [
     "MutationStats",
     "LARGE_STEPS",
     "METHODS",
+    "MIXING_STEPS",
     "SMALL_STEPS",
     "PARAMETERIZATIONS",
     "bootstrap",

@@ -100,6 +100,7 @@ from ._pathspace import PathSpace
 from ._proposal import GaussianProposal, h2mc_proposal, isotropic_proposal
 
 SMALL_STEPS = ("kelemen", "isotropic", "h2mc")
+MIXING_STEPS = ("isotropic", "kelemen")  # H2MC's uniform-mixing step (spec 1.6: isotropic)
 TIME_MODES = ("hessian", "independent")
 PARAMETERIZATIONS = ("kelemen", "modified")
 LARGE_STEPS = ("uniform", "mmlt", "resample")
@@ -275,8 +276,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                        f"{large_step!r}")
     if not 0.0 <= large_step_prob <= 1.0 or not 0.0 <= uniform_mixing <= 1.0:
         raise MLTError("render_mlt: large_step_prob and uniform_mixing must be in [0, 1]")
-    if mixing_step not in ("kelemen", "isotropic"):
-        raise MLTError(f"render_mlt: mixing_step must be 'kelemen' or 'isotropic', got "
+    if mixing_step not in MIXING_STEPS:
+        raise MLTError(f"render_mlt: mixing_step must be one of {MIXING_STEPS}, got "
                        f"{mixing_step!r}")
     mixing_sigma2 = sigma2 if mixing_sigma2 is None else mixing_sigma2
     if not 0.0 < mixing_sigma2 < np.inf:
