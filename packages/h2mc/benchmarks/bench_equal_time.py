@@ -13,7 +13,7 @@ that it finishes in about half an hour on two cores. Kernels are compiled before
         [--parameterization modified [kelemen]] [--lens-prob 0.3 0] [--lens-sigma 0.01]
         [--no-light-coordinates]
         [--baseline-steps kelemen [isotropic]] [--isotropic-sigma 0.01] [--large-step-prob 0.3]
-        [--mixing-step isotropic [kelemen]] [--mixing-sigma 0.01]
+        [--mixing-step isotropic [kelemen]] [--mixing-sigma 0.01] [--bootstrap N [N ...]]
         [--direct-spp 64] [--clock cpu|wall] [--reference-only | --wait-reference]
 
 By default H2MC runs in the thesis' modified coordinates twice: with the spec's lens
@@ -47,6 +47,9 @@ from h2mc.render import path_space_for, render
 SCENES = {"ring": "ring_scene", "torus": "torus_glass_cube", "glossy_cornell": "glossy_cornell"}
 # H2MC prior variance per scene, for 50-70% small-step acceptance (spec 4.5; measured at 32x32,
 # paths up to 5 segments: ring 0.52 at 1e-3, torus 0.49 at 1e-4 and 0.26 at 1e-3)
+# The reference's bootstrap: its b scales the reference, the yardstick of every method's
+# relMSE, so its error must be well below theirs (2^22 states: ~20 s of its 1200).
+REFERENCE_BOOTSTRAP = 1 << 22
 SIGMA2 = {"ring": 1e-3, "torus": 1e-4, "glossy_cornell": 1e-3}
 
 
@@ -61,6 +64,9 @@ def main(argv=None):
                     help="reference time = this x --seconds (PSSMLT)")
     ap.add_argument("--sigma2", type=float, help="H2MC prior variance (default: SIGMA2's)")
     ap.add_argument("--chains", type=int, default=1024)
+    ap.add_argument("--bootstrap", type=int, nargs="+", default=[None],
+                    help="bootstrap samples of every method's renders (default: render_mlt's; "
+                    "several: one row per method and count)")
     ap.add_argument("--full", action="store_true", help="the spec's 128x128, length 7, 120 s")
     ap.add_argument("--parameterization", nargs="+", choices=("kelemen", "modified"),
                     default=["modified"],
@@ -119,7 +125,8 @@ def main(argv=None):
             t0 = time.perf_counter()
             ref, *_ = render(scene, "pssmlt", seconds=ref_seconds, max_length=args.max_length,
                              seed=10_000, chains=args.chains, clock=clock,
-                             direct_spp=int(args.direct_spp * args.ref_factor))
+                             direct_spp=int(args.direct_spp * args.ref_factor),
+                             bootstrap_samples=REFERENCE_BOOTSTRAP)
             tmp = f"{cached}.{os.getpid()}.npz"  # atomic: a --wait-reference run polls for it
             np.savez(tmp, image=ref, seconds=ref_seconds)
             os.replace(tmp, cached)
@@ -149,6 +156,9 @@ def main(argv=None):
                         parameterization=p, lens_perturb_prob=lens, lens_sigma2=sigma * sigma,
                         light_coordinates=not args.no_light_coordinates, mixing_step=mixing,
                         mixing_sigma2=args.mixing_sigma ** 2)))
+        runs = [(label + (f" boot {n}" if len(args.bootstrap) > 1 else ""), method,
+                 {**kw, "bootstrap_samples": n})
+                for n in args.bootstrap for label, method, kw in runs]
         spaces = {}  # one compiled PathSpace per parameterisation, shared by the seeds
         for label, method, modified in runs:
             p = modified.get("parameterization", "kelemen")

@@ -37,19 +37,18 @@ def cornell():
     return scene, PathSpace(scene, max_length=3), refs
 
 
-def _check_converges(ps, refs, result, n_boot, decreasing=True):
+def _check_converges(ps, refs, result, n_boot, decreasing=True, lum_tol=0.04):
     ref = refs.mean(0)
     # The chains' image has mean luminance b exactly (every splat is rgb * b / lum(rgb)), so
     # its error is the bootstrap's; the reference's is estimated from 4 independent seeds.
     lum = luminance(result.indirect).mean()
     assert lum == pytest.approx(result.b, rel=1e-12)
-    boot = bootstrap(ps, n_boot, np.random.default_rng(0))
-    se_b = boot.f_star.std() / np.sqrt(n_boot)
+    se_b = bootstrap(ps, n_boot, np.random.default_rng(0)).b_error
     ref_means = luminance(refs).mean(axis=(1, 2))
     se_ref = ref_means.std(ddof=1) / np.sqrt(len(ref_means))
     assert abs(lum - ref_means.mean()) < 4 * np.hypot(se_b, se_ref)
-    # ~3.5 combined standard errors at 2^15 bootstrap samples (1 at 2^17)
-    assert abs(lum / ref_means.mean() - 1) < 0.04
+    # ~3.5 combined standard errors at 2^15 bootstrap samples (1 at 2^17) on the Cornell box
+    assert abs(lum / ref_means.mean() - 1) < lum_tol
     errors = [rel_mse(result.snapshots[m], ref) for m in sorted(result.snapshots)]
     assert not decreasing or all(a > b for a, b in zip(errors, errors[1:])), errors
     assert np.isfinite(result.image).all() and result.nonfinite == 0
@@ -152,7 +151,7 @@ def test_bootstrap_technique_pmf_and_seeds():
     reachable); multiplexed seeds are systematic resamples of (sample, technique) pairs."""
     techniques = [(3, 0), (3, 1), (4, 0), (4, 1)]
     scores = np.array([[1.0, 2.0, 0.0, 0.0], [0.0, 1.0, 0.0, 0.0], [0.0, 0.0, 0.0, 0.0]])
-    boot = Bootstrap(float(scores.sum(1).mean()), np.arange(3.0)[:, None], scores, techniques)
+    boot = Bootstrap.of(np.arange(3.0)[:, None], scores, techniques)
     p3 = (1 - LENGTH_FLOOR) + LENGTH_FLOOR / 2
     np.testing.assert_allclose(boot.technique_pmf(), [p3 / 2, p3 / 2, (1 - p3) / 2,
                                                       (1 - p3) / 2])
@@ -160,6 +159,66 @@ def test_bootstrap_technique_pmf_and_seeds():
     pairs = u[:, 0].astype(int) * 4 + t
     np.testing.assert_array_equal(np.bincount(pairs, minlength=12)[[0, 1, 5]], [1000, 2000, 1000])
     assert np.bincount(pairs, minlength=12).sum() == 4000
+
+
+def test_bootstrap_keeps_lit_pairs_and_regenerates_their_states(cornell):
+    """A bootstrap keeps only its lit (state, technique) pairs and replays its batches'
+    generators for the states: tracing them again gives each pair's score back, unlit states
+    have no pair, and b / b_error are the mean and standard error of S over all n states
+    (batches of uneven size included)."""
+    _, ps, _ = cornell
+    n, T = 2500, len(ps.techniques)
+    boot = bootstrap(ps, n, np.random.default_rng(3), batch=1024)
+    scores = ps.trace(boot.states(np.arange(n))).scores
+    np.testing.assert_array_equal(boot.pairs, np.flatnonzero(scores > 0))
+    np.testing.assert_allclose(boot.scores, scores.ravel()[boot.pairs], rtol=1e-12)
+    S = scores.sum(1)
+    assert boot.b == pytest.approx(S.mean(), rel=1e-12)
+    assert boot.b_error == pytest.approx(S.std() / np.sqrt(n), rel=1e-9)
+    some = boot.pairs[::7] // T  # in no particular order, repeated, across batches
+    np.testing.assert_array_equal(boot.states(some[::-1]), boot.states(np.arange(n))[some[::-1]])
+    with pytest.raises(MLTError, match="at least one sample"):
+        bootstrap(ps, 0, np.random.default_rng(3))
+
+
+def test_bootstrap_stops_when_enough(cornell):
+    """``enough(drawn)`` ends the bootstrap after a batch: b is the mean over the states drawn."""
+    _, ps, _ = cornell
+    T = len(ps.techniques)
+    boot = bootstrap(ps, 5000, np.random.default_rng(3), batch=1024,
+                     enough=lambda drawn: drawn >= 2048)
+    scores = ps.trace(boot.states(np.arange(2048))).scores
+    assert boot.n == 2048 and boot.pairs.max() < 2048 * T
+    assert boot.b == pytest.approx(scores.sum(1).mean(), rel=1e-12)
+
+
+def test_default_bootstrap_follows_the_budget(cornell, monkeypatch):
+    """None: as many samples as mutations within [2^16, 2^20]; under a time budget 2^20, cut
+    short once the bootstrap took 5% of the budget (but never below 2^16)."""
+    import h2mc._mlt as mlt
+    scene, ps, _ = cornell
+    calls = []
+    real = mlt.bootstrap
+
+    def spy(path_space, n, rng, enough=None):
+        calls.append(n)
+        boot = real(path_space, n, rng, enough=enough)
+        calls.append(boot.n)
+        raise StopIteration  # the chains are not needed
+
+    monkeypatch.setattr(mlt, "bootstrap", spy)
+    npix = 16 * 12
+    for mpp in (1, 1000):
+        with pytest.raises(StopIteration):
+            render_mlt(scene, mpp, path_space=ps, chains=32, direct_spp=0)
+    assert calls[:4] == [mlt.BOOTSTRAP_MIN] * 2 + [1000 * npix] * 2
+    # a 1 s budget on a clock that advances 0.02 per reading, read once per batch from
+    # 2^16 states on: 0.06 >= 5% after the 10th batch of 8192
+    ticks = iter(np.arange(0.0, 1e6, 0.02))
+    with pytest.raises(StopIteration):
+        render_mlt(scene, np.inf, seconds=1.0, path_space=ps, chains=32, direct_spp=0,
+                   clock=lambda: next(ticks))
+    assert calls[4:] == [mlt.BOOTSTRAP_SAMPLES, 10 * 8192]
 
 
 def test_kelemen_perturbation_is_symmetric_and_log_uniform():
@@ -408,19 +467,19 @@ def torus():
 def test_rough_glass_converges_to_path_traced_reference(torus, method, mpp, bound):
     """PSSMLT / MMLT / H2MC through rough dielectric vertices (the torus in a glass cube,
     GGX alpha 0.08) against edge_rt's path tracer: mean luminance within 4% (and 4 combined
-    standard errors; the bootstrap of 2^18 samples has ~5% standard error here, rare emitter
-    hits through the glass dominate it) and relMSE at the last checkpoint below ``bound``
-    (the reference's own share is ~0.002). Measured: luminance 2.5% below the reference
-    (about half a standard error); relMSE 0.0090 (PSSMLT, 128 mutations / pixel), 0.0097
-    (MMLT, 128), 0.0093 (H2MC, 8; small-step acceptance 29%). H2MC's error is at its floor
-    from the first checkpoint on (seeds 1-3: 0.012-0.016 at 1 and at 8 mutations per pixel,
-    visible-normal or plain GGX sampling alike): the normalisation b's bootstrap error and the
-    reference's noise, not the chains, set it, so only its bound is checked."""
+    standard errors) and relMSE at the last checkpoint below ``bound`` (the reference's own
+    share is ~0.002). The bootstrap has 2^20 samples: rare emitter hits through the glass
+    give it a heavy tail, ~5% standard error at 2^18, whose b was 8% off on this seed.
+    Measured: luminance 0.4% above the reference; relMSE 0.0069 (PSSMLT, 128 mutations /
+    pixel), 0.0069 (MMLT, 128), 0.0114 (H2MC, 8; small-step acceptance 29%). H2MC's error is
+    at its floor from the first checkpoint on (0.0118 at 2 mutations per pixel; before, seeds
+    1-3 gave 0.012-0.016 at 1 and at 8): the reference's noise and b, not the chains, set it,
+    so only its bound is checked."""
     scene, ps, refs = torus
-    r = render_mlt(scene, mpp, method=method, chains=256, bootstrap_samples=1 << 18,
+    r = render_mlt(scene, mpp, method=method, chains=256, bootstrap_samples=1 << 20,
                    direct_spp=0, seed=1, checkpoints=(mpp // 4, mpp), path_space=ps,
                    sigma2=1e-3)
-    errors = _check_converges(ps, refs, r, 1 << 18, decreasing=method != "h2mc")
+    errors = _check_converges(ps, refs, r, 1 << 20, decreasing=method != "h2mc")
     assert errors[-1] < bound, errors
     assert r.stats["small"].acceptance > 0.2
 

@@ -151,6 +151,7 @@ def test_json_scene_with_size(tmp_path, capsys):
       "6"], "--parameterization modified needs --method h2mc or mmlt"),
     (["cornell_box", "--method", "h2mc", "--parameterization", "modified", "--lens-prob",
       "1.5", "--size", "8", "6"], "need 0 <= --lens-prob <= 1"),
+    (["cornell_box", "--method", "pssmlt", "--bootstrap", "0"], "--bootstrap >= 1"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
     (tmp_path / "broken.json").write_text("{not json")
@@ -179,6 +180,24 @@ def test_time_mode_reaches_render_mlt(tmp_path, capsys, monkeypatch, time_mode):
                       "--time-mode", time_mode, "--out", tmp_path)
     assert rc == 0, err
     assert seen == [time_mode]
+
+
+def test_bootstrap_samples_reach_render_mlt(tmp_path, capsys, monkeypatch):
+    import h2mc.render as cli
+
+    seen = []
+
+    def spy(*args, **kw):
+        seen.append(kw["bootstrap_samples"])
+        return render_mlt(*args, **kw)
+
+    monkeypatch.setattr(cli, "render_mlt", spy)
+    argv = ["cornell_box", "--method", "pssmlt", "--size", 8, 6, "--mutations", 1,
+            "--chains", 16, "--direct-spp", 0, "--out", tmp_path]
+    for extra in ([], ["--bootstrap", 5000]):
+        rc, _, err = _run(capsys, *argv, *extra)
+        assert rc == 0, err
+    assert seen == [None, 5000]
 
 
 @pytest.mark.parametrize("light", [True, False])

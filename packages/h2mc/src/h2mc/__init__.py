@@ -32,6 +32,7 @@ from ._kernels import HMC, MALA, H2MCStep, IsotropicStep, Kernel, LargeStep, Ran
 from ._mlt import (
     LARGE_STEPS,
     METHODS,
+    BOOTSTRAP_SAMPLES,
     MIXING_STEPS,
     PARAMETERIZATIONS,
     SMALL_STEPS,
@@ -74,6 +75,7 @@ __all__ = [
     "MutationStats",
     "LARGE_STEPS",
     "METHODS",
+    "BOOTSTRAP_SAMPLES",
     "MIXING_STEPS",
     "SMALL_STEPS",
     "PARAMETERIZATIONS",

@@ -88,6 +88,7 @@ counts it), never a NaN pixel.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -109,6 +110,12 @@ METHODS = {"pssmlt": ("kelemen", "uniform"), "mmlt": ("kelemen", "mmlt"),
 # Share of the MMLT length pmf spread evenly over the lengths: a length whose bootstrap
 # scores are all zero would otherwise never be proposed (its light lost).
 LENGTH_FLOOR = 0.01
+# The bootstrap's independent samples (b and the chains' seeds) by default: as many as the
+# run's mutations within [BOOTSTRAP_MIN, BOOTSTRAP_SAMPLES]; a time budget draws up to
+# BOOTSTRAP_SAMPLES while they take less than BOOTSTRAP_SHARE of it. At 2^16 a seed on a
+# rare bright path (one state with ~2% of b) seeds a dozen chains that stay there for the
+# whole run; 2^20 cut AE-9's median relMSE 1.2-2.3x for every method (h2mc README).
+BOOTSTRAP_MIN, BOOTSTRAP_SAMPLES, BOOTSTRAP_SHARE = 1 << 16, 1 << 20, 0.05
 
 
 class MLTError(ValueError):
@@ -133,35 +140,50 @@ def _systematic(weights, n, rng):
 
 @dataclass
 class Bootstrap:
-    """``b`` (mean of S = sum_t f*_t over uniform states), the samples, their per-technique
-    scores ``(n, T)`` and the techniques' ``(length, s)`` keys."""
+    """The bootstrap's ``n`` independent uniform states (spec 1.5): ``b``, the mean of
+    ``S = sum_t f*_t`` over them, and its standard error ``b_error``; the (state, technique)
+    pairs that carry light, ``pairs`` (flat indices ``state * T + t``, ascending) with their
+    scores ``scores``; the techniques' ``(length, s)`` keys; ``states(i)``, the states of
+    indices ``i`` as an ``(m, dim)`` array. :func:`bootstrap` regenerates them from their
+    batch's random generator, as the reference renderer replays a seed's RNG checkpoint: no
+    ``(n, dim)`` array is kept, so millions of states cost memory for their lit pairs only."""
 
     b: float
-    u: np.ndarray
+    b_error: float
+    n: int
+    pairs: np.ndarray
     scores: np.ndarray
     techniques: list
+    states: Callable[[np.ndarray], np.ndarray]
 
-    @property
-    def f_star(self):
-        """The Kelemen target S of each sample, (n,)."""
-        return self.scores.sum(1)
+    @classmethod
+    def of(cls, u, scores, techniques):
+        """The bootstrap of the states ``u`` (n, dim) with per-technique scores (n, T)."""
+        u, scores = np.asarray(u), np.asarray(scores, np.float64)
+        S = scores.sum(1)
+        pairs = np.flatnonzero(scores > 0)
+        return cls(float(S.mean()), float(S.std() / np.sqrt(len(S))), len(S), pairs,
+                   scores.ravel()[pairs], list(techniques), lambda i: u[i])
 
     def seeds(self, n, rng):
-        """``n`` Kelemen states by systematic resampling in proportion to S."""
-        return self.u[_systematic(self.f_star, n, rng)]
+        """``n`` Kelemen states by systematic resampling in proportion to S. A state's pairs
+        are adjacent, so resampling the pairs picks each state as resampling S would."""
+        return self.states(self.pairs[_systematic(self.scores, n, rng)] // len(self.techniques))
 
     def technique_seeds(self, n, rng):
         """``n`` multiplexed states ``(u (n, dim), t (n,))`` by systematic resampling in
-        proportion to each (sample, technique) score."""
-        i = _systematic(self.scores.ravel(), n, rng)
-        return self.u[i // self.scores.shape[1]], i % self.scores.shape[1]
+        proportion to each (state, technique) score."""
+        pairs = self.pairs[_systematic(self.scores, n, rng)]
+        T = len(self.techniques)
+        return self.states(pairs // T), pairs % T
 
     def technique_pmf(self):
         """Probability of each technique under the MMLT large step, (T,): ``P_len(L) /
         n_tech(L)``, ``P_len`` the bootstrap's per-length score sums (normalised), with
         ``LENGTH_FLOOR`` of the mass spread evenly over the lengths."""
+        T = len(self.techniques)
         lengths = np.array([k for k, _ in self.techniques])
-        sums = self.scores.sum(0)
+        sums = np.bincount(self.pairs % T, self.scores, minlength=T)
         per_length = {k: sums[lengths == k].sum() for k in np.unique(lengths)}
         total = sum(per_length.values())
         p_len = {k: (1 - LENGTH_FLOOR) * v / total + LENGTH_FLOOR / len(per_length)
@@ -169,17 +191,47 @@ class Bootstrap:
         return np.array([p_len[k] / (lengths == k).sum() for k in lengths])
 
 
-def bootstrap(path_space, n, rng, batch=8192):
-    """Estimate ``b`` from ``n`` independent uniform states (raises :class:`MLTError` when
-    none carries light)."""
-    u = rng.random((int(n), path_space.dim))
-    scores = np.concatenate([path_space.trace(u[s:s + batch]).scores
-                             for s in range(0, len(u), batch)])
-    if not (scores > 0).any():
-        raise MLTError(f"bootstrap: none of {n} paths of lengths {path_space.min_length}.."
+def bootstrap(path_space, n, rng, batch=8192, enough=None):
+    """The :class:`Bootstrap` of ``n`` independent uniform states, traced ``batch`` at a time,
+    each batch from its own generator (raises :class:`MLTError` when none carries light);
+    ``enough(drawn)``, called after each batch, stops it early when true (``n`` is then the
+    states drawn)."""
+    n, batch = int(n), int(batch)
+    if n < 1:
+        raise MLTError(f"bootstrap: need at least one sample, got {n}")
+    T, dim = len(path_space.techniques), path_space.dim
+    keys = rng.integers(0, 2**63, size=-(-n // batch))
+
+    def batch_states(k):
+        return np.random.default_rng(keys[k]).random((min(batch, n - k * batch), dim))
+
+    def states(i):
+        i = np.asarray(i, np.int64)
+        out = np.empty((len(i), dim))
+        for k in np.unique(i // batch):
+            sel = np.flatnonzero(i // batch == k)
+            out[sel] = batch_states(k)[i[sel] - k * batch]
+        return out
+
+    pairs, scores, s1, s2, drawn = [], [], 0.0, 0.0, 0
+    for k in range(len(keys)):
+        if drawn and enough is not None and enough(drawn):
+            break
+        sc = path_space.trace(batch_states(k)).scores
+        drawn += len(sc)
+        S = sc.sum(1)
+        s1, s2 = s1 + S.sum(), s2 + S @ S
+        lit = np.flatnonzero(sc > 0)
+        pairs.append(k * batch * T + lit)
+        scores.append(sc.ravel()[lit])
+    pairs, scores = np.concatenate(pairs), np.concatenate(scores)
+    if not len(pairs):
+        raise MLTError(f"bootstrap: none of {drawn} paths of lengths {path_space.min_length}.."
                        f"{path_space.max_length} carries light (b = 0); raise the sample "
                        "count or check the scene's lights")
-    return Bootstrap(float(scores.sum(1).mean()), u, scores, list(path_space.techniques))
+    b = s1 / drawn
+    return Bootstrap(b, float(np.sqrt(max(s2 / drawn - b * b, 0.0) / drawn)), drawn, pairs, scores,
+                     list(path_space.techniques), states)
 
 
 @dataclass
@@ -226,7 +278,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                large_step=None, max_length=3, min_length=3, chains=256, large_step_prob=0.3,
                s1=1.0 / 1024, s2=1.0 / 64, sigma2=1e-4, uniform_mixing=0.2,
                mixing_step="isotropic", mixing_sigma2=None,
-               bootstrap_samples=1 << 16, direct_spp=16, seed=0, checkpoints=(),
+               bootstrap_samples=None, direct_spp=16, seed=0, checkpoints=(),
                path_space=None, progress=None, parameterization="kelemen",
                roughness_threshold=0.03, time_mode="hessian", lens_perturb_prob=0.3,
                lens_sigma2=1e-4, light_coordinates=None, seconds=None, clock=time.perf_counter):
@@ -242,6 +294,10 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
 
     ``mutations_per_pixel``: total mutations = this x pixels, split over ``chains``;
     ``checkpoints``: mutations-per-pixel values at which to keep a copy of the indirect image;
+    ``bootstrap_samples``: the bootstrap's independent samples (b and the chains' seeds);
+    None: as many as the mutations within [BOOTSTRAP_MIN, BOOTSTRAP_SAMPLES] (2^16, 2^20),
+    under a ``seconds`` budget up to BOOTSTRAP_SAMPLES while they take less than
+    BOOTSTRAP_SHARE (5%) of it;
     ``direct_spp``: samples per pixel of edge_rt's path tracer for paths shorter than
     ``min_length`` (0: leave them out); ``path_space``: a prebuilt :class:`PathSpace` of the
     scene (its kernels are compiled once; its lengths replace ``max_length`` / ``min_length``);
@@ -340,7 +396,14 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     def spent():
         return clock() - t0 - (ps.build_seconds - built)
 
-    boot = bootstrap(ps, bootstrap_samples, rng)
+    enough = None
+    if bootstrap_samples is None:
+        total = mutations_per_pixel * npix  # inf: a time budget without a cap
+        bootstrap_samples = int(np.clip(total, BOOTSTRAP_MIN, BOOTSTRAP_SAMPLES))
+        if seconds is not None:
+            def enough(drawn):
+                return drawn >= BOOTSTRAP_MIN and spent() >= BOOTSTRAP_SHARE * seconds
+    boot = bootstrap(ps, bootstrap_samples, rng, enough=enough)
     C = int(chains)
     steps = (int(np.ceil(mutations_per_pixel * npix / C)) if np.isfinite(mutations_per_pixel)
              else np.iinfo(np.int64).max)

@@ -23,7 +23,7 @@ from tqdm import tqdm
 import edge_rt
 from edge_rt import SceneError, scenes
 
-from ._mlt import METHODS, TIME_MODES, MLTError, render_mlt
+from ._mlt import BOOTSTRAP_MIN, BOOTSTRAP_SAMPLES, BOOTSTRAP_SHARE, METHODS, TIME_MODES, MLTError, render_mlt
 from ._pathspace import PathSpace, PathSpaceError
 from ._png import write_png
 
@@ -60,6 +60,11 @@ def _parser():
     p.add_argument("--chains", type=int, default=1024)
     p.add_argument("--sigma2", type=float, default=1e-3,
                    help="H2MC prior variance (tune for 50-70%% small-step acceptance)")
+    p.add_argument("--bootstrap", type=int,
+                   help="independent samples estimating b and seeding the chains (default: "
+                   f"as many as the mutations, {BOOTSTRAP_MIN}-{BOOTSTRAP_SAMPLES}; with "
+                   f"--time up to {BOOTSTRAP_SAMPLES} while they take < "
+                   f"{BOOTSTRAP_SHARE * 100:g}%% of it)")
     p.add_argument("--direct-spp", type=int, default=16,
                    help="edge_rt path-tracer samples per pixel for direct lighting")
     p.add_argument("--time-mode", choices=TIME_MODES, default="hessian",
@@ -117,13 +122,15 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
            seed=0, chains=1024, sigma2=1e-3, direct_spp=16, time_mode="hessian",
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
            lens_perturb_prob=0.3, lens_sigma2=1e-4, path_space=None, clock=time.perf_counter,
-           small_step=None, large_step_prob=0.3, mixing_step="isotropic", mixing_sigma2=None):
+           small_step=None, large_step_prob=0.3, mixing_step="isotropic", mixing_sigma2=None,
+           bootstrap_samples=None):
     """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
     clock (after compiling the kernels) are spent; ``small_step``: render_mlt's override of
     the method's (``"isotropic"``: the reference renderer's Gaussian of variance ``sigma2``);
     ``large_step_prob``: render_mlt's (spec 1.6: 0.3, the thesis' torus 0.5);
     ``mixing_step``, ``mixing_sigma2``: render_mlt's (H2MC's uniform mixing);
+    ``bootstrap_samples``: render_mlt's (b and the chains' seeds);
     ``time_mode``,
     ``parameterization``, ``roughness_threshold``, ``light_coordinates``,
     ``lens_perturb_prob`` and ``lens_sigma2`` as render_mlt's (the last four only in the
@@ -141,7 +148,8 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps, time_mode=time_mode,
               parameterization=parameterization, lens_perturb_prob=lens_perturb_prob,
               clock=clock, small_step=small_step, large_step_prob=large_step_prob,
-              mixing_step=mixing_step, mixing_sigma2=mixing_sigma2)
+              mixing_step=mixing_step, mixing_sigma2=mixing_sigma2,
+              bootstrap_samples=bootstrap_samples)
     if modified:
         kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates,
                   lens_sigma2=lens_sigma2)
@@ -173,8 +181,10 @@ def main(argv=None):
             raise UsageError(f"--time must be positive, got {args.time}")
         if args.mutations is not None and not args.mutations > 0:
             raise UsageError(f"--mutations must be positive, got {args.mutations}")
-        if args.chains < 1 or args.direct_spp < 0 or not args.sigma2 > 0:
-            raise UsageError("need --chains >= 1, --direct-spp >= 0 and --sigma2 > 0")
+        if (args.chains < 1 or args.direct_spp < 0 or not args.sigma2 > 0
+                or (args.bootstrap is not None and args.bootstrap < 1)):
+            raise UsageError("need --chains >= 1, --bootstrap >= 1, --direct-spp >= 0 and "
+                             "--sigma2 > 0")
         if args.parameterization == "modified" and args.method == "pssmlt":
             raise UsageError("--parameterization modified needs --method h2mc or mmlt (a "
                              "PSSMLT state is one path over every technique)")
@@ -189,7 +199,8 @@ def main(argv=None):
             sigma2=args.sigma2, direct_spp=args.direct_spp, time_mode=args.time_mode,
             parameterization=args.parameterization,
             roughness_threshold=args.roughness_threshold,
-            light_coordinates=not args.no_light_coordinates, lens_perturb_prob=args.lens_prob)
+            light_coordinates=not args.no_light_coordinates, lens_perturb_prob=args.lens_prob,
+            bootstrap_samples=args.bootstrap)
     except (UsageError, MLTError, PathSpaceError) as e:
         print(f"h2mc-render: error: {e}", file=sys.stderr)
         return 2
