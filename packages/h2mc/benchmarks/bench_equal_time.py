@@ -28,7 +28,7 @@ uniform-mixing step (probability 0.2 within its small steps) is the same isotrop
 Equal time is equal CPU time of one thread by default (``--clock cpu``): on a machine shared
 with other work, wall clock would charge each method for its neighbours' load.
 The reference is kept in ``--out`` and reused by later runs of the same scene, size and length
-(when it was at least as long).
+(when it was at least as long, with a ``REFERENCE_BOOTSTRAP``-sample bootstrap).
 """
 
 from __future__ import annotations
@@ -47,10 +47,11 @@ from h2mc.render import path_space_for, render
 SCENES = {"ring": "ring_scene", "torus": "torus_glass_cube", "glossy_cornell": "glossy_cornell"}
 # H2MC prior variance per scene, for 50-70% small-step acceptance (spec 4.5; measured at 32x32,
 # paths up to 5 segments: ring 0.52 at 1e-3, torus 0.49 at 1e-4 and 0.26 at 1e-3)
-# The reference's bootstrap: its b scales the reference, the yardstick of every method's
-# relMSE, so its error must be well below theirs (2^22 states: ~20 s of its 1200).
-REFERENCE_BOOTSTRAP = 1 << 22
 SIGMA2 = {"ring": 1e-3, "torus": 1e-4, "glossy_cornell": 1e-3}
+# The reference's bootstrap: its b scales the reference, the yardstick of every method's
+# relMSE, so its error must be well below theirs (2^22 states: ~20 s of its 1200). A kept
+# reference with a smaller one (before 2026-11-28, 2^16: b 3-7 % low) is rendered again.
+REFERENCE_BOOTSTRAP = 1 << 22
 
 
 def main(argv=None):
@@ -128,7 +129,7 @@ def main(argv=None):
                              direct_spp=int(args.direct_spp * args.ref_factor),
                              bootstrap_samples=REFERENCE_BOOTSTRAP)
             tmp = f"{cached}.{os.getpid()}.npz"  # atomic: a --wait-reference run polls for it
-            np.savez(tmp, image=ref, seconds=ref_seconds)
+            np.savez(tmp, image=ref, seconds=ref_seconds, bootstrap=REFERENCE_BOOTSTRAP)
             os.replace(tmp, cached)
             print(f"{name}: reference (PSSMLT, {ref_seconds:.0f} s) in "
                   f"{time.perf_counter() - t0:.0f} s", flush=True)
@@ -233,11 +234,12 @@ def main(argv=None):
 
 
 def _kept_reference(path, seconds):
-    """The reference image kept in ``path`` by an earlier run at least ``seconds`` long, or
-    None."""
+    """The reference image kept in ``path`` by an earlier run at least ``seconds`` long with a
+    bootstrap of at least REFERENCE_BOOTSTRAP states, or None."""
     try:
         kept = np.load(path)
-        return kept["image"] if float(kept["seconds"]) >= seconds else None
+        ok = float(kept["seconds"]) >= seconds and int(kept["bootstrap"]) >= REFERENCE_BOOTSTRAP
+        return kept["image"] if ok else None
     except (OSError, ValueError, KeyError):
         return None
 

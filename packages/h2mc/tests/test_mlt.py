@@ -159,6 +159,8 @@ def test_bootstrap_technique_pmf_and_seeds():
     pairs = u[:, 0].astype(int) * 4 + t
     np.testing.assert_array_equal(np.bincount(pairs, minlength=12)[[0, 1, 5]], [1000, 2000, 1000])
     assert np.bincount(pairs, minlength=12).sum() == 4000
+    with pytest.raises(MLTError, match="none of 3 states carries light"):
+        Bootstrap.of(np.arange(3.0)[:, None], np.zeros_like(scores), techniques)
 
 
 def test_bootstrap_keeps_lit_pairs_and_regenerates_their_states(cornell):

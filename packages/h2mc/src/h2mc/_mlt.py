@@ -162,6 +162,8 @@ class Bootstrap:
         u, scores = np.asarray(u), np.asarray(scores, np.float64)
         S = scores.sum(1)
         pairs = np.flatnonzero(scores > 0)
+        if not len(pairs):
+            raise MLTError(f"Bootstrap.of: none of {len(S)} states carries light")
         return cls(float(S.mean()), float(S.std() / np.sqrt(len(S))), len(S), pairs,
                    scores.ravel()[pairs], list(techniques), lambda i: u[i])
 
@@ -230,8 +232,8 @@ def bootstrap(path_space, n, rng, batch=8192, enough=None):
                        f"{path_space.max_length} carries light (b = 0); raise the sample "
                        "count or check the scene's lights")
     b = s1 / drawn
-    return Bootstrap(b, float(np.sqrt(max(s2 / drawn - b * b, 0.0) / drawn)), drawn, pairs, scores,
-                     list(path_space.techniques), states)
+    b_error = float(np.sqrt(max(s2 / drawn - b * b, 0.0) / drawn))
+    return Bootstrap(b, b_error, drawn, pairs, scores, list(path_space.techniques), states)
 
 
 @dataclass

@@ -23,7 +23,8 @@ from tqdm import tqdm
 import edge_rt
 from edge_rt import SceneError, scenes
 
-from ._mlt import BOOTSTRAP_MIN, BOOTSTRAP_SAMPLES, BOOTSTRAP_SHARE, METHODS, TIME_MODES, MLTError, render_mlt
+from ._mlt import (BOOTSTRAP_MIN, BOOTSTRAP_SAMPLES, BOOTSTRAP_SHARE, METHODS, TIME_MODES,
+                   MLTError, render_mlt)
 from ._pathspace import PathSpace, PathSpaceError
 from ._png import write_png
 
