@@ -41,6 +41,7 @@ import time
 import numpy as np
 
 import h2mc
+from core_ad import benchmark as bench
 from edge_rt import scenes
 from h2mc.render import path_space_for, render
 
@@ -117,6 +118,9 @@ def main(argv=None):
 
         os.environ["CORE_AD_NUM_THREADS"] = "1"
         torch.set_num_threads(1)
+    # the cost ratios between methods differ by CPU (the torus' H2MC / PSSMLT cost per
+    # mutation: 4.1x on an Intel Xeon, 2.8-3.0x on an AMD EPYC), so every log names its machine
+    print(bench.machine_info(modules=("numpy", "core_ad", "torch", "h2mc")), flush=True)
     for name in args.scenes:
         scene = getattr(scenes, SCENES[name])((args.size, args.size))
         ref_seconds = args.seconds * args.ref_factor
