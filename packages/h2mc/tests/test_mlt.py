@@ -37,7 +37,7 @@ def cornell():
     return scene, PathSpace(scene, max_length=3), refs
 
 
-def _check_converges(ps, refs, result, n_boot, decreasing=True, lum_tol=0.04):
+def _check_converges(ps, refs, result, n_boot, decreasing=True):
     ref = refs.mean(0)
     # The chains' image has mean luminance b exactly (every splat is rgb * b / lum(rgb)), so
     # its error is the bootstrap's; the reference's is estimated from 4 independent seeds.
@@ -48,7 +48,7 @@ def _check_converges(ps, refs, result, n_boot, decreasing=True, lum_tol=0.04):
     se_ref = ref_means.std(ddof=1) / np.sqrt(len(ref_means))
     assert abs(lum - ref_means.mean()) < 4 * np.hypot(se_b, se_ref)
     # ~3.5 combined standard errors at 2^15 bootstrap samples (1 at 2^17) on the Cornell box
-    assert abs(lum / ref_means.mean() - 1) < lum_tol
+    assert abs(lum / ref_means.mean() - 1) < 0.04
     errors = [rel_mse(result.snapshots[m], ref) for m in sorted(result.snapshots)]
     assert not decreasing or all(a > b for a, b in zip(errors, errors[1:])), errors
     assert np.isfinite(result.image).all() and result.nonfinite == 0
