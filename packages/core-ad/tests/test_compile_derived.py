@@ -100,6 +100,52 @@ def test_one_kernel_per_derivation_in_a_process_and_tags_keep_derivations_apart(
     np.testing.assert_allclose(k2(a)[0], (2 + a) * np.exp(a), rtol=1e-14)
 
 
+_CACHED_ONLY = """
+import sys
+from core_ad import sym
+x, y = sym.var("x"), sym.var("y")
+f = sym.sin(x) * sym.exp(y) + x * x * y
+k = sym.compile_derived([f], [x, y], lambda v: 1 / 0, tag="f, df/dx, d2f/dxdy",
+                        cached_only=True)
+print("none" if k is None else k.call_stacked(__import__("numpy").ones((2, 3)))[1][0])
+"""
+
+
+def test_cached_only_never_derives(monkeypatch, tmp_path):
+    """``cached_only=True`` gives None without calling ``derive`` until the kernel exists (in
+    this process, or in the disk cache for a later one), then that kernel; None with the
+    numpy backend or with the cache off."""
+    monkeypatch.setenv("CORE_AD_CACHE_DIR", str(tmp_path))
+    x = sym.var("cd_cached_only")
+    f = sym.cos(x) * x
+    calls = []
+
+    def derive(values):
+        calls.append(1)
+        return [values[0], sym.grad(values[0], [x])[0]]
+
+    assert sym.compile_derived([f], [x], derive, tag="f, f'", cached_only=True) is None
+    assert calls == []
+    k = sym.compile_derived([f], [x], derive, tag="f, f'")
+    assert sym.compile_derived([f], [x], derive, tag="f, f'", cached_only=True) is k
+    assert calls == [1]
+    assert sym.compile_derived([f], [x], derive, tag="f, f'", backend="numpy",
+                               cached_only=True) is None
+    monkeypatch.setenv("CORE_AD_CACHE_DIR", "off")
+    assert sym.compile_derived([f * x], [x], derive, tag="f, f'", cached_only=True) is None
+    # a later process: None on an empty cache, the kernel once a process compiled it
+    env = dict(os.environ, CORE_AD_CACHE_DIR=str(tmp_path / "later"),
+               PYTHONPATH=os.path.abspath(SRC) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    outs = []
+    for code, mode in ((_CACHED_ONLY, ""), (_CODE, "derive"), (_CACHED_ONLY, "")):
+        r = subprocess.run([sys.executable, "-c", code, mode], env=env, capture_output=True,
+                           text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        outs.append(r.stdout.split()[-1])
+    assert outs[0] == "none"
+    assert float(outs[2]) == pytest.approx(np.cos(1.0) * np.e + 2.0, rel=1e-14)
+
+
 def test_the_numpy_backend_and_a_disabled_cache_compile_as_usual(monkeypatch):
     monkeypatch.setenv("CORE_AD_CACHE_DIR", "off")
     x = sym.var("cd_y")

@@ -95,6 +95,12 @@ import torch
 from core_ad import sym
 from edge_rt import bsdf, torch_single_thread
 from edge_rt.geometry import Geometry
+from tqdm import tqdm
+
+from ._kernel_build import build_in_workers, default_workers
+
+# compile_kernels' kinds whose kernels are derivatives (sym.compile_derived): minutes to build
+_DERIVED = ("hessian", "lens_hessian")
 
 LUMINANCE = (0.2126, 0.7152, 0.0722)  # Rec. 709 weights: f* = luminance of the RGB contribution
 
@@ -263,11 +269,12 @@ def _lower_index(n):
     return (i * (i + 1) // 2 + j).ravel()
 
 
-def _log_f_kernel(rgb, wrt, inputs, backend):
+def _log_f_kernel(rgb, wrt, inputs, backend, cached_only=False):
     """The compiled ``log f`` (f the luminance of ``rgb``), its gradient and its lower-triangle
     Hessian (row by row, ``(i, j), j <= i``) with respect to ``wrt`` (some of ``inputs``).
     Through ``sym.compile_derived``: a later process finds the kernel in the disk cache
-    without deriving the Hessian again (most of a long path's load time)."""
+    without deriving the Hessian again (most of a long path's load time); ``cached_only``:
+    None where it is not there."""
     n = len(wrt)
     first = next(k for k, v in enumerate(inputs) if v is wrt[0])
 
@@ -277,7 +284,7 @@ def _log_f_kernel(rgb, wrt, inputs, backend):
         return [logf, *sym.grad(logf, wrt), *(hess[i][j] for i in range(n) for j in range(i + 1))]
 
     logf = sym.log(sum(w * c for w, c in zip(LUMINANCE, rgb)))
-    return sym.compile_derived([logf], inputs, derive, backend=backend,
+    return sym.compile_derived([logf], inputs, derive, backend=backend, cached_only=cached_only,
                                tag=f"log f, gradient, lower Hessian in inputs [{first}, "
                                    f"{first + n}): h2mc v1")
 
@@ -421,6 +428,10 @@ class PathSpace:
         self.dim = first + 3 * (self.max_length - self.min_length + 1)
         self.techniques = [(k, s) for k in self.light_dims for s in (HIT, NEE)]
         self.backend = backend
+        # the constructor's arguments: a worker process rebuilds this path space from them
+        self._recipe = dict(scene=scene, max_length=max_length, min_length=min_length,
+                            backend=backend, roughness_threshold=roughness_threshold,
+                            light_coordinates=light_coordinates, specialize=specialize)
         self._kernels = {}  # (kind, length, s, j | material sequence) -> compiled kernel
         # time spent building kernels, by ``clock`` (render_mlt sets its own and does not
         # charge the builds on first use to its budget)
@@ -1029,18 +1040,21 @@ class PathSpace:
         env.update(mat)
         return sym.substitute(e_out, {v: env[name] for name, v in e_vars.items()})
 
-    def _kernel(self, kind, length, technique, materials=None):
+    def _kernel(self, kind, length, technique, materials=None, cached_only=False):
         """The compiled kernel ``kind`` of technique ``(length, technique)``, for the lanes
-        of material sequence ``materials`` (:meth:`_material_sequences`; None: any)."""
+        of material sequence ``materials`` (:meth:`_material_sequences`; None: any).
+        ``cached_only`` ("hessian"): None where it is neither built nor in the disk cache."""
         key = (kind, *self._check_technique(length, technique), materials)
         if key not in self._kernels:
             start = self.clock()
             u, params, rgb, mis, jacobian, directions, positions = self._expressions(
                 length, technique, materials=materials)
             if kind == "hessian":  # log f*, its gradient and its lower-triangle Hessian
-                self._kernels[key] = _log_f_kernel(rgb, u, u + params, self.backend)
+                kernel = _log_f_kernel(rgb, u, u + params, self.backend, cached_only)
                 self.build_seconds += self.clock() - start
-                return self._kernels[key]
+                if kernel is not None:
+                    self._kernels[key] = kernel
+                return kernel
             if kind == "value":  # with the modified parameterisation, also |det du/dw|
                 outs = rgb + ([jacobian] if self.roughness_threshold is not None else [])
             elif kind == "mis":
@@ -1193,21 +1207,24 @@ class PathSpace:
             out[lanes_k[sel[ok]]] = first[ok] + 1
         return out
 
-    def _lens_kernel(self, kind, length, technique, j):
+    def _lens_kernel(self, kind, length, technique, j, cached_only=False):
         key = (kind, length, technique, j)
         if key not in self._kernels:
             start = self.clock()
             u, params, rgb, _, _, directions, _ = self._expressions(length, technique, lens=j)
             if kind == "lens_direction":
-                self._kernels[key] = sym.compile(directions[3 * (j - 1):3 * j], u + params,
-                                                 backend=self.backend)
+                kernel = sym.compile(directions[3 * (j - 1):3 * j], u + params,
+                                     backend=self.backend)
             else:  # "lens_hessian": log lensScore and its derivatives in the screen position
-                self._kernels[key] = _log_f_kernel(rgb, u[self._screen:self._screen + 2],
-                                                   u + params, self.backend)
+                kernel = _log_f_kernel(rgb, u[self._screen:self._screen + 2], u + params,
+                                       self.backend, cached_only)
             self.build_seconds += self.clock() - start
+            if kernel is None:
+                return None
+            self._kernels[key] = kernel
         return self._kernels[key]
 
-    def compile_kernels(self, derivatives=False, lens=False):
+    def compile_kernels(self, derivatives=False, lens=False, workers=None, progress=False):
         """Compile (or load from the disk cache) now, for every technique, the kernels a
         render uses: values (and, in the modified coordinates, directions and positions),
         with ``derivatives`` the Hessians of ``log f*``, with ``lens`` the lens
@@ -1215,17 +1232,61 @@ class PathSpace:
         otherwise built on first use: a technique rare in the first samples (a BSDF sample
         that hits a small light) would compile inside a timed render. A specialised path
         space's Hessians of single material sequences are built on first use: only for
-        sequences the chains visit often, not all ``2^(length-1)``."""
+        sequences the chains visit often, not all ``2^(length-1)``.
+
+        Where two or more derivative kernels are missing from core_ad's disk cache, they are
+        built side by side in ``workers`` processes (default
+        :func:`~._kernel_build.default_workers`: one per core, memory permitting; 1: here,
+        one after the other) and then loaded here: see :mod:`._kernel_build`.
+        ``progress``: a tqdm bar of the kernels built."""
+        tasks = []
         kinds = ["value"] + (["directions", "positions"] if self.roughness_threshold is not None
                              else []) + (["hessian"] if derivatives else [])
         if lens:
             self._need_modified()
         for k, s in self.techniques:
-            for kind in kinds:
-                self._kernel(kind, k, s)
+            tasks += [(kind, k, s) for kind in kinds]
             for j in range(1, k - 1) if lens else ():  # lens_vertex's range
-                for kind in ("lens_direction", "lens_hessian"):
-                    self._lens_kernel(kind, k, s, j)
+                tasks += [(kind, k, s, j) for kind in ("lens_direction", "lens_hessian")]
+        # derivative kernels first, the longest paths' first: they take the longest to build
+        tasks.sort(key=lambda t: (t[0] not in _DERIVED, -t[1]))
+        counted = set()
+        with tqdm(total=len(tasks), unit="kernel", desc="kernels", disable=not progress) as bar:
+
+            def built(task):
+                if task not in counted:
+                    counted.add(task)
+                    bar.update()
+
+            workers = default_workers() if workers is None else int(workers)
+            if workers > 1 and self._missing_derived(tasks, 2) >= 2:
+                build_in_workers(self._recipe, [t for t in tasks if self._key(t) not in
+                                                self._kernels], workers, on_built=built)
+            for task in tasks:
+                self._build_kernel(task)
+                built(task)
+
+    def _missing_derived(self, tasks, enough):
+        """How many of ``tasks``' derivative kernels are neither built nor in the disk cache
+        (counting stops at ``enough``)."""
+        missing = 0
+        for task in tasks:
+            if task[0] in _DERIVED and self._build_kernel(task, cached_only=True) is None:
+                missing += 1
+                if missing == enough:
+                    break
+        return missing
+
+    @staticmethod
+    def _key(task):
+        return task if task[0].startswith("lens_") else (*task, None)
+
+    def _build_kernel(self, task, cached_only=False):
+        """The kernel of a :meth:`compile_kernels` task: ``(kind, length, technique)`` or,
+        for the lens kernels, ``(kind, length, technique, j)``."""
+        if task[0].startswith("lens_"):
+            return self._lens_kernel(*task, cached_only=cached_only)
+        return self._kernel(*task, cached_only=cached_only)
 
     def _run_lens(self, kind, u, paths, coords, j, anchor, lanes):
         """``[(lanes, outputs (n_out, len(lanes)))]`` of a lens kernel per (technique, j)

@@ -144,7 +144,8 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     # compile every technique's kernels now, outside the budget and the mutations-per-second
     # figure
     h2 = (small_step or METHODS[method][0]) == "h2mc"
-    ps.compile_kernels(derivatives=h2, lens=modified and h2 and lens_perturb_prob > 0)
+    ps.compile_kernels(derivatives=h2, lens=modified and h2 and lens_perturb_prob > 0,
+                       progress=True)
     npix = ps.width * ps.height
     kw = dict(chains=chains, method=method, sigma2=sigma2, path_space=ps, time_mode=time_mode,
               parameterization=parameterization, lens_perturb_prob=lens_perturb_prob,

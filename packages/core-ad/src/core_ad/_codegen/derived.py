@@ -82,9 +82,13 @@ def _write(path, entry) -> None:
         pass  # a read-only or full cache directory only costs the cache
 
 
-def compile_derived(values, inputs, derive, tag: str, backend: str | None = None, **options):
+def compile_derived(values, inputs, derive, tag: str, backend: str | None = None, *,
+                    cached_only: bool = False, **options):
     """``sym.compile(derive(values), inputs, backend, **options)``, found in a later process
     without calling ``derive`` (LLVM backend with the disk cache on; otherwise it compiles).
+    ``cached_only``: None instead of deriving and compiling when the kernel is neither in
+    this process nor in the disk cache (always None without them), for a caller that builds
+    missing kernels elsewhere (other processes, which share the disk cache).
 
     ``values``: the expressions ``derive`` starts from (a list); ``derive(values)`` returns
     the list of output expressions (e.g. a value, its gradient and Hessian entries);
@@ -96,7 +100,8 @@ def compile_derived(values, inputs, derive, tag: str, backend: str | None = None
     name, _ = resolve_backend(backend)
     roots, _, inputs = check_inputs(values, inputs, "compile_derived")
     if name != "llvm":
-        return compile_expressions(derive(list(roots)), inputs, backend, **options)
+        return None if cached_only else compile_expressions(derive(list(roots)), inputs,
+                                                            backend, **options)
     from .llvm import check_options, code_name, load_derived
     from .llvm.jit import host_signature
 
@@ -125,6 +130,8 @@ def compile_derived(values, inputs, derive, tag: str, backend: str | None = None
             _debug(f"compile_derived: {entry['code']} is not in the disk cache: deriving")
     elif path is not None:
         _debug(f"compile_derived: no entry {os.path.basename(path)} ({tag}): deriving")
+    if kernel is None and cached_only:
+        return None
     if kernel is None:
         kernel = compile_expressions(derive(list(roots)), inputs, backend, **options)
         # indexed: LLVM kernels of lane inputs and lane outputs only (a loaded kernel's
