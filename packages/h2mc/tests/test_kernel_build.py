@@ -40,9 +40,11 @@ def test_missing_derivative_kernels_are_built_in_workers(monkeypatch, tmp_path):
 
 
 def test_failed_tasks_and_workers_that_cannot_start_cost_only_time(monkeypatch, tmp_path):
-    """A task that fails in a worker is answered and the next one built; workers that cannot
-    start build nothing, and compile_kernels then builds every kernel itself."""
+    """A task that fails in a worker is answered and the next one built, here by a fresh
+    worker (a worker over its memory bound, 0 here, retires after each task); workers that
+    cannot start build nothing, and compile_kernels then builds every kernel itself."""
     monkeypatch.setenv("CORE_AD_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("H2MC_KERNEL_WORKER_RETIRE_MB", "0")
     scene = scenes.cornell_box((8, 8))
     recipe = PathSpace(scene, max_length=2, min_length=2)._recipe
     done = []

@@ -23,12 +23,18 @@ import sys
 import tempfile
 import threading
 
-__all__ = ["build_in_workers", "default_workers", "serve", "WORKERS_MAX", "WORKER_MEMORY"]
+__all__ = ["build_in_workers", "default_workers", "serve", "WORKERS_MAX", "WORKER_MEMORY",
+           "RETIRE_RSS"]
 
 WORKERS_MAX = 8
 # A worker's peak memory budget: the torus' 7-segment Hessian (240k operations) peaked at
-# 2.4 GB of RSS while it was derived and compiled.
-WORKER_MEMORY = 3 << 30
+# 2.4 GB of RSS while it was derived and compiled, and a worker keeps what it built (core_ad's
+# caches, the LLVM modules): one that built half of the torus' kernels reached 4.1 GB. So a
+# worker over RETIRE_RSS after a task exits, and a fresh one (~3 s to start) takes the next
+# (H2MC_KERNEL_WORKER_RETIRE_MB sets it; 0: a fresh worker for every task).
+WORKER_MEMORY = 4 << 30
+RETIRE_RSS = int(os.environ.get("H2MC_KERNEL_WORKER_RETIRE_MB", "1536")) << 20
+_RETIRING = "retiring"
 _ANSWER = "h2mc-kernel-build:"  # prefixes a worker's answers (its other output goes to stderr)
 _WORKER = "import sys; from h2mc._kernel_build import serve; serve(sys.argv[1])"
 
@@ -69,37 +75,43 @@ def build_in_workers(recipe: dict, tasks: list, workers: int, on_built=None) -> 
         with open(path, "wb") as f:
             pickle.dump(recipe, f)
 
-        def serve():
+        def start():
             try:
-                proc = subprocess.Popen([sys.executable, "-c", _WORKER, path],
+                return subprocess.Popen([sys.executable, "-c", _WORKER, path],
                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                         text=True, env=env)
             except OSError:  # no worker: the parent builds the kernels
-                return
+                return None
+
+        def serve():
+            proc = None
             try:
                 while True:
                     with lock:
                         if not todo:
                             return
                         task = todo.pop(0)
+                    proc = proc or start()
+                    if proc is None:
+                        return
                     proc.stdin.write(json.dumps(task) + "\n")
                     proc.stdin.flush()
                     answer = _answer(proc.stdout)
                     if answer is None:  # the worker died: the parent builds the rest
                         return
-                    if answer == "ok":
+                    if answer.startswith("ok"):
                         with lock:
                             built.append(task)
                             if on_built is not None:
                                 on_built(task)
+                    if answer.endswith(_RETIRING):  # a fresh worker takes the next task
+                        _close(proc)
+                        proc = None
             except OSError:  # a broken pipe: the worker died
                 return
             finally:
-                try:
-                    proc.stdin.close()
-                except OSError:
-                    pass
-                proc.wait()
+                if proc is not None:
+                    _close(proc)
 
         threads = [threading.Thread(target=serve, daemon=True)
                    for _ in range(min(workers, len(todo)))]
@@ -108,6 +120,23 @@ def build_in_workers(recipe: dict, tasks: list, workers: int, on_built=None) -> 
         for t in threads:
             t.join()
     return built
+
+
+def _close(proc):
+    try:
+        proc.stdin.close()
+    except OSError:
+        pass
+    proc.wait()
+
+
+def _rss():
+    """This process' resident memory in bytes (None where /proc does not say)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def _answer(stream):
@@ -132,5 +161,9 @@ def serve(recipe_path: str) -> None:
             answer = "ok"
         except Exception as e:  # noqa: BLE001 -- the parent builds it again and raises there
             answer = f"failed {type(e).__name__}: {e}".replace("\n", " ")
-        answers.write(f"{_ANSWER} {answer}\n")
+        rss = _rss()
+        retire = rss is not None and rss >= RETIRE_RSS
+        answers.write(f"{_ANSWER} {answer}{' ' + _RETIRING if retire else ''}\n")
         answers.flush()
+        if retire:
+            return
