@@ -50,6 +50,10 @@ def test_failed_tasks_and_workers_that_cannot_start_cost_only_time(monkeypatch, 
     done = []
     built = build_in_workers(recipe, [("value", 9, 1), ("value", 2, 1)], 1, on_built=done.append)
     assert built == done == [("value", 2, 1)]
+    monkeypatch.setenv("H2MC_KERNEL_WORKER_RETIRE_MB", "lots")
+    with pytest.raises(ValueError, match="H2MC_KERNEL_WORKER_RETIRE_MB"):
+        build_in_workers(recipe, [("value", 2, 1)], 1)
+    monkeypatch.delenv("H2MC_KERNEL_WORKER_RETIRE_MB")
     monkeypatch.setattr(_kernel_build.sys, "executable", sys.executable + "-missing")
     assert build_in_workers(recipe, [("value", 2, 0), ("value", 2, 1)], 2) == []
     ps = PathSpace(scene, max_length=2, min_length=2)

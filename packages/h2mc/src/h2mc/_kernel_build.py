@@ -23,17 +23,16 @@ import sys
 import tempfile
 import threading
 
-__all__ = ["build_in_workers", "default_workers", "serve", "WORKERS_MAX", "WORKER_MEMORY",
-           "RETIRE_RSS"]
+__all__ = ["build_in_workers", "default_workers", "retire_rss", "serve", "WORKERS_MAX",
+           "WORKER_MEMORY", "RETIRE_MB"]
 
 WORKERS_MAX = 8
 # A worker's peak memory budget: the torus' 7-segment Hessian (240k operations) peaked at
 # 2.4 GB of RSS while it was derived and compiled, and a worker keeps what it built (core_ad's
 # caches, the LLVM modules): one that built half of the torus' kernels reached 4.1 GB. So a
-# worker over RETIRE_RSS after a task exits, and a fresh one (~3 s to start) takes the next
-# (H2MC_KERNEL_WORKER_RETIRE_MB sets it; 0: a fresh worker for every task).
+# worker over retire_rss() after a task exits, and a fresh one (~3 s to start) takes the next.
 WORKER_MEMORY = 4 << 30
-RETIRE_RSS = int(os.environ.get("H2MC_KERNEL_WORKER_RETIRE_MB", "1536")) << 20
+RETIRE_MB = 1536
 _RETIRING = "retiring"
 _ANSWER = "h2mc-kernel-build:"  # prefixes a worker's answers (its other output goes to stderr)
 _WORKER = "import sys; from h2mc._kernel_build import serve; serve(sys.argv[1])"
@@ -51,6 +50,20 @@ def default_workers() -> int:
     return max(1, n if available is None else min(n, available // WORKER_MEMORY))
 
 
+def retire_rss() -> int:
+    """The resident memory in bytes above which a worker retires after a task:
+    ``H2MC_KERNEL_WORKER_RETIRE_MB`` megabytes (0: after every task), else :data:`RETIRE_MB`."""
+    raw = os.environ.get("H2MC_KERNEL_WORKER_RETIRE_MB", str(RETIRE_MB))
+    try:
+        mb = int(raw)
+    except ValueError:
+        mb = -1
+    if mb < 0:
+        raise ValueError(f"H2MC_KERNEL_WORKER_RETIRE_MB must be a whole number of megabytes >= 0,"
+                         f" got {raw!r}")
+    return mb << 20
+
+
 def _available_memory():
     try:
         with open("/proc/meminfo") as f:
@@ -66,6 +79,7 @@ def build_in_workers(recipe: dict, tasks: list, workers: int, on_built=None) -> 
     """Build ``tasks`` (tuples for ``PathSpace._build_kernel``, in the order given) in
     ``workers`` processes, each a ``PathSpace(**recipe)``; ``on_built(task)`` after each one
     a worker built. Returns the tasks built."""
+    retire_rss()  # a bad setting is an error here, not a worker that dies
     todo, built, lock = list(tasks), [], threading.Lock()
     # the workers import what this process imports (a source checkout on sys.path too)
     env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1",
@@ -154,7 +168,7 @@ def serve(recipe_path: str) -> None:
         recipe = pickle.load(f)
     from ._pathspace import PathSpace
 
-    space = PathSpace(**recipe)
+    space, limit = PathSpace(**recipe), retire_rss()
     for line in sys.stdin:
         try:
             space._build_kernel(tuple(json.loads(line)))
@@ -162,7 +176,7 @@ def serve(recipe_path: str) -> None:
         except Exception as e:  # noqa: BLE001 -- the parent builds it again and raises there
             answer = f"failed {type(e).__name__}: {e}".replace("\n", " ")
         rss = _rss()
-        retire = rss is not None and rss >= RETIRE_RSS
+        retire = rss is not None and rss >= limit
         answers.write(f"{_ANSWER} {answer}{' ' + _RETIRING if retire else ''}\n")
         answers.flush()
         if retire:
