@@ -124,6 +124,7 @@ def test_cached_only_never_derives(monkeypatch, tmp_path):
         calls.append(1)
         return [values[0], sym.grad(values[0], [x])[0]]
 
+    assert sym.derived_cache_enabled() and not sym.derived_cache_enabled("numpy")
     assert sym.compile_derived([f], [x], derive, tag="f, f'", cached_only=True) is None
     assert calls == []
     k = sym.compile_derived([f], [x], derive, tag="f, f'")
@@ -132,6 +133,7 @@ def test_cached_only_never_derives(monkeypatch, tmp_path):
     assert sym.compile_derived([f], [x], derive, tag="f, f'", backend="numpy",
                                cached_only=True) is None
     monkeypatch.setenv("CORE_AD_CACHE_DIR", "off")
+    assert not sym.derived_cache_enabled()
     assert sym.compile_derived([f * x], [x], derive, tag="f, f'", cached_only=True) is None
     # a later process: None on an empty cache, the kernel once a process compiled it
     env = dict(os.environ, CORE_AD_CACHE_DIR=str(tmp_path / "later"),

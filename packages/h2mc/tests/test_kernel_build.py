@@ -9,7 +9,7 @@ import pytest
 
 from core_ad import sym
 from edge_rt import scenes
-from h2mc import PathSpace, _kernel_build
+from h2mc import PathSpace, _kernel_build, _pathspace
 from h2mc._kernel_build import build_in_workers, default_workers
 
 
@@ -57,6 +57,19 @@ def test_failed_tasks_and_workers_that_cannot_start_cost_only_time(monkeypatch, 
     monkeypatch.setattr(_kernel_build.sys, "executable", sys.executable + "-missing")
     assert build_in_workers(recipe, [("value", 2, 0), ("value", 2, 1)], 2) == []
     ps = PathSpace(scene, max_length=2, min_length=2)
+    ps.compile_kernels(derivatives=True, workers=2)
+    assert {k[0] for k in ps._kernels} == {"value", "hessian"}
+
+
+@pytest.mark.parametrize("backend, cache", [("numpy", None), (None, "off")])
+def test_no_workers_where_their_kernels_could_not_be_found(monkeypatch, tmp_path, backend,
+                                                          cache):
+    """With the numpy backend or core_ad's disk cache off, this process could not load what
+    workers built: compile_kernels builds everything here and starts none."""
+    monkeypatch.setenv("CORE_AD_CACHE_DIR", cache or str(tmp_path))
+    monkeypatch.setattr(_pathspace, "build_in_workers",
+                        lambda *a, **k: pytest.fail("workers started"))
+    ps = PathSpace(scenes.cornell_box((8, 8)), max_length=2, min_length=2, backend=backend)
     ps.compile_kernels(derivatives=True, workers=2)
     assert {k[0] for k in ps._kernels} == {"value", "hessian"}
 

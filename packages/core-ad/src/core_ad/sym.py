@@ -68,7 +68,9 @@ order; ``outputs``: names). ``compile(outputs, inputs, backend=None, **options)`
 
 ``compile_derived(values, inputs, derive, tag)``: ``compile(derive(values), inputs)``, found in
 a later process from the disk cache without deriving again (derivatives of large expressions
-cost more to derive than to load; :mod:`core_ad._codegen.derived`).
+cost more to derive than to load; :mod:`core_ad._codegen.derived`); ``cached_only=True`` gives
+None instead of deriving where the kernel is not there, and ``derived_cache_enabled(backend)``
+says whether kernels built in other processes can be found at all.
 
 Kernel buffers: ``buffer(name, dtype)``, ``gather(buf, index)``, ``scatter_add(buf, index,
 value)`` (an output), bounds-checked in every backend. ``evaluate(e, env)`` for one-off
@@ -79,8 +81,8 @@ constructible by force) raises :class:`SymbolicCycleError`.
 """
 
 from ._codegen import compile, evaluate
-from ._codegen.derived import compile_derived
+from ._codegen.derived import compile_derived, derived_cache_enabled
 from ._sym import *  # noqa: F403
 from ._sym import __all__ as _sym_all
 
-__all__ = _sym_all + ["compile", "compile_derived", "evaluate"]  # noqa: PLE0605
+__all__ = _sym_all + ["compile", "compile_derived", "derived_cache_enabled", "evaluate"]  # noqa: PLE0605

@@ -1234,8 +1234,8 @@ class PathSpace:
         space's Hessians of single material sequences are built on first use: only for
         sequences the chains visit often, not all ``2^(length-1)``.
 
-        Where two or more derivative kernels are missing from core_ad's disk cache, they are
-        built side by side in ``workers`` processes (default
+        Where two or more derivative kernels are missing from core_ad's disk cache (LLVM
+        backend, cache on), they are built side by side in ``workers`` processes (default
         :func:`~._kernel_build.default_workers`: one per core, memory permitting; 1: here,
         one after the other) and then loaded here: see :mod:`._kernel_build`.
         ``progress``: a tqdm bar of the kernels built."""
@@ -1259,7 +1259,9 @@ class PathSpace:
                     bar.update()
 
             workers = default_workers() if workers is None else int(workers)
-            if workers > 1 and self._missing_derived(tasks, 2) >= 2:
+            # workers pay only where this process then finds their kernels in the disk cache
+            if (workers > 1 and sym.derived_cache_enabled(self.backend)
+                    and self._missing_derived(tasks, 2) >= 2):
                 build_in_workers(self._recipe, [t for t in tasks if self._key(t) not in
                                                 self._kernels], workers, on_built=built)
             for task in tasks:

@@ -28,7 +28,7 @@ from . import _debug, resolve_backend
 from . import compile as compile_expressions
 from .cache import CODEGEN_VERSION, _digest, serialize
 
-__all__ = ["compile_derived"]
+__all__ = ["compile_derived", "derived_cache_enabled"]
 
 _HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # core_ad's package
 _LOADED: dict = {}  # index key -> kernel (one object per derivation in a process)
@@ -82,13 +82,22 @@ def _write(path, entry) -> None:
         pass  # a read-only or full cache directory only costs the cache
 
 
+def derived_cache_enabled(backend: str | None = None) -> bool:
+    """Whether :func:`compile_derived` finds kernels that other processes built: the LLVM
+    backend (``backend``, None: the default one) with the disk cache on."""
+    from .llvm.jit import Jit
+
+    return resolve_backend(backend)[0] == "llvm" and Jit.cache_dir() is not None
+
+
 def compile_derived(values, inputs, derive, tag: str, backend: str | None = None, *,
                     cached_only: bool = False, **options):
     """``sym.compile(derive(values), inputs, backend, **options)``, found in a later process
     without calling ``derive`` (LLVM backend with the disk cache on; otherwise it compiles).
     ``cached_only``: None instead of deriving and compiling when the kernel is neither in
-    this process nor in the disk cache (always None without them), for a caller that builds
-    missing kernels elsewhere (other processes, which share the disk cache).
+    this process nor in the disk cache (always None without them: see
+    :func:`derived_cache_enabled`), for a caller that builds missing kernels elsewhere (other
+    processes, which share the disk cache).
 
     ``values``: the expressions ``derive`` starts from (a list); ``derive(values)`` returns
     the list of output expressions (e.g. a value, its gradient and Hessian entries);
