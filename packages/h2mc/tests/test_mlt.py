@@ -697,18 +697,24 @@ def test_ae10_parameterization_ordering(tmp_path):
     """AE-10 at a reduced size (16x16 torus_glass_cube, paths of 3-4 segments, 48 mutations
     per pixel, 128 chains, large-step probability 0.5, sigma 0.01 for H2MC and the isotropic
     Gaussian, threshold 0.01 so the torus is absolute and the alpha-0.08 glass Kelemen; edge_rt
-    reference at 16384 spp; ~7 min). Measured (seeds 0, 1, 2): modified + H2MC 0.0274, 0.0131,
-    0.0284; modified + isotropic 0.0329, 0.0162, 0.0325; Kelemen + isotropic 0.0376, 0.0241,
-    0.0311 (small-step acceptance 0.60-0.65, 0.49-0.54, 0.46-0.53). H2MC is lowest on every
-    seed; the two isotropic variants are ordered on the mean over seeds (0.0272 < 0.0309) but
-    not on every seed (seed 2: 0.0325 > 0.0311), so only the means are asserted: the spec's
-    size (128x128, 256 spp) is out of reach on 2 cores."""
+    reference at 16384 spp; ~6 min). The spec's ordering, modified + H2MC < modified +
+    isotropic < Kelemen + isotropic, is asserted on the mean over seeds; the modified
+    coordinates beat Kelemen's on every seed, H2MC the isotropic step in the same coordinates
+    only on the mean. Measured (2026-11-29, since H2MC's uniform mixing is spec 1.6's isotropic
+    Gaussian; seeds 0-5): modified + H2MC 0.0467, 0.0165, 0.0249, 0.0267, 0.0284, 0.0151 (mean
+    0.0264); modified + isotropic 0.0460, 0.0149, 0.0336, 0.0286, 0.0254, 0.0225 (0.0285);
+    Kelemen + isotropic 0.0835, 0.0211, 0.0426, 0.0539, 0.0309, 0.0285 (0.0434); small-step
+    acceptance 0.58-0.61, 0.48-0.51, 0.42-0.50. H2MC is ahead of the modified isotropic step on
+    3 of 6 seeds (with Kelemen's mixing step it was on each of seeds 0-2: 0.0274, 0.0131, 0.0284
+    against 0.0329, 0.0162, 0.0325); the spec's size (128x128, 256 spp) is out of reach on 2
+    cores."""
     out = ae10_parameterization((16, 16), 48, seeds=(0, 1, 2), reference_spp=16384,
                                 png=tmp_path / "ae10.png")
     mean = {k: np.mean(v) for k, v in out["relmse"].items()}
     assert mean["modified+h2mc"] < mean["modified+isotropic"] < mean["kelemen+isotropic"], mean
-    h2, iso = np.array(out["relmse"]["modified+h2mc"]), np.array(out["relmse"]["modified+isotropic"])
-    assert (h2 < iso).all() and (h2 < np.array(out["relmse"]["kelemen+isotropic"])).all()
+    kelemen = np.array(out["relmse"]["kelemen+isotropic"])
+    for name in ("modified+h2mc", "modified+isotropic"):
+        assert (np.array(out["relmse"][name]) < kelemen).all(), out["relmse"]
 
 
 # ---------------------------------------------------------------- linear motion (time)
