@@ -94,6 +94,9 @@ def main(argv=None):
     ap.add_argument("--large-step-prob", type=float, default=0.3,
                     help="every method's large-step probability (spec 1.6: 0.3; the reference "
                     "renderer's torus scene 0.5)")
+    ap.add_argument("--technique-gibbs", type=float, nargs="+", default=[0.0],
+                    help="MMLT's Gibbs step on the technique (render_mlt's technique_gibbs; "
+                         "0: the spec's MMLT); several: one MMLT row each")
     ap.add_argument("--no-light-coordinates", action="store_true",
                     help="modified: without the light-coordinate substitution")
     ap.add_argument("--direct-spp", type=int, default=64,
@@ -145,7 +148,9 @@ def main(argv=None):
             kw = {} if step == "kelemen" else dict(small_step="isotropic",
                                                    sigma2=args.isotropic_sigma ** 2)
             suffix = "" if step == "kelemen" else " isotropic"
-            runs += [("pssmlt" + suffix, "pssmlt", kw), ("mmlt" + suffix, "mmlt", kw)]
+            runs.append(("pssmlt" + suffix, "pssmlt", kw))
+            runs += [("mmlt" + suffix + (f" gibbs {g:g}" if args.technique_gibbs != [0.0] else ""),
+                      "mmlt", {**kw, "technique_gibbs": g}) for g in args.technique_gibbs]
         for p in args.parameterization:
             for lens in args.lens_prob if p == "modified" else args.lens_prob[:1]:
                 sigmas = args.lens_sigma if p == "modified" and lens > 0 else args.lens_sigma[:1]

@@ -48,6 +48,14 @@ rgb(y) b / S_y`` (all its techniques, spec 1.4 step 4; ``a`` does not depend on 
 The image is scaled by ``pixels / (steps * chains)``. Paths shorter than ``min_length``
 (direct lighting, and emitters seen directly) come from edge_rt's path tracer (spec 1.5).
 
+The technique's Gibbs step (``technique_gibbs``; not in the spec, whose small steps keep the
+technique): the state's point ``u`` keeps its place and ``t`` is drawn with probability
+``f*_t(u) / S(u)``, the target's conditional of ``t`` given ``u``, from the scores
+``PathSpace.trace`` has already evaluated: an exact move that costs no trace and lets a chain
+change technique without a large step. Kelemen's coordinates only: in the modified ones a
+chain's ``w`` holds directions for its technique's vertices, and a technique that uses fewer
+of them would need the BSDF sampling inverted to rebuild its numbers.
+
 Coordinates (``parameterization``, spec 5.1-5.2): ``"kelemen"``, every step in primary sample
 space; ``"modified"`` (multiplexed states only), the chain state is in the modified coordinates
 ``w`` of its technique (PathSpace's absolute spherical directions on vertices rougher than
@@ -97,7 +105,7 @@ import torch
 import edge_rt
 
 from ._kernels import _wrap
-from ._pathspace import PathSpace
+from ._pathspace import PathSpace, luminance
 from ._proposal import GaussianProposal, h2mc_proposal, isotropic_proposal
 
 SMALL_STEPS = ("kelemen", "isotropic", "h2mc")
@@ -283,7 +291,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                bootstrap_samples=None, direct_spp=16, seed=0, checkpoints=(),
                path_space=None, progress=None, parameterization="kelemen",
                roughness_threshold=0.03, time_mode="hessian", lens_perturb_prob=0.3,
-               lens_sigma2=1e-4, light_coordinates=None, seconds=None, clock=time.perf_counter):
+               lens_sigma2=1e-4, light_coordinates=None, technique_gibbs=0.0, seconds=None,
+               clock=time.perf_counter):
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
@@ -315,6 +324,9 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     ``light_coordinates``: in the modified coordinates, the last direction of a path that hits
     the light as a point on it (spec 5.1 (ii), PathSpace's ``light_coordinates``); None: the
     given path_space's choice, or True (the spec's default) when render_mlt builds it;
+    ``technique_gibbs``: after each step, the probability that a chain of a multiplexed state
+    draws its technique anew given its point (module docstring; 0, the spec's: never), in
+    Kelemen's coordinates and with Kelemen or isotropic small steps;
     ``seconds``: a wall-clock budget (bootstrap included): the chains take steps until it is
     spent, ``mutations_per_pixel`` then being a cap (``np.inf``: none). One run of long
     chains, not several restarted ones: short chains are the start-up error on caustic scenes
@@ -334,6 +346,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                        f"{large_step!r}")
     if not 0.0 <= large_step_prob <= 1.0 or not 0.0 <= uniform_mixing <= 1.0:
         raise MLTError("render_mlt: large_step_prob and uniform_mixing must be in [0, 1]")
+    if not 0.0 <= technique_gibbs <= 1.0:
+        raise MLTError(f"render_mlt: technique_gibbs must be in [0, 1], got {technique_gibbs!r}")
     if mixing_step not in MIXING_STEPS:
         raise MLTError(f"render_mlt: mixing_step must be one of {MIXING_STEPS}, got "
                        f"{mixing_step!r}")
@@ -364,6 +378,11 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         raise MLTError(f"render_mlt: roughness_threshold must be >= 0, got "
                        f"{roughness_threshold!r}")
     modified = parameterization == "modified"
+    if technique_gibbs > 0 and (large_step == "uniform" or modified or small_step == "h2mc"):
+        raise MLTError("render_mlt: technique_gibbs needs a multiplexed state (large_step 'mmlt' "
+                       "or 'resample') in Kelemen's coordinates with Kelemen or isotropic small "
+                       "steps: a modified-coordinate state cannot be rebuilt for a technique "
+                       "that uses fewer vertices, and an H2MC Gaussian belongs to its technique")
     if modified and large_step == "uniform":
         raise MLTError("render_mlt: the modified parameterization needs a multiplexed state "
                        "(large_step 'mmlt' or 'resample'): its coordinates are a technique's")
@@ -434,7 +453,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     if modified and not ((f > 0) & (fw > 0)).all():
         raise MLTError(f"render_mlt: {int((~((f > 0) & (fw > 0))).sum())} chain seeds have no "
                        "contribution in the modified coordinates after 8 draws")
-    state = _Chains(x, t, rgb, f, fw, px.f_star, px.pixel)
+    state = _Chains(x, t, rgb, f, fw, px.f_star, px.pixel, px.contrib.copy())
     use_h2mc = small_step == "h2mc"
     if use_h2mc:
         gauss = _Gaussians(ps, multiplexed, sigma2, C,
@@ -447,6 +466,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         use_h2mc and modified and lens_perturb_prob > 0) else None
     if lens is not None:
         stats["lens"] = MutationStats()
+    if technique_gibbs > 0:
+        stats["technique"] = MutationStats()  # "accepted": the draws that changed it
     accum = np.zeros((npix, 3))
     nonfinite = 0
     snapshots = {}
@@ -554,7 +575,9 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                 stats[name].accepted += int((accept & sel).sum())
         state.x[accept], state.t[accept], state.rgb[accept] = y[accept], ty[accept], rgb_y[accept]
         state.f[accept], state.fw[accept], state.S[accept] = fy[accept], fwy[accept], S_y[accept]
-        state.pixel[accept] = py.pixel[accept]
+        state.pixel[accept], state.contrib[accept] = py.pixel[accept], py.contrib[accept]
+        if technique_gibbs > 0:
+            _technique_gibbs(state, rng.random(C) < technique_gibbs, rng, stats["technique"])
         if use_h2mc:
             gauss.accept(accept)
         if lens is not None:
@@ -586,6 +609,19 @@ class _Chains:
     fw: np.ndarray  # its target in the chain's coordinates f*_w (= f with PSS coordinates)
     S: np.ndarray  # the sum over all techniques' scores at x (the resampling large step's)
     pixel: np.ndarray
+    contrib: np.ndarray  # every technique's contribution at x, (C, T, 3)
+
+
+def _technique_gibbs(state, chosen, rng, stats):
+    """The Gibbs step on the technique of the ``chosen`` chains (Kelemen coordinates): ``t``
+    drawn with probability ``f*_t(x) / S(x)`` from every technique's score at the state."""
+    lanes = np.flatnonzero(chosen)
+    scores = luminance(state.contrib[lanes])
+    t = _pick(scores, rng)
+    stats.proposed += len(lanes)
+    stats.accepted += int((t != state.t[lanes]).sum())
+    state.t[lanes], state.rgb[lanes] = t, state.contrib[lanes, t]
+    state.f[lanes] = state.fw[lanes] = scores[np.arange(len(lanes)), t]
 
 
 def _target(paths, t):

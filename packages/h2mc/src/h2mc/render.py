@@ -124,7 +124,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
            lens_perturb_prob=0.3, lens_sigma2=1e-4, path_space=None, clock=time.perf_counter,
            small_step=None, large_step_prob=0.3, mixing_step="isotropic", mixing_sigma2=None,
-           bootstrap_samples=None):
+           bootstrap_samples=None, technique_gibbs=0.0):
     """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
     clock (after compiling the kernels) are spent; ``small_step``: render_mlt's override of
@@ -132,6 +132,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     ``large_step_prob``: render_mlt's (spec 1.6: 0.3, the thesis' torus 0.5);
     ``mixing_step``, ``mixing_sigma2``: render_mlt's (H2MC's uniform mixing);
     ``bootstrap_samples``: render_mlt's (b and the chains' seeds);
+    ``technique_gibbs``: render_mlt's (MMLT in Kelemen's coordinates);
     ``time_mode``,
     ``parameterization``, ``roughness_threshold``, ``light_coordinates``,
     ``lens_perturb_prob`` and ``lens_sigma2`` as render_mlt's (the last four only in the
@@ -151,7 +152,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
               parameterization=parameterization, lens_perturb_prob=lens_perturb_prob,
               clock=clock, small_step=small_step, large_step_prob=large_step_prob,
               mixing_step=mixing_step, mixing_sigma2=mixing_sigma2,
-              bootstrap_samples=bootstrap_samples)
+              bootstrap_samples=bootstrap_samples, technique_gibbs=technique_gibbs)
     if modified:
         kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates,
                   lens_sigma2=lens_sigma2)
