@@ -11,7 +11,7 @@ from edge_rt import scenes, testing, torch_single_thread
 from h2mc import (NEE, Bootstrap, MLTError, PathSpace, PathSpaceError, bootstrap,
                   kelemen_perturb, luminance, rel_mse, render_mlt)
 from h2mc import ae10_parameterization, ae11_moving_caustics
-from h2mc._mlt import LENGTH_FLOOR
+from h2mc._mlt import LENGTH_FLOOR, MutationStats, _Chains, _technique_gibbs
 
 RES = (16, 12)  # non-square: a swapped axis in splatting fails
 
@@ -659,6 +659,31 @@ def glossy_two_lengths():
     two lengths), edge_rt reference at 4 x 384 spp (test_ae12's)."""
     scene = _glossy_scene(RES)
     return scene, PathSpace(scene, max_length=4), _indirect_reference(scene, 384, range(4), 4)
+
+
+def test_technique_gibbs_draws_the_conditional_of_the_technique():
+    """The Gibbs step draws ``t`` with probability ``f*_t / S`` from the state's own scores
+    (a technique of score 0 never) and moves the state's contribution and targets with it:
+    on 200k copies of one state whose three techniques have luminances 1, 0 and 3, the
+    frequencies are 1/4, 0 and 3/4 within 4 standard errors; unchosen chains keep theirs."""
+    n = 200_000
+    contrib = np.zeros((n, 3, 3))
+    contrib[:, 0], contrib[:, 2] = 1.0, 3.0  # grey: luminance = the value
+    t = np.ones(n, np.int64)
+    state = _Chains(np.zeros((n, 1)), t.copy(), contrib[:, 1].copy(), np.ones(n), np.ones(n),
+                    np.full(n, 4.0), np.zeros(n, np.int64), contrib)
+    stats = MutationStats()
+    chosen = np.arange(n) < n - 10
+    _technique_gibbs(state, chosen, np.random.default_rng(0), stats)
+    freq = np.bincount(state.t[chosen], minlength=3) / chosen.sum()
+    se = np.sqrt(0.25 * 0.75 / chosen.sum())
+    assert freq[1] == 0 and abs(freq[0] - 0.25) < 4 * se and abs(freq[2] - 0.75) < 4 * se
+    lanes = np.flatnonzero(chosen)
+    np.testing.assert_allclose(state.f[lanes], np.where(state.t[lanes] == 0, 1.0, 3.0))
+    np.testing.assert_array_equal(state.fw, state.f)
+    np.testing.assert_array_equal(state.rgb[lanes], contrib[lanes, state.t[lanes]])
+    assert (state.t[~chosen] == 1).all() and (state.f[~chosen] == 1.0).all()
+    assert stats.proposed == chosen.sum() and stats.accepted == chosen.sum()
 
 
 @pytest.mark.parametrize("large_step", ["mmlt", "resample"])
