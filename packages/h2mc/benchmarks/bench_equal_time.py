@@ -15,6 +15,7 @@ that it finishes in about half an hour on two cores. Kernels are compiled before
         [--baseline-steps kelemen [isotropic]] [--isotropic-sigma 0.01] [--large-step-prob 0.3]
         [--mixing-step isotropic [kelemen]] [--mixing-sigma 0.01] [--bootstrap N [N ...]]
         [--direct-spp 64] [--clock cpu|wall] [--reference-only | --wait-reference]
+        [--bidirectional]
 
 By default H2MC runs in the thesis' modified coordinates twice: with the spec's lens
 perturbation probability 0.3 (its "full" H2MC) and without it (the configuration that met the
@@ -24,6 +25,9 @@ isotropic Gaussian of std-dev ``--isotropic-sigma`` (spec 1.6's perturbStdDev, 0
 what the spec's AE-9 names; "below both baselines" means below the better of each. H2MC's
 uniform-mixing step (probability 0.2 within its small steps) is the same isotropic Gaussian
 (``--mixing-sigma``, spec 1.6), or Kelemen's (``--mixing-step kelemen``).
+
+``--bidirectional`` adds each Kelemen-coordinate row again over every BDPT technique (light
+subpaths, PathSpace's ``bidirectional``; rows "... bdpt"), on scenes without a dielectric.
 
 Equal time is equal CPU time of one thread by default (``--clock cpu``): on a machine shared
 with other work, wall clock would charge each method for its neighbours' load.
@@ -110,6 +114,9 @@ def main(argv=None):
     ap.add_argument("--wait-reference", action="store_true",
                     help="render the methods first, then wait for the reference that a "
                     "--reference-only run (started beside this one) keeps in --out")
+    ap.add_argument("--bidirectional", action="store_true",
+                    help="also every Kelemen-coordinate row over all BDPT techniques (opaque "
+                    "scenes)")
     ap.add_argument("--out", default="outputs/h2mc-equal-time")
     args = ap.parse_args(argv)
     if args.full:
@@ -169,16 +176,27 @@ def main(argv=None):
         runs = [(label + (f" boot {n}" if len(args.bootstrap) > 1 else ""), method,
                  {**kw, "bootstrap_samples": n})
                 for n in args.bootstrap for label, method, kw in runs]
+        if args.bidirectional and _scene_has_dielectric(scene):
+            print(f"  {name}: no bdpt rows (bidirectional techniques need opaque surfaces)")
+        elif args.bidirectional:
+            runs += [(label + " bdpt", method, {**kw, "bidirectional": True})
+                     for label, method, kw in runs
+                     if kw.get("parameterization", "kelemen") == "kelemen"]
         spaces = {}  # one compiled PathSpace per parameterisation, shared by the seeds
+
+        def space_key(kw):
+            return kw.get("parameterization", "kelemen"), kw.get("bidirectional", False)
+
         for label, method, modified in runs:
-            p = modified.get("parameterization", "kelemen")
-            if p not in spaces:
-                spaces[p] = path_space_for(
+            p, bidirectional = key = space_key(modified)
+            if key not in spaces:
+                spaces[key] = path_space_for(
                     scene, args.max_length, p,
-                    light_coordinates=modified.get("light_coordinates", True))
+                    light_coordinates=modified.get("light_coordinates", True),
+                    bidirectional=bidirectional)
             t0, c0 = time.perf_counter(), time.process_time()
-            spaces[p].compile_kernels(derivatives=method == "h2mc",
-                                      lens=p == "modified" and modified["lens_perturb_prob"] > 0)
+            spaces[key].compile_kernels(derivatives=method == "h2mc",
+                                        lens=p == "modified" and modified["lens_perturb_prob"] > 0)
             print(f"  {label}: kernels ready in {time.process_time() - c0:.0f} s CPU, "
                   f"{time.perf_counter() - t0:.0f} s wall (load {os.getloadavg()[0]:.1f})",
                   flush=True)
@@ -192,7 +210,7 @@ def main(argv=None):
                 image, stats, mutations, seconds = render(
                     scene, method, seconds=args.seconds, max_length=args.max_length, seed=s,
                     chains=args.chains, direct_spp=args.direct_spp,
-                    path_space=spaces[modified.get("parameterization", "kelemen")],
+                    path_space=spaces[space_key(modified)],
                     clock=clock, large_step_prob=args.large_step_prob,
                     **{"sigma2": args.sigma2 or SIGMA2[name], **modified})
                 mpps.append(mutations / (args.size * args.size))
@@ -240,6 +258,10 @@ def main(argv=None):
                   f"{'below' if med[m] < min(best[m].values()) else 'not below'} both "
                   f"baselines' (PSSMLT {best[m]['pssmlt']:.3e}, MMLT {best[m]['mmlt']:.3e})")
         _figure(os.path.join(args.out, f"{name}_{args.size}.png"), name, ref, images, med)
+
+
+def _scene_has_dielectric(scene):
+    return any(m.material.is_dielectric for m in scene.meshes)
 
 
 def _kept_reference(path, seconds):

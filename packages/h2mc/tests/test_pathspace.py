@@ -9,6 +9,8 @@ import torch
 
 from h2mc import HIT, NEE, PathSpace, PathSpaceError, luminance
 from h2mc._pathspace import _VERTEX, _relative_eta
+from h2mc.testing import (central_differences, fd_steps, glossy_box, relative_errors,
+                          same_piece, valid_states)
 
 
 @pytest.fixture(scope="module")
@@ -44,92 +46,6 @@ def test_layout_and_paths(cornell):
     np.testing.assert_array_equal(ps.trace(u).contrib, p.contrib)
 
 
-def _glossy_box():
-    """The Cornell box with a glossy tall box (Phong exponent 98) and a smooth-shaded glossy
-    sphere (interpolated vertex normals) instead of the short box."""
-    sc = scenes.cornell_box((16, 12))
-    meshes = [m for m in sc.meshes if m.name != "short_box"]
-    tall = next(m for m in meshes if m.name == "tall_box")
-    tall.material = edge_rt.Material(diffuse=(0.3, 0.3, 0.3), specular=(0.6, 0.6, 0.6),
-                                     roughness=(0.02,))
-    meshes.append(scenes.uv_sphere((0.4, -0.65, 0.3), 0.35, rings=8, segments=16,
-                                   material=edge_rt.Material(diffuse=(0.2, 0.4, 0.6),
-                                                             specular=(0.4, 0.4, 0.4),
-                                                             roughness=(0.1,))))
-    return edge_rt.Scene(sc.camera, meshes)
-
-
-def _valid_states(ps, length, technique, rng, n):
-    """``n`` states with a path of technique ``(length, technique)``, those whose first
-    vertex is glossy first (a third of them take the specular lobe there)."""
-    u = rng.random((max(1024, (16 if technique == NEE else 256) * n), ps.dim))
-    lanes, params = ps.trace(u).structure[length, technique]
-    glossy = params[_VERTEX_KS] > 0
-    order = np.concatenate([lanes[glossy], lanes[~glossy]])
-    return u[order[:n]]
-
-
-_VERTEX_KS = _VERTEX.index("ksr")  # the first vertex's specular red among kernel parameters
-
-
-def _same_piece(ps, u, length, technique=None):
-    """``same(p, up, pp)``: lanes whose path of ``(length, technique)`` keeps its structure
-    and every branch decision of its expression between states ``u`` (paths ``p``) and
-    ``up``."""
-    base = {}
-
-    def same(p, up, pp):
-        if "b" not in base:
-            base["b"] = ps.branches(u, length, technique, p)
-        return (p.same_structure(pp, length, technique)
-                & (ps.branches(up, length, technique, pp) == base["b"]).all(1))
-    return same
-
-
-def _central_differences(ps, u, derivatives, value, same, dims, h):
-    """Central differences of ``log value(paths)`` (gradient) and of the exact gradient
-    (Hessian) along ``dims``, Richardson-extrapolated from steps ``2h`` and ``h`` (error
-    O(h^4): near the light or at grazing glossy angles single central differences at h = 1e-6
-    were measured to err by up to 6e-3, scaling as h^2, i.e. truncation); ``ok`` drops lanes
-    whose structure or branches change within +-2h. ``h``: a step per lane."""
-    p = ps.trace(u)
-    ok = np.ones(len(u), bool)
-    n = len(dims)
-    est = []
-    for step in (2 * h, h):
-        gfd, Hfd = np.zeros((len(u), n)), np.zeros((len(u), n, n))
-        for a, j in enumerate(dims):
-            vals, grads = [], []
-            for s in (1.0, -1.0):
-                up = u.copy()
-                up[:, j] += s * step
-                pp = ps.trace(up)
-                ok &= same(p, up, pp)
-                with np.errstate(divide="ignore"):
-                    vals.append(np.log(value(pp)))
-                grads.append(derivatives(up, pp)[1])
-            with np.errstate(invalid="ignore"):
-                gfd[:, a] = (vals[0] - vals[1]) / (2 * step)
-            Hfd[:, :, a] = (grads[0] - grads[1]) / (2 * step)[:, None]
-        est.append((gfd, Hfd))
-    (g2, H2), (g1, H1) = est
-    with np.errstate(invalid="ignore"):
-        return (4 * g1 - g2) / 3, (4 * H1 - H2) / 3, ok
-
-
-def _steps(H):
-    """1e-6 (PRACTICES' default for samples in [0, 1]), shrunk on lanes whose curvature
-    |H| exceeds 1e4 so that h^2 |H| stays <= 1e-8: the features of such paths (the light seen
-    from right next to it, a sharp glossy lobe) are ~1/sqrt(|H|) wide."""
-    return 1e-6 / np.sqrt(np.maximum(1.0, np.abs(H).max(axis=(1, 2)) / 1e4))
-
-
-def _relative_errors(g, H, gfd, Hfd, ok):
-    g_err = np.abs(g - gfd)[ok].max(1) / np.abs(g[ok]).max(1)
-    H_err = np.abs(H - Hfd)[ok].max((1, 2)) / np.abs(H[ok]).max((1, 2))
-    return g_err.max(), H_err.max()
-
-
 @pytest.mark.parametrize("scene, length, technique, n", [
     ("cornell", 2, NEE, 40), ("cornell", 3, NEE, 40), ("glossy", 4, NEE, 40),
     ("glossy", 3, HIT, 30),
@@ -144,7 +60,7 @@ def test_log_f_derivatives_match_central_differences(cornell, scene, length, tec
     (Phong lobes sampled and evaluated, shading normals). Lanes whose discrete structure
     (triangles, light, or a branch of the BSDF's where / max / abs) changes within the steps
     are skipped. Steps h and 2h, Richardson-extrapolated, with h = 1e-6 shrunk on strongly
-    curved lanes (``_steps``), not AE-7's single 1e-5: paths that reach the light from right
+    curved lanes (``fd_steps``), not AE-7's single 1e-5: paths that reach the light from right
     next to it have Hessian entries up to 1e7, and their differences were measured to err as
     h^2 (single central differences: 1.7e-4 at 1e-5, 1.7e-6 at 1e-6) and as h^4
     (extrapolated: 2e-4 at 1e-6, 2e-8 at 1e-7), i.e. truncation, not the derivatives."""
@@ -152,21 +68,21 @@ def test_log_f_derivatives_match_central_differences(cornell, scene, length, tec
         ps = cornell if length > 2 else PathSpace(cornell.scene, max_length=2, min_length=2,
                                                   backend="numpy")
     else:
-        ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy")
-    u = _valid_states(ps, length, technique, np.random.default_rng(7), n)
+        ps = PathSpace(glossy_box(), max_length=length, min_length=length, backend="numpy")
+    u = valid_states(ps, length, technique, np.random.default_rng(7), n)
     p = ps.trace(u)
     lf, g, H = ps.log_f_derivatives(u, length, technique, paths=p)
     with np.errstate(divide="ignore"):
         np.testing.assert_allclose(lf, np.log(p.f_star_of(length, technique)), rtol=1e-12)
     np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))  # symmetric (to 0, spec: 1e-10)
     dims = ps.dims(length, technique)
-    gfd, Hfd, ok = _central_differences(
+    gfd, Hfd, ok = central_differences(
         ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
-        lambda pp: pp.f_star_of(length, technique), _same_piece(ps, u, length, technique),
-        dims, _steps(H))
+        lambda pp: pp.f_star_of(length, technique), same_piece(ps, u, length, technique),
+        dims, fd_steps(H))
     ok &= np.isfinite(lf)
     assert ok.sum() >= 0.75 * n
-    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
     assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
     # the discrete coordinates (lobe and light-triangle selectors) have no derivative
     selectors = ([ps.bsdf_dims[b][0] for b in range(length - 1)] if technique == HIT else
@@ -196,7 +112,7 @@ def test_kelemen_state_derivatives_match_central_differences(cornell, max_length
     np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
 
     lengths = range(3, max_length + 1)
-    pieces = {k: _same_piece(ps, u, k) for k in lengths}
+    pieces = {k: same_piece(ps, u, k) for k in lengths}
 
     def same(a, up, b):
         def absent(k):  # no technique of length k in either state
@@ -204,13 +120,13 @@ def test_kelemen_state_derivatives_match_central_differences(cornell, max_length
             return ~(a.valid[:, cols] | b.valid[:, cols]).any(1)
         return np.logical_and.reduce([pieces[k](a, up, b) | absent(k) for k in lengths])
 
-    gfd, Hfd, ok = _central_differences(ps, u, ps.log_f_star_derivatives, lambda pp: pp.f_star,
-                                        same, np.arange(ps.dim), _steps(H))
+    gfd, Hfd, ok = central_differences(ps, u, ps.log_f_star_derivatives, lambda pp: pp.f_star,
+                                        same, np.arange(ps.dim), fd_steps(H))
     ok &= np.isfinite(lf)
     if max_length == 4:
         both = ps.trace(u).valid[:, 1::2].all(1)
         assert (ok & both).sum() >= 3  # lanes where the sum mixes both lengths
-    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
     assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
 
 
@@ -272,7 +188,6 @@ def test_nonfinite_contribution_is_voided(monkeypatch, poisoned):
     assert np.isneginf(lf[p.nonfinite]).all() and np.isfinite(g).all()
 
 
-
 def _emitter_points(ps, u, length):
     """The light triangle and point that the BSDF-sampled ray of technique (length, HIT)
     hits: edge_rt's own walk (Embree, interact, bsdf.sample) on ``u``; rays leave from the
@@ -316,9 +231,9 @@ def test_mis_weights_of_one_path_sum_to_one(scene):
     w_HIT). ``glass``: the last vertex is the rough glass pane, the light behind it: the
     dielectric's sampling pdf (refraction probability 1 - F included) against the light's,
     and NEE's transmission through the pane."""
-    ps = PathSpace(_glossy_box() if scene == "glossy" else _glass_pane(), max_length=3,
+    ps = PathSpace(glossy_box() if scene == "glossy" else _glass_pane(), max_length=3,
                    min_length=3, backend="numpy")
-    u = _valid_states(ps, 3, HIT, np.random.default_rng(11), 80)
+    u = valid_states(ps, 3, HIT, np.random.default_rng(11), 80)
     lanes, params = ps.trace(u).structure[3, HIT]
     u = u[lanes[_vertex_kinds(params, 3) == ("oo" if scene == "glossy" else "og")][:40]]
     assert len(u) == 40
@@ -358,7 +273,7 @@ def test_techniques_sum_to_the_single_technique_estimator_and_edge_rt():
     agree within 4 standard errors. Measured (2^15 states, edge_rt 4 x 64 spp): MIS sum vs
     single technique 0.96 / -0.32 SE, vs edge_rt -0.06 / -0.07 SE (lengths 3 / 4); the
     BSDF-hit technique carries 6.0% of length 3 and 3.3% of length 4."""
-    scene = _glossy_box()
+    scene = glossy_box()
     ps = PathSpace(scene, max_length=4, min_length=3, backend="numpy")
     n = 1 << 15
     u = np.random.default_rng(12).random((n, ps.dim))
@@ -381,7 +296,7 @@ def test_techniques_sum_to_the_single_technique_estimator_and_edge_rt():
 def _glass_box():
     """The glossy box with its sphere made rough glass (edge_rt dielectric, eta 1.5,
     roughness 0.09: GGX alpha 0.3, smooth-shaded)."""
-    sc = _glossy_box()
+    sc = glossy_box()
     sc.meshes[-1].material = edge_rt.Material(roughness=(0.09,), eta=1.5)
     return sc
 
@@ -442,12 +357,12 @@ def test_rough_dielectric_path_derivatives_match_central_differences(scene, leng
     np.testing.assert_allclose(lf, np.log(p.f_star_of(length, technique)), rtol=1e-12,
                                atol=1e-12)
     dims = ps.dims(length, technique)
-    gfd, Hfd, ok = _central_differences(
+    gfd, Hfd, ok = central_differences(
         ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
-        lambda pp: pp.f_star_of(length, technique), _same_piece(ps, u, length, technique),
-        dims, _steps(H))
+        lambda pp: pp.f_star_of(length, technique), same_piece(ps, u, length, technique),
+        dims, fd_steps(H))
     assert all((ok & (pattern == k)).sum() >= 10 for k in range(len(patterns))), ok
-    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
     assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
     n_lobes = length - 1 if technique == HIT else length - 2
     lobes = [list(dims).index(ps.bsdf_dims[b][0]) for b in range(n_lobes)]
@@ -502,7 +417,7 @@ def test_specialised_hessian_kernels_match_the_generic_ones(scene, length, techn
 # ---------------------------------------------------------------- modified parameterisation
 class _InCoords:
     """``ps`` tracing every lane in the modified coordinates of technique index ``t`` (for
-    ``_central_differences``, which traces through ``trace(u)``)."""
+    ``central_differences``, which traces through ``trace(u)``)."""
 
     def __init__(self, ps, t):
         self.ps, self.t = ps, t
@@ -532,7 +447,7 @@ def _jacobian_in_the_direction_numbers(f, u, h=1e-6, wrap_first=False):
 def _modified_states(ps, length, technique, rng, n):
     """``n`` states with a path of ``(length, technique)`` in its modified coordinates."""
     t = ps.techniques.index((length, technique))
-    u = _valid_states(ps, length, technique, rng, n)
+    u = valid_states(ps, length, technique, rng, n)
     return ps.to_modified(u, ps.trace(u), np.full(len(u), t), rng), t
 
 
@@ -543,7 +458,7 @@ def test_modified_coordinates_reproduce_the_pss_paths():
     the same discrete structure and f*_PSS to 1e-9 relative; f*_w = f*_PSS * |det du/dw| with
     a positive Jacobian, not 1 on most lanes (those with an absolute vertex). The spherical map
     round-trips (w -> omega -> w) to 1e-12."""
-    ps = PathSpace(_glossy_box(), max_length=4, min_length=3, backend="numpy",
+    ps = PathSpace(glossy_box(), max_length=4, min_length=3, backend="numpy",
                    roughness_threshold=0.05)
     rng = np.random.default_rng(11)
     u = rng.random((16384, ps.dim))
@@ -576,7 +491,7 @@ def test_one_trace_of_two_batches_splits_into_their_own_traces():
     """render_mlt traces the next step's large-step states (PSS, coords -1) beside this step's
     modified ones in one call: ``Paths.lane_range`` of that trace equals each batch traced on
     its own (values, structure renumbered from 0, directions)."""
-    ps = PathSpace(_glossy_box(), max_length=4, min_length=3, backend="numpy",
+    ps = PathSpace(glossy_box(), max_length=4, min_length=3, backend="numpy",
                    roughness_threshold=0.05)
     rng = np.random.default_rng(5)
     u = rng.random((4096, ps.dim))
@@ -655,7 +570,7 @@ def test_log_f_w_derivatives_match_central_differences(scene, length, technique,
     with light coordinates (spec 5.1 (ii)) on the last bounce of paths that hit the light, the
     Jacobian p_bsdf |cos theta_light| area / (d^2 pmf) inside the expression."""
     if scene in ("glossy", "light"):
-        ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy",
+        ps = PathSpace(glossy_box(), max_length=length, min_length=length, backend="numpy",
                        roughness_threshold=0.05, light_coordinates=scene == "light")
     else:
         ps = PathSpace(scenes.torus_glass_cube((12, 12)), max_length=length,
@@ -668,13 +583,13 @@ def test_log_f_w_derivatives_match_central_differences(scene, length, technique,
         # compiled (traced) and numpy (derivative) kernels: rounding apart
         np.testing.assert_allclose(lf, np.log(p.scores_w[:, t]), rtol=1e-11)
     np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
-    gfd, Hfd, ok = _central_differences(
+    gfd, Hfd, ok = central_differences(
         view, w, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
-        lambda pp: pp.scores_w[:, t], _same_piece(view, w, length, technique),
-        ps.dims(length, technique), _steps(H))
+        lambda pp: pp.scores_w[:, t], same_piece(view, w, length, technique),
+        ps.dims(length, technique), fd_steps(H))
     ok &= np.isfinite(lf)
     assert ok.sum() >= 0.6 * n, ok.sum()
-    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
     assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
     assert (p.jacobian[:, t] != 1).mean() >= 0.3  # lanes with an absolute vertex
 
@@ -685,9 +600,9 @@ def test_light_coordinates_reproduce_the_pss_paths():
     gives u's path (same structure, f*_PSS to 1e-9), its vertex flagged ``lightcoord``; NEE
     techniques are unchanged. A w whose light sample is blocked (here: aimed from behind the
     light's plane) has no path, not a NaN."""
-    ps = PathSpace(_glossy_box(), max_length=4, min_length=3, backend="numpy",
+    ps = PathSpace(glossy_box(), max_length=4, min_length=3, backend="numpy",
                    roughness_threshold=0.05, light_coordinates=True)
-    plain = PathSpace(_glossy_box(), max_length=4, min_length=3, backend="numpy",
+    plain = PathSpace(glossy_box(), max_length=4, min_length=3, backend="numpy",
                       roughness_threshold=0.05)
     rng = np.random.default_rng(11)
     u = rng.random((16384, ps.dim))
@@ -832,12 +747,12 @@ def test_log_f_derivatives_with_time_match_central_differences(length, technique
     p = ps.trace(u)
     lf, g, H = ps.log_f_derivatives(u, length, technique, paths=p)
     np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
-    gfd, Hfd, ok = _central_differences(
+    gfd, Hfd, ok = central_differences(
         ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
-        lambda pp: pp.f_star_of(length, technique), _same_piece(ps, u, length, technique),
-        ps.dims(length, technique), _steps(H))
+        lambda pp: pp.f_star_of(length, technique), same_piece(ps, u, length, technique),
+        ps.dims(length, technique), fd_steps(H))
     assert ok.sum() >= 15
-    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
     assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
     assert (np.abs(g[:, ps.time_dim]) > 0).all()
     assert (np.abs(H[:, ps.time_dim, 1:]).max(1) > 0).all()  # time correlates with the rest
@@ -909,7 +824,7 @@ def test_lens_score_derivatives_match_central_differences(length, technique, n):
     computed from the traced path (f*_w |cos theta_{j+1}| / (d^2 2 pi^2 sin phi_j)) to 1e-9;
     the gradient matches Richardson-extrapolated float64 central differences of that traced
     value and the Hessian those of the kernel's gradient, relative 1e-4."""
-    ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy",
+    ps = PathSpace(glossy_box(), max_length=length, min_length=length, backend="numpy",
                    roughness_threshold=0.05)
     w, t, j = _lens_states(ps, length, technique, np.random.default_rng(5), n)
     assert len(w) == n and (j > 0).all()
@@ -922,7 +837,7 @@ def test_lens_score_derivatives_match_central_differences(length, technique, n):
     np.testing.assert_allclose(y, w, atol=1e-12)  # aiming at the fixed vertex: w itself
     np.testing.assert_allclose(lf, np.log(score), rtol=1e-9)
     np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
-    h = _steps(H)
+    h = fd_steps(H)
     ok = np.ones(len(w), bool)
     est = []
     for step in (2 * h, h):
@@ -946,7 +861,7 @@ def test_lens_score_derivatives_match_central_differences(length, technique, n):
     (g2, H2), (g1, H1) = est
     gfd, Hfd = (4 * g1 - g2) / 3, (4 * H1 - H2) / 3
     assert ok.sum() >= 0.6 * n, ok.sum()
-    g_err, H_err = _relative_errors(g, H, gfd, Hfd, ok)
+    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
     assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
     if length == 4:  # both reconnection kinds are exercised (j <= length - 2)
         assert (j[ok] == 2).sum() >= 3 and (j[ok] == 1).sum() >= 3, np.bincount(j[ok])
@@ -958,7 +873,7 @@ def test_lens_move_keeps_the_rest_of_the_path():
     occluder or another structure before j intervenes, and every later coordinate (so every
     later vertex and the light sample) stays where it was."""
     length = 4
-    ps = PathSpace(_glossy_box(), max_length=length, min_length=length, backend="numpy",
+    ps = PathSpace(glossy_box(), max_length=length, min_length=length, backend="numpy",
                    roughness_threshold=0.05)
     rng = np.random.default_rng(6)
     w, t, j = _lens_states(ps, length, NEE, rng, 40)
@@ -991,7 +906,7 @@ def test_lens_vertex_rules():
     structures whose lensScore is 0), checked lane by lane against the kernel parameters'
     flags; PSS-only path spaces have no lens perturbation."""
     length = 4
-    ps = PathSpace(_glossy_box(), max_length=length, min_length=3, backend="numpy",
+    ps = PathSpace(glossy_box(), max_length=length, min_length=3, backend="numpy",
                    roughness_threshold=0.05)
     rng = np.random.default_rng(7)
     u = rng.random((3000, ps.dim))
@@ -1014,4 +929,4 @@ def test_lens_vertex_rules():
     some = np.sort(rng.choice(len(u), 700, replace=False))  # the rows of some lanes only
     np.testing.assert_array_equal(ps.lane_params(pw, t, some), params[some])
     with pytest.raises(PathSpaceError, match="roughness_threshold"):
-        PathSpace(_glossy_box(), max_length=3, backend="numpy").lens_vertex(pw, t)
+        PathSpace(glossy_box(), max_length=3, backend="numpy").lens_vertex(pw, t)

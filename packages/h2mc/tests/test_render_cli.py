@@ -152,6 +152,8 @@ def test_json_scene_with_size(tmp_path, capsys):
     (["cornell_box", "--method", "h2mc", "--parameterization", "modified", "--lens-prob",
       "1.5", "--size", "8", "6"], "need 0 <= --lens-prob <= 1"),
     (["cornell_box", "--method", "pssmlt", "--bootstrap", "0"], "--bootstrap >= 1"),
+    (["torus_glass_cube", "--method", "pssmlt", "--bidirectional", "--size", "8", "8"],
+     "bidirectional techniques need opaque surfaces"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
     (tmp_path / "broken.json").write_text("{not json")
@@ -222,6 +224,25 @@ def test_modified_coordinates_reach_render_mlt_and_render(tmp_path, capsys, monk
     rc, out, err = _run(capsys, *argv, *([] if light else ["--no-light-coordinates"]))
     assert rc == 0, err
     assert seen == [("modified", 0.1, light, 0.05, light)]
+    assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_mmlt.exr")).all()
+
+
+def test_bidirectional_reaches_the_path_space(tmp_path, capsys, monkeypatch):
+    """``--bidirectional``: render_mlt gets a path space with every BDPT technique."""
+    import h2mc.render as cli
+
+    seen = []
+
+    def spy(*args, **kw):
+        seen.append((kw["bidirectional"], kw["path_space"].techniques))
+        return render_mlt(*args, **kw)
+
+    monkeypatch.setattr(cli, "render_mlt", spy)
+    rc, _, err = _run(capsys, "cornell_box", "--method", "mmlt", "--size", 8, 6, "--mutations",
+                      1, "--chains", 16, "--direct-spp", 0, "--bidirectional", "--out",
+                      tmp_path)
+    assert rc == 0, err
+    assert seen == [(True, [(3, 0), (3, 1), (3, 2)])]
     assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_mmlt.exr")).all()
 
 

@@ -97,7 +97,12 @@ from edge_rt import bsdf, torch_single_thread
 from edge_rt.geometry import Geometry
 from tqdm import tqdm
 
+from . import _bidirectional
 from ._kernel_build import build_in_workers, default_workers
+from ._vector import cross as _cross
+from ._vector import dot as _dot
+from ._vector import normalize as _normalize
+from ._vector import sub as _sub
 
 # compile_kernels' kinds whose kernels are derivatives (sym.compile_derived): minutes to build
 _DERIVED = ("hessian", "lens_hessian")
@@ -289,8 +294,6 @@ def _log_f_kernel(rgb, wrt, inputs, backend, cached_only=False):
                                    f"{first + n}): h2mc v1")
 
 
-def _dot(a, b):
-    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
 
 
 def _sides_ok(si, wo, glass):
@@ -333,17 +336,10 @@ def spherical_coordinates(omega):
                      np.arccos(np.clip(omega[:, 2], -1.0, 1.0)) / np.pi], 1)
 
 
-def _cross(a, b):
-    return (a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0])
 
 
-def _sub(a, b):
-    return tuple(x - y for x, y in zip(a, b))
 
 
-def _normalize(a):
-    inv = sym.rsqrt(_dot(a, a))
-    return tuple(x * inv for x in a)
 
 
 class PathSpace:
@@ -371,7 +367,8 @@ class PathSpace:
     """
 
     def __init__(self, scene, max_length=3, min_length=3, backend=None,
-                 roughness_threshold=None, light_coordinates=False, specialize=False):
+                 roughness_threshold=None, light_coordinates=False, specialize=False,
+                 bidirectional=False):
         if not 2 <= int(min_length) <= int(max_length):
             raise PathSpaceError(f"PathSpace: need 2 <= min_length <= max_length, got "
                                  f"{min_length}, {max_length}")
@@ -407,6 +404,14 @@ class PathSpace:
                                      "dielectric (roughness 0): its contribution is a delta, "
                                      "not differentiable; give it a roughness > 0")
         self._dielectric = self.geometry.has_dielectric
+        self.bidirectional = bool(bidirectional)
+        if self.bidirectional and roughness_threshold is not None:
+            raise PathSpaceError("PathSpace: bidirectional techniques are written in PSS "
+                                 "coordinates only; give roughness_threshold=None")
+        if self.bidirectional and self._dielectric:
+            raise PathSpaceError("PathSpace: bidirectional techniques need opaque surfaces (a "
+                                 "dielectric's reverse pdf is not written yet); the scene has "
+                                 "a dielectric")
         self._specialize = bool(specialize) and self._dielectric
         self.specialize_min_lanes = SPECIALIZE_MIN_LANES
         if len(self.geometry.light_tris) == 0:
@@ -427,11 +432,16 @@ class PathSpace:
                            for k in range(self.min_length, self.max_length + 1)}
         self.dim = first + 3 * (self.max_length - self.min_length + 1)
         self.techniques = [(k, s) for k in self.light_dims for s in (HIT, NEE)]
+        if self.bidirectional:
+            (self.light_point_dims, self.emission_dims, self.light_bsdf_dims,
+             self.dim) = _bidirectional.layout(self.dim, self.max_length)
+            self.techniques = _bidirectional.techniques(self.light_dims)
         self.backend = backend
         # the constructor's arguments: a worker process rebuilds this path space from them
         self._recipe = dict(scene=scene, max_length=max_length, min_length=min_length,
                             backend=backend, roughness_threshold=roughness_threshold,
-                            light_coordinates=light_coordinates, specialize=specialize)
+                            light_coordinates=light_coordinates, specialize=specialize,
+                            bidirectional=bidirectional)
         self._kernels = {}  # (kind, length, s, j | material sequence) -> compiled kernel
         # time spent building kernels, by ``clock`` (render_mlt sets its own and does not
         # charge the builds on first use to its budget)
@@ -459,17 +469,29 @@ class PathSpace:
         on; ``technique=None``: those of any technique of ``length`` (sorted)."""
         self._check_technique(length, HIT if technique is None else technique)
         if technique is None:
-            return np.union1d(self.dims(length, HIT), self.dims(length, NEE))
+            return functools.reduce(np.union1d, [self.dims(length, s)
+                                                 for s in self.techniques_of(length)])
+        if technique >= 2:
+            return _bidirectional.dims(self, length, technique)
         lead = np.arange(self._screen + 2)
         if technique == HIT:
             return np.concatenate([lead] + self.bsdf_dims[:length - 1])
         return np.concatenate([lead] + self.bsdf_dims[:length - 2] + [self.light_dims[length]])
 
+    def techniques_of(self, length):
+        """The techniques ``s`` of paths of ``length`` segments, in :attr:`techniques`'
+        order."""
+        return [s for k, s in self.techniques if k == length]
+
     def _check_technique(self, length, technique):
         if length not in self.light_dims:
             raise PathSpaceError(f"PathSpace: length {length} outside "
                                  f"[{self.min_length}, {self.max_length}]")
-        if technique not in (HIT, NEE):
+        if (length, technique) not in self.techniques:
+            if self.bidirectional:
+                raise PathSpaceError(f"PathSpace: technique s must be an integer in [0, "
+                                     f"{length - 1}] (light-subpath vertices) for length "
+                                     f"{length}, got {technique!r}")
             raise PathSpaceError(f"PathSpace: technique must be {HIT} (BSDF sample hits an "
                                  f"emitter) or {NEE} (light sample), got {technique!r}")
         return int(length), int(technique)
@@ -610,6 +632,7 @@ class PathSpace:
         valid = np.zeros((B, len(self.techniques)), bool)
         moving = np.zeros((B, len(self.techniques)), bool)
         verts = []  # per surface vertex: (lanes alive there, their vertex parameters)
+        camera = []  # the same with points and geometric normals (bidirectional only)
         ends = {}  # (length, s) -> (lanes, light parameters)
         with torch.no_grad(), torch_single_thread():
             o, d, _ = cam.rays(torch.as_tensor(xy), dt)
@@ -638,6 +661,8 @@ class PathSpace:
                             & (rough > (self.roughness_threshold or 0.0)) & ~lightc)
                 verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough, eta,
                                                                  absolute, lightc)))
+                if self.bidirectional:  # for the connections to light subpaths
+                    camera.append((verts[-1][0], si.p, si.ng, verts[-1][1]))
                 if i + 1 >= self.min_length:
                     ends[i + 1, NEE] = self._connect(si, glass,
                                                      ut[lanes][:, self.light_dims[i + 1]],
@@ -660,12 +685,20 @@ class PathSpace:
                 ok = torch.nonzero((pdf > 0) & _sides_ok(si, wo, glass)).flatten()
                 o, d, lanes = g.spawn(si, wo)[ok], wo[ok], lanes[ok]
                 aimed, aimed_y = aimed[ok], aimed_y[ok]
+            connected = {}  # (k, s >= 2) -> (lanes, kernel parameters)
+            if self.bidirectional:
+                light, light_vertices = _bidirectional.light_subpaths(self, ut, times)
+                connected = _bidirectional.connections(self, camera, light, light_vertices,
+                                                       times)
         structure = {}
         for t, key in enumerate(self.techniques):
-            lanes_k, light_params = ends.get(key, (np.zeros(0, np.int64), None))
-            if len(lanes_k) == 0:
-                continue
-            params = self._params(key, verts, lanes_k, light_params)
+            if key in connected:
+                lanes_k, params = connected[key]
+            else:
+                lanes_k, light_params = ends.get(key, (np.zeros(0, np.int64), None))
+                if len(lanes_k) == 0:
+                    continue
+                params = self._params(key, verts, lanes_k, light_params)
             with np.errstate(all="ignore"):
                 out = self._value_kernel(*key).call_stacked(
                     self._kernel_inputs(u, key, lanes_k, params)).T
@@ -821,19 +854,17 @@ class PathSpace:
         the bit mask of :meth:`_material_sequences` (vertex ``i + 1`` is a dielectric
         where bit ``i`` is set, opaque elsewhere: one BSDF per vertex)."""
         k, s = self._check_technique(length, technique)
-        cam = self.scene.camera
         u = [sym.var(f"pss{j}") for j in range(len(self.dims(k, s)))]
         verts = [{nm: sym.var(f"x{i}_{nm}") for nm in self._vertex_names} for i in range(1, k)]
         light = {nm: sym.var(f"l_{nm}") for nm in _LIGHT}
-        m = cam.cam_to_world.detach().double().numpy()
-        tan = float(np.tan(float(cam.fov) * np.pi / 360.0))
-        sx, sy = u[self._screen], u[self._screen + 1]
         time = None if self.time_dim is None else u[self.time_dim]
-        local = (tan * (2.0 * sx - 1.0),
-                 -tan * (2.0 * sy - 1.0) * (self.height / self.width), sym.const(1.0))
-        d = _normalize(tuple(sum(float(m[r, c]) * local[c] for c in range(3))
-                             for r in range(3)))
-        o = tuple(sym.const(float(m[r, 3])) for r in range(3))
+        params = [vp[nm] for vp in verts for nm in self._vertex_names] + [light[nm]
+                                                                            for nm in _LIGHT]
+        if self.bidirectional:  # every technique weighted against all of its length's
+            at = {int(j): var for j, var in zip(self.dims(k, s), u)}
+            rgb, mis = _bidirectional.contribution(self, k, s, at, verts, light, time)
+            return u, params, rgb, mis, 1.0, [], []
+        o, d = self._camera_ray(u[self._screen], u[self._screen + 1])
         (s_out, s_in), ((p_out,), p_in) = bsdf.sampling_expressions("float64")
         e_vars, e_out = bsdf.bsdf_expressions("float64")
         if self._dielectric:
@@ -923,11 +954,22 @@ class PathSpace:
                           for c in range(3)]
             throughput = tuple(throughput[c] * weight[c] for c in range(3))
             o, d = p, wo
-        params = ([vp[nm] for vp in verts for nm in self._vertex_names]
-                  + [light[nm] for nm in _LIGHT] + list(anchor or ()))
+        params += list(anchor or ())
         if self.roughness_threshold is not None:  # the contribution in w (spec 5.2)
             throughput = tuple(x * jacobian for x in throughput)
         return u, params, list(throughput), mis, jacobian, directions, positions
+
+    def _camera_ray(self, sx, sy):
+        """The pinhole camera's ray through screen position ``(sx, sy)`` in [0, 1)^2
+        (expressions): origin and unit direction, as edge_rt's ``Camera.rays``."""
+        cam = self.scene.camera
+        m = cam.cam_to_world.detach().double().numpy()
+        tan = float(np.tan(float(cam.fov) * np.pi / 360.0))
+        local = (tan * (2.0 * sx - 1.0),
+                 -tan * (2.0 * sy - 1.0) * (self.height / self.width), sym.const(1.0))
+        d = _normalize(tuple(sum(float(m[r, c]) * local[c] for c in range(3))
+                             for r in range(3)))
+        return tuple(sym.const(float(m[r, 3])) for r in range(3)), d
 
     @staticmethod
     def _pdf_of(omega, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf):
@@ -1386,7 +1428,7 @@ class PathSpace:
         u = self._check_u(u)
         paths = self.trace(u) if paths is None else paths
         if technique is None:
-            keys = [(length, s) for s in (HIT, NEE)]
+            keys = [(length, s) for s in self.techniques_of(length)]
             return self._log_sum_derivatives(u, keys, self.dims(length), paths, lanes)
         if lanes is None:  # every lane: the rows are the whole batch
             return self.log_f_rows(u, length, technique, paths)
@@ -1441,7 +1483,8 @@ class PathSpace:
         u = self._check_u(u)
         paths = self.trace(u) if paths is None else paths
         if technique is None:
-            return np.concatenate([self.branches(u, length, s, paths) for s in (HIT, NEE)], 1)
+            return np.concatenate([self.branches(u, length, s, paths)
+                                   for s in self.techniques_of(length)], 1)
         lanes, res = self._run("branch", u, length, technique, paths)
         if res is None:
             return np.zeros((len(u), 0), bool)

@@ -82,6 +82,10 @@ def _parser():
     p.add_argument("--lens-prob", type=float, default=0.3,
                    help="modified coordinates, h2mc: probability of an H2 lens perturbation "
                    "within a small step (0 disables; default 0.3)")
+    p.add_argument("--bidirectional", action="store_true",
+                   help="every bidirectional technique (light subpaths connected to camera "
+                   "subpaths, MIS over all; Kelemen's coordinates, opaque scenes) instead of "
+                   "the unidirectional two (BSDF hit, light sample)")
     p.add_argument("--out", default=".", help="output folder (default: .)")
     return p
 
@@ -109,14 +113,15 @@ def load_scene(name, size):
 
 
 def path_space_for(scene, max_length=3, parameterization="kelemen",
-                   roughness_threshold=0.03, light_coordinates=True):
+                   roughness_threshold=0.03, light_coordinates=True, bidirectional=False):
     """The PathSpace that :func:`render` builds for these settings: pass it back as
     ``render(..., path_space=)`` to render one scene several times (an equal-time
     comparison's seeds) with its kernels compiled once."""
     modified = parameterization == "modified"
     return PathSpace(scene, max_length=max_length,
                      roughness_threshold=roughness_threshold if modified else None,
-                     light_coordinates=modified and light_coordinates)
+                     light_coordinates=modified and light_coordinates,
+                     bidirectional=bidirectional)
 
 
 def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=3,
@@ -124,7 +129,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
            lens_perturb_prob=0.3, lens_sigma2=1e-4, path_space=None, clock=time.perf_counter,
            small_step=None, large_step_prob=0.3, mixing_step="isotropic", mixing_sigma2=None,
-           bootstrap_samples=None, technique_gibbs=0.0):
+           bootstrap_samples=None, technique_gibbs=0.0, bidirectional=False):
     """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
     clock (after compiling the kernels) are spent; ``small_step``: render_mlt's override of
@@ -133,6 +138,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     ``mixing_step``, ``mixing_sigma2``: render_mlt's (H2MC's uniform mixing);
     ``bootstrap_samples``: render_mlt's (b and the chains' seeds);
     ``technique_gibbs``: render_mlt's (MMLT in Kelemen's coordinates);
+    ``bidirectional``: render_mlt's (every BDPT technique; Kelemen's coordinates);
     ``time_mode``,
     ``parameterization``, ``roughness_threshold``, ``light_coordinates``,
     ``lens_perturb_prob`` and ``lens_sigma2`` as render_mlt's (the last four only in the
@@ -141,7 +147,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     ``clock``: the budget's (render_mlt's)."""
     modified = parameterization == "modified"
     ps = path_space or path_space_for(scene, max_length, parameterization, roughness_threshold,
-                                      light_coordinates)
+                                      light_coordinates, bidirectional)
     # compile every technique's kernels now, outside the budget and the mutations-per-second
     # figure
     h2 = (small_step or METHODS[method][0]) == "h2mc"
@@ -152,7 +158,8 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
               parameterization=parameterization, lens_perturb_prob=lens_perturb_prob,
               clock=clock, small_step=small_step, large_step_prob=large_step_prob,
               mixing_step=mixing_step, mixing_sigma2=mixing_sigma2,
-              bootstrap_samples=bootstrap_samples, technique_gibbs=technique_gibbs)
+              bootstrap_samples=bootstrap_samples, technique_gibbs=technique_gibbs,
+              bidirectional=bidirectional)
     if modified:
         kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates,
                   lens_sigma2=lens_sigma2)
@@ -203,7 +210,7 @@ def main(argv=None):
             parameterization=args.parameterization,
             roughness_threshold=args.roughness_threshold,
             light_coordinates=not args.no_light_coordinates, lens_perturb_prob=args.lens_prob,
-            bootstrap_samples=args.bootstrap)
+            bootstrap_samples=args.bootstrap, bidirectional=args.bidirectional)
     except (UsageError, MLTError, PathSpaceError) as e:
         print(f"h2mc-render: error: {e}", file=sys.stderr)
         return 2
