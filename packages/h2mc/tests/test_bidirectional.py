@@ -8,8 +8,9 @@ import pytest
 from edge_rt import scenes
 
 from h2mc import HIT, NEE, PathSpace, PathSpaceError
-from h2mc.testing import (central_differences, fd_steps, glossy_box, relative_errors,
-                          same_piece, valid_states)
+from h2mc.testing import (InCoordinates, central_differences, check_technique_derivatives,
+                          fd_steps, glossy_box, modified_states, relative_errors, same_piece,
+                          valid_states)
 
 
 def test_layout_and_techniques():
@@ -86,30 +87,74 @@ def test_log_f_derivatives_match_central_differences(length, technique, n):
     ps = PathSpace(glossy_box(), max_length=length, min_length=length, bidirectional=True,
                    backend="numpy")
     u = valid_states(ps, length, technique, np.random.default_rng(7), n)
-    p = ps.trace(u)
-    lf, g, H = ps.log_f_derivatives(u, length, technique, paths=p)
+    c = check_technique_derivatives(ps, u, length, technique)
+    g, H = c.grad, c.hess
     with np.errstate(divide="ignore"):
-        np.testing.assert_allclose(lf, np.log(p.f_star_of(length, technique)), rtol=1e-12)
+        np.testing.assert_allclose(c.logf, np.log(c.paths.f_star_of(length, technique)),
+                                   rtol=1e-12)
     np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
+    assert c.ok.sum() >= 0.75 * n
+    assert c.grad_error < 1e-4 and c.hess_error < 1e-4, (c.grad_error, c.hess_error)
     dims = ps.dims(length, technique)
-    gfd, Hfd, ok = central_differences(
-        ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
-        lambda pp: pp.f_star_of(length, technique), same_piece(ps, u, length, technique),
-        dims, fd_steps(H))
-    ok &= np.isfinite(lf)
-    assert ok.sum() >= 0.75 * n
-    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
-    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
     selectors = ([b[0] for b in ps.bsdf_dims] + [ps.light_dims[length][0]]
                  + [ps.light_point_dims[0]] + [b[0] for b in ps.light_bsdf_dims])
     discrete = [list(dims).index(j) for j in selectors if j in dims]
     assert discrete and (g[:, discrete] == 0).all() and (H[:, discrete] == 0).all()
 
 
+def test_modified_coordinates_reproduce_the_pss_paths():
+    """u -> w -> path on every technique, light subpaths included (threshold 0.001: every
+    rough bounce of both subpaths absolute): tracing w in the technique's coordinates gives
+    u's contribution to 1e-11, with |det du/dw| != 1 wherever a direction was sampled, and
+    the light subpath's bounce numbers are the ones that changed on techniques that sample
+    it."""
+    ps = PathSpace(glossy_box(), max_length=4, bidirectional=True, roughness_threshold=0.001,
+                   backend="numpy")
+    rng = np.random.default_rng(5)
+    u = rng.random((4096, ps.dim))
+    p = ps.trace(u)
+    for t, (k, s) in enumerate(ps.techniques):
+        tech = np.full(len(u), t)
+        w = ps.to_modified(u, p, tech, rng)
+        q = ps.trace(w, coords=tech)
+        lit = p.scores[:, t] > 0
+        assert lit.sum() >= 20, (k, s)
+        np.testing.assert_allclose(q.scores[lit, t], p.scores[lit, t], rtol=1e-11)
+        sampled = ps.modified_vertices(t) + max(s - 2, 0)
+        assert (q.jacobian[lit, t] != 1).all() == bool(sampled), (k, s)
+        light_numbers = (w != u)[:, np.concatenate(ps.light_bsdf_dims)].any(1)
+        assert light_numbers[lit].all() == (s == 3), (k, s)
+
+
+@pytest.mark.parametrize("length, technique, n", [(4, 2, 20), (4, 3, 20), (4, NEE, 20)])
+def test_log_f_w_derivatives_match_central_differences(length, technique, n):
+    """AE-7 in the modified coordinates of the bidirectional techniques (glossy box,
+    threshold 0.05: absolute on the rough vertices of either subpath, Kelemen's on the
+    roughness-0.02 box): log f*_w's gradient and Hessian against central differences of the
+    traced f*_w, relative 1e-4."""
+    ps = PathSpace(glossy_box(), max_length=length, min_length=length, bidirectional=True,
+                   roughness_threshold=0.05, backend="numpy")
+    w, t = modified_states(ps, length, technique, np.random.default_rng(8), n)
+    view = InCoordinates(ps, t)
+    p = view.trace(w)
+    lf, g, H = ps.log_f_derivatives(w, length, technique, paths=p)
+    with np.errstate(divide="ignore"):
+        np.testing.assert_allclose(lf, np.log(p.scores_w[:, t]), rtol=1e-11)
+    gfd, Hfd, ok = central_differences(
+        view, w, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
+        lambda pp: pp.scores_w[:, t], same_piece(view, w, length, technique),
+        ps.dims(length, technique), fd_steps(H))
+    ok &= np.isfinite(lf)
+    assert ok.sum() >= 0.6 * n, ok.sum()
+    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
+    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
+    assert (p.jacobian[:, t] != 1).mean() >= 0.3
+
+
 def test_bad_combinations_are_named():
     box = scenes.cornell_box((8, 6))
-    with pytest.raises(PathSpaceError, match="PSS coordinates only"):
-        PathSpace(box, bidirectional=True, roughness_threshold=0.03)
+    with pytest.raises(PathSpaceError, match="light coordinates are not written"):
+        PathSpace(box, bidirectional=True, roughness_threshold=0.03, light_coordinates=True)
     with pytest.raises(PathSpaceError, match="dielectric"):
         PathSpace(scenes.torus_glass_cube((8, 8)), bidirectional=True)
     ps = PathSpace(box, max_length=3, bidirectional=True, backend="numpy")
@@ -117,3 +162,7 @@ def test_bad_combinations_are_named():
         ps.dims(3, 3)
     with pytest.raises(PathSpaceError, match="outside"):
         ps.dims(4, 2)
+    modified = PathSpace(box, max_length=3, bidirectional=True, roughness_threshold=0.03,
+                         backend="numpy")
+    with pytest.raises(PathSpaceError, match="lens perturbation is not written"):
+        modified.compile_kernels(lens=True)

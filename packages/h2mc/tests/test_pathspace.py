@@ -9,8 +9,9 @@ import torch
 
 from h2mc import HIT, NEE, PathSpace, PathSpaceError, luminance
 from h2mc._pathspace import _VERTEX, _relative_eta
-from h2mc.testing import (central_differences, fd_steps, glossy_box, relative_errors,
-                          same_piece, valid_states)
+from h2mc.testing import (InCoordinates, central_differences, check_technique_derivatives,
+                          fd_steps, glossy_box, modified_states, relative_errors, same_piece,
+                          valid_states)
 
 
 @pytest.fixture(scope="module")
@@ -70,20 +71,14 @@ def test_log_f_derivatives_match_central_differences(cornell, scene, length, tec
     else:
         ps = PathSpace(glossy_box(), max_length=length, min_length=length, backend="numpy")
     u = valid_states(ps, length, technique, np.random.default_rng(7), n)
-    p = ps.trace(u)
-    lf, g, H = ps.log_f_derivatives(u, length, technique, paths=p)
+    c = check_technique_derivatives(ps, u, length, technique)
+    p, lf, g, H = c.paths, c.logf, c.grad, c.hess
     with np.errstate(divide="ignore"):
         np.testing.assert_allclose(lf, np.log(p.f_star_of(length, technique)), rtol=1e-12)
     np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))  # symmetric (to 0, spec: 1e-10)
+    assert c.ok.sum() >= 0.75 * n
+    assert c.grad_error < 1e-4 and c.hess_error < 1e-4, (c.grad_error, c.hess_error)
     dims = ps.dims(length, technique)
-    gfd, Hfd, ok = central_differences(
-        ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
-        lambda pp: pp.f_star_of(length, technique), same_piece(ps, u, length, technique),
-        dims, fd_steps(H))
-    ok &= np.isfinite(lf)
-    assert ok.sum() >= 0.75 * n
-    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
-    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
     # the discrete coordinates (lobe and light-triangle selectors) have no derivative
     selectors = ([ps.bsdf_dims[b][0] for b in range(length - 1)] if technique == HIT else
                  [ps.bsdf_dims[b][0] for b in range(length - 2)] + [ps.light_dims[length][0]])
@@ -351,19 +346,14 @@ def test_rough_dielectric_path_derivatives_match_central_differences(scene, leng
     sc = _glass_box() if scene == "sphere" else scenes.torus_glass_cube((12, 12))
     ps = PathSpace(sc, max_length=length, min_length=length, backend="numpy")
     u, pattern = _glass_states(ps, length, technique, patterns, 15, samples)
-    p = ps.trace(u)
-    lf, g, H = ps.log_f_derivatives(u, length, technique, paths=p)
+    c = check_technique_derivatives(ps, u, length, technique)
+    g, H = c.grad, c.hess
     np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
-    np.testing.assert_allclose(lf, np.log(p.f_star_of(length, technique)), rtol=1e-12,
-                               atol=1e-12)
+    np.testing.assert_allclose(c.logf, np.log(c.paths.f_star_of(length, technique)),
+                               rtol=1e-12, atol=1e-12)
+    assert all((c.ok & (pattern == k)).sum() >= 10 for k in range(len(patterns))), c.ok
+    assert c.grad_error < 1e-4 and c.hess_error < 1e-4, (c.grad_error, c.hess_error)
     dims = ps.dims(length, technique)
-    gfd, Hfd, ok = central_differences(
-        ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
-        lambda pp: pp.f_star_of(length, technique), same_piece(ps, u, length, technique),
-        dims, fd_steps(H))
-    assert all((ok & (pattern == k)).sum() >= 10 for k in range(len(patterns))), ok
-    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
-    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
     n_lobes = length - 1 if technique == HIT else length - 2
     lobes = [list(dims).index(ps.bsdf_dims[b][0]) for b in range(n_lobes)]
     assert (g[:, lobes] == 0).all() and (H[:, lobes] == 0).all()
@@ -415,18 +405,6 @@ def test_specialised_hessian_kernels_match_the_generic_ones(scene, length, techn
 
 
 # ---------------------------------------------------------------- modified parameterisation
-class _InCoords:
-    """``ps`` tracing every lane in the modified coordinates of technique index ``t`` (for
-    ``central_differences``, which traces through ``trace(u)``)."""
-
-    def __init__(self, ps, t):
-        self.ps, self.t = ps, t
-
-    def trace(self, w):
-        return self.ps.trace(w, coords=np.full(len(w), self.t))
-
-    def branches(self, w, length, technique, paths):
-        return self.ps.branches(w, length, technique, paths)
 
 
 def _jacobian_in_the_direction_numbers(f, u, h=1e-6, wrap_first=False):
@@ -442,13 +420,6 @@ def _jacobian_in_the_direction_numbers(f, u, h=1e-6, wrap_first=False):
             d[:, 0] -= np.round(d[:, 0])
         J[:, :, j - 1] = d / (2 * h)
     return J
-
-
-def _modified_states(ps, length, technique, rng, n):
-    """``n`` states with a path of ``(length, technique)`` in its modified coordinates."""
-    t = ps.techniques.index((length, technique))
-    u = valid_states(ps, length, technique, rng, n)
-    return ps.to_modified(u, ps.trace(u), np.full(len(u), t), rng), t
 
 
 def test_modified_coordinates_reproduce_the_pss_paths():
@@ -575,8 +546,8 @@ def test_log_f_w_derivatives_match_central_differences(scene, length, technique,
     else:
         ps = PathSpace(scenes.torus_glass_cube((12, 12)), max_length=length,
                        min_length=length, backend="numpy", roughness_threshold=0.001)
-    w, t = _modified_states(ps, length, technique, np.random.default_rng(8), n)
-    view = _InCoords(ps, t)
+    w, t = modified_states(ps, length, technique, np.random.default_rng(8), n)
+    view = InCoordinates(ps, t)
     p = view.trace(w)
     lf, g, H = ps.log_f_derivatives(w, length, technique, paths=p)
     with np.errstate(divide="ignore"):
@@ -744,16 +715,11 @@ def test_log_f_derivatives_with_time_match_central_differences(length, technique
     lit = np.flatnonzero(p.moving[:, t] & (p.scores[:, t] > 0))
     assert len(lit) >= 20
     u = u[lit[:20]]
-    p = ps.trace(u)
-    lf, g, H = ps.log_f_derivatives(u, length, technique, paths=p)
+    c = check_technique_derivatives(ps, u, length, technique)
+    g, H = c.grad, c.hess
     np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
-    gfd, Hfd, ok = central_differences(
-        ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
-        lambda pp: pp.f_star_of(length, technique), same_piece(ps, u, length, technique),
-        ps.dims(length, technique), fd_steps(H))
-    assert ok.sum() >= 15
-    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
-    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
+    assert c.ok.sum() >= 15
+    assert c.grad_error < 1e-4 and c.hess_error < 1e-4, (c.grad_error, c.hess_error)
     assert (np.abs(g[:, ps.time_dim]) > 0).all()
     assert (np.abs(H[:, ps.time_dim, 1:]).max(1) > 0).all()  # time correlates with the rest
 
@@ -781,7 +747,7 @@ def test_static_paths_have_no_time_column():
 def _lens_states(ps, length, technique, rng, n):
     """States in the modified coordinates of ``(length, technique)`` that allow a lens
     perturbation: up to half of them reconnecting after a near-specular vertex (j = 2)."""
-    w, t = _modified_states(ps, length, technique, rng, 8 * n)
+    w, t = modified_states(ps, length, technique, rng, 8 * n)
     coords = np.full(len(w), t)
     j = ps.lens_vertex(ps.trace(w, coords=coords), coords)
     after = np.flatnonzero(j == 2)[:n // 2]

@@ -227,23 +227,28 @@ def test_modified_coordinates_reach_render_mlt_and_render(tmp_path, capsys, monk
     assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_mmlt.exr")).all()
 
 
-def test_bidirectional_reaches_the_path_space(tmp_path, capsys, monkeypatch):
-    """``--bidirectional``: render_mlt gets a path space with every BDPT technique."""
+@pytest.mark.parametrize("modified", [False, True])
+def test_bidirectional_reaches_the_path_space(tmp_path, capsys, monkeypatch, modified):
+    """``--bidirectional``: render_mlt gets a path space with every BDPT technique; in the
+    modified coordinates without light coordinates and, unless asked, lens perturbation."""
     import h2mc.render as cli
 
     seen = []
 
     def spy(*args, **kw):
-        seen.append((kw["bidirectional"], kw["path_space"].techniques))
+        ps = kw["path_space"]
+        seen.append((kw["bidirectional"], ps.techniques, ps.roughness_threshold,
+                     ps.light_coordinates, kw["lens_perturb_prob"]))
         return render_mlt(*args, **kw)
 
     monkeypatch.setattr(cli, "render_mlt", spy)
-    rc, _, err = _run(capsys, "cornell_box", "--method", "mmlt", "--size", 8, 6, "--mutations",
-                      1, "--chains", 16, "--direct-spp", 0, "--bidirectional", "--out",
+    extra = ["--parameterization", "modified"] if modified else []
+    rc, _, err = _run(capsys, "cornell_box", "--method", "h2mc", "--size", 8, 6, "--mutations",
+                      1, "--chains", 16, "--direct-spp", 0, "--bidirectional", *extra, "--out",
                       tmp_path)
     assert rc == 0, err
-    assert seen == [(True, [(3, 0), (3, 1), (3, 2)])]
-    assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_mmlt.exr")).all()
+    assert seen == [(True, [(3, 0), (3, 1), (3, 2)], 0.03 if modified else None, False, 0.0)]
+    assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_h2mc.exr")).all()
 
 
 def test_module_entry_point_exit_status():

@@ -21,6 +21,14 @@ propagating a light subpath's throughput keeps the shading-normal asymmetry of l
 transport exact with no adjoint BSDF. The camera factor cancels against the pixel's, as in
 the unidirectional techniques (``C`` is the PSS contribution ``f / p``).
 
+The modified parameterisation (spec 5.1 (i), 5.2) covers both subpaths: on the bounce
+vertices a state's technique samples (camera ``x_1 .. x_{t-2}``, light ``y_1 .. y_{s-2}``)
+that are rougher than the threshold, the direction numbers are absolute spherical coordinates
+and ``|det du/dw|`` gains the vertex's ``p_bsdf 2 pi^2 sin phi`` (the light side's pdf is the
+one that sampled it, towards the camera). The emission direction stays a cosine sample (its
+two numbers are the light's own, in either coordinates), and light coordinates (5.1 (ii))
+and the lens perturbation are not written for these techniques (PathSpace refuses them).
+
 Opaque surfaces only: a dielectric's reverse pdf and its radiance scaling across the
 interface are not written yet (PathSpace refuses the combination).
 """
@@ -70,11 +78,19 @@ def dims(ps, k, s):
 
 
 # ------------------------------------------------------------------ discrete structure
-def light_subpaths(ps, ut, times):
+def light_bounces(ps, technique_index):
+    """Number of light-subpath bounces (``y_1 .. y_{s-2}``) whose directions technique
+    ``techniques[t]`` samples, per entry of ``technique_index`` (-1, PSS: 0)."""
+    used = np.array([max(s - 2, 0) for _, s in ps.techniques] + [0])
+    return used[np.asarray(technique_index, np.int64)]
+
+
+def light_subpaths(ps, ut, times, n_abs):
     """Trace every lane's light subpath with edge_rt: the light parameters of its light
     point, one row per lane (B, P_light), and per light surface vertex ``y_j``, ``j = 1,
     2, ...``: ``(lanes there, point, geometric normal facing the light side, vertex
-    parameters)``."""
+    parameters)``. ``n_abs`` (B,): the lane's light bounces in absolute coordinates where
+    rougher than the threshold (:func:`light_bounces`; zeros in PSS)."""
     g, dt = ps.geometry, torch.float64
     B = ut.shape[0]
     tri, y, nl, _, pmf = g.sample_light(ut[:, ps.light_point_dims])
@@ -95,12 +111,15 @@ def light_subpaths(ps, ut, times):
         time = None if times is None else times[lanes]
         si = g.interact(hit, o, d, time)
         kd, ks, rough = g.material(si)
-        params = ps._vertex_params(si, kd, ks, rough, torch.zeros(len(lanes), dtype=dt),
-                                   None, None)
+        eta = torch.zeros(len(lanes), dtype=dt)
+        absolute = (torch.as_tensor(n_abs[lanes.numpy()] >= j)
+                    & (rough > (ps.roughness_threshold or 0.0)))
+        params = ps._vertex_params(si, kd, ks, rough, eta, absolute, None)
         vertices.append((lanes.numpy(), si.p, si.ng, params))
         if j == ps.max_length - 2:
             break
-        wo, pdf = bsdf.sample(si.ns, -d, kd, ks, rough, ut[lanes][:, ps.light_bsdf_dims[j - 1]])
+        wo, pdf = ps._sample(si, -d, kd, ks, rough, eta,
+                             ut[lanes][:, ps.light_bsdf_dims[j - 1]], absolute)
         ok = torch.nonzero((pdf > 0) & ((si.ng * wo).sum(1) > 0)).flatten()
         o, d, lanes = g.spawn(si, wo)[ok], wo[ok], lanes[ok]
     return light, vertices
@@ -141,16 +160,31 @@ def connections(ps, camera, light, light_vertices, times):
 
 # ------------------------------------------------------------------ the smooth piece
 def contribution(ps, k, s, at, verts, light, time):
-    """The MIS-weighted contribution of technique ``(k, s)`` (RGB expressions) and its
-    weight. ``at``: coordinate index -> its variable; ``verts``: the surface vertices' and
-    ``light`` the light's parameter variables (path order)."""
+    """The MIS-weighted contribution of technique ``(k, s)`` (RGB expressions, PSS), its
+    weight, ``|det du/dw|`` (1 without a roughness threshold) and the sampled directions
+    (camera bounces, then light bounces). ``at``: coordinate index -> its variable;
+    ``verts``: the surface vertices' and ``light`` the light's parameter variables (path
+    order)."""
     (s_out, s_in), ((p_out,), p_in) = bsdf.sampling_expressions("float64")
     e_vars, e_out = bsdf.bsdf_expressions("float64")
 
     def sample(ns, wi, mat, du):
         env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "u0", "u1", "u2"), (*ns, *wi, *du)))
         return tuple(sym.substitute(s_out, {v: env.get(v.name, mat.get(v.name))
-                                            for v in s_in})[:3])
+                                            for v in s_in}))
+
+    jacobian, directions = 1.0, []
+
+    def bounce(vp, ns, wi, mat, du):  # the direction leaving a vertex, absolute where flagged
+        nonlocal jacobian
+        wo = sample(ns, wi, mat, du)
+        wo, pdf = wo[:3], wo[3]
+        if ps.roughness_threshold is not None:
+            wo, _, jac = ps._absolute(vp, du, wo, pdf, ns, wi, mat, False, None,
+                                      (p_out, p_in), None)
+            jacobian = jacobian * jac
+        directions.extend(wo)
+        return wo
 
     def pdf(ns, wi, wo, mat):
         return ps._pdf_of(wo, ns, wi, mat, False, None, (p_out, p_in), None)
@@ -167,7 +201,8 @@ def contribution(ps, k, s, at, verts, light, time):
         p, n_g, n_s = ps._hit(o, d, verts[i - 1], time)
         points.append(p), ng.append(n_g), ns.append(n_s)
         if i < n_camera or s == _HIT:
-            d = sample(n_s, neg(d), mats[i - 1], [at[int(j)] for j in ps.bsdf_dims[i - 1]])
+            d = bounce(verts[i - 1], n_s, neg(d), mats[i - 1],
+                       [at[int(j)] for j in ps.bsdf_dims[i - 1]])
             o = p
     if s == _HIT:  # where the last sampled ray meets the emitter's plane
         y = ps._plane_point(o, d, *ps._light_corners(light))
@@ -176,13 +211,13 @@ def contribution(ps, k, s, at, verts, light, time):
         dims = ps.light_dims[k][1:] if s == _NEE else ps.light_point_dims[1:]
         y, nl, area = ps._light_point(light, at[int(dims[0])], at[int(dims[1])])
     if s >= 2:  # the light subpath y_1 .. y_{s-1} = x_{k-1} .. x_t
-        d = sample(nl, nl, _EMITTER, (0.5, *(at[int(j)] for j in ps.emission_dims)))
+        d = sample(nl, nl, _EMITTER, (0.5, *(at[int(j)] for j in ps.emission_dims)))[:3]
         o, tail = y, []
         for j in range(1, s):
             p, n_g, n_s = ps._hit(o, d, verts[k - j - 1], time)
             tail.append((p, n_g, n_s))
             if j < s - 1:
-                d = sample(n_s, neg(d), mats[k - j - 1],
+                d = bounce(verts[k - j - 1], n_s, neg(d), mats[k - j - 1],
                            [at[int(x)] for x in ps.light_bsdf_dims[j - 1]])
                 o = p
         for p, n_g, n_s in tail[::-1]:
@@ -223,4 +258,4 @@ def contribution(ps, k, s, at, verts, light, time):
     total = sym.maximum(sum(p * p for p in densities), 1e-300)
     own = densities[s]
     rgb = [sym.where(cos_l > 0.0, f[c] * own / total, 0.0) for c in range(3)]
-    return rgb, own * own / total
+    return rgb, own * own / total, jacobian, directions

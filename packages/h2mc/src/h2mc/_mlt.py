@@ -328,9 +328,9 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     draws its technique anew given its point (module docstring; 0, the spec's: never), in
     Kelemen's coordinates and with Kelemen or isotropic small steps;
     ``bidirectional``: when render_mlt builds the path space, every BDPT technique ``s = 0 ..
-    k - 1`` of a path of ``k`` segments (light subpaths, PathSpace's ``bidirectional``; PSS
-    coordinates and opaque scenes only) instead of the two unidirectional ones; None: the
-    given path_space's choice, or False;
+    k - 1`` of a path of ``k`` segments (light subpaths, PathSpace's ``bidirectional``;
+    opaque scenes, no light coordinates (None means False there) nor lens perturbation)
+    instead of the two unidirectional ones; None: the given path_space's choice, or False;
     ``seconds``: a wall-clock budget (bootstrap included): the chains take steps until it is
     spent, ``mutations_per_pixel`` then being a cap (``np.inf``: none). One run of long
     chains, not several restarted ones: short chains are the start-up error on caustic scenes
@@ -393,17 +393,18 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     if light_coordinates and not modified:
         raise MLTError("render_mlt: light_coordinates are part of the modified "
                        "parameterization (parameterization='modified')")
-    if bidirectional and modified:
-        raise MLTError("render_mlt: bidirectional techniques are written in Kelemen's "
-                       "coordinates only (parameterization='kelemen')")
     ps = path_space or PathSpace(
         scene, max_length=max_length, min_length=min_length,
         roughness_threshold=roughness_threshold if modified else None,
-        light_coordinates=modified and light_coordinates in (None, True),
+        light_coordinates=modified and (light_coordinates is True or (
+            light_coordinates is None and not bidirectional)),
         bidirectional=bool(bidirectional))
     if bidirectional is not None and ps.bidirectional != bool(bidirectional):
         raise MLTError(f"render_mlt: path_space has bidirectional {ps.bidirectional}, not "
                        f"{bool(bidirectional)}")
+    if ps.bidirectional and modified and small_step == "h2mc" and lens_perturb_prob > 0:
+        raise MLTError("render_mlt: the lens perturbation is not written for bidirectional "
+                       "techniques: give lens_perturb_prob=0")
     if path_space is not None and path_space.scene is not scene:
         raise MLTError("render_mlt: path_space was built for another scene")
     if scene.moving_meshes and direct_spp and ps.min_length > 2:

@@ -9,6 +9,9 @@ unidirectional subset of BDPT, spec 1.4; ``s`` = number of light-subpath vertice
 * ``s = 1`` (:data:`NEE`): at vertex ``k - 1`` an area-light sample (next-event estimation);
 * ``s = 0`` (:data:`HIT`): the BSDF-sampled direction at vertex ``k - 1`` hits an emitter.
 
+``bidirectional=True`` adds the techniques with light subpaths (``s = 2 .. k - 1``) and weights
+every technique against all of its length's (:mod:`._bidirectional`).
+
 Each technique ``(k, s)`` has its own contribution ``C_ks(u)``: the path throughput divided by
 its sampling pdf (the PSS contribution) times its power-heuristic MIS weight (exponent 2; the
 light pdf in solid angle against the BSDF pdf of the same direction), computed inside the
@@ -363,7 +366,10 @@ class PathSpace:
     Off by default: at 1024 chains a step's lanes split over the sequences and a large
     kernel's call costs ~100 lanes of work, so the step costs what it did, while the
     first-use builds add tens of seconds to a render's wall clock; it pays with a few
-    hundred lanes of one sequence per call (many more chains).
+    hundred lanes of one sequence per call (many more chains). ``bidirectional``: every BDPT
+    technique ``s = 0 .. k - 1`` of each length (light subpaths, :mod:`._bidirectional`;
+    :attr:`light_point_dims`, :attr:`emission_dims` and :attr:`light_bsdf_dims` follow the
+    unidirectional coordinates in ``u``), opaque scenes only, no light coordinates.
     """
 
     def __init__(self, scene, max_length=3, min_length=3, backend=None,
@@ -405,9 +411,9 @@ class PathSpace:
                                      "not differentiable; give it a roughness > 0")
         self._dielectric = self.geometry.has_dielectric
         self.bidirectional = bool(bidirectional)
-        if self.bidirectional and roughness_threshold is not None:
-            raise PathSpaceError("PathSpace: bidirectional techniques are written in PSS "
-                                 "coordinates only; give roughness_threshold=None")
+        if self.bidirectional and light_coordinates:
+            raise PathSpaceError("PathSpace: light coordinates are not written for "
+                                 "bidirectional techniques; give light_coordinates=False")
         if self.bidirectional and self._dielectric:
             raise PathSpaceError("PathSpace: bidirectional techniques need opaque surfaces (a "
                                  "dielectric's reverse pdf is not written yet); the scene has "
@@ -506,14 +512,15 @@ class PathSpace:
 
     # ------------------------------------------------------------------ discrete structure
     def modified_vertices(self, technique_index):
-        """Number of leading bounce vertices whose directions technique ``techniques[t]``
-        uses (``k - 1`` for HIT, ``k - 2`` for NEE), per entry of ``technique_index``; -1 (a
-        lane in PSS coordinates) gives 0."""
+        """Number of leading (camera-subpath) bounce vertices whose directions technique
+        ``techniques[t]`` uses (``k - 1`` for HIT, ``k - 2`` for NEE, ``t - 2 = k - 1 - s``
+        with a light subpath), per entry of ``technique_index``; -1 (a lane in PSS
+        coordinates) gives 0."""
         t = np.asarray(technique_index, np.int64)
         if ((t < -1) | (t >= len(self.techniques))).any():
             raise PathSpaceError(f"PathSpace: technique indices must lie in [-1, "
                                  f"{len(self.techniques)}), got {t.min()}..{t.max()}")
-        used = np.array([k - 1 if s == HIT else k - 2 for k, s in self.techniques] + [0])
+        used = np.array([k - 1 - s for k, s in self.techniques] + [0])  # t - 2 when s >= 2
         return used[t]
 
     def light_coordinate_vertex(self, technique_index):
@@ -544,11 +551,17 @@ class PathSpace:
         # w's path is u's to rounding; the traced ones where the technique has no path.
         exact, kernel_directions = {}, {}
         for t in np.unique(tech[tech >= 0]):
+            n_camera = int(self.modified_vertices(t))  # the light subpath's follow
+            if n_camera == 0 and not (self.bidirectional
+                                      and _bidirectional.light_bounces(self, t)):
+                continue  # no sampled direction (e.g. a light subpath connected to x_1)
             lanes, res = self._run("directions", u, *self.techniques[t], paths,
                                    np.flatnonzero(tech == t))
             kernel_directions[t] = (lanes, res)
-            for i in range(len(res) // 3 if len(lanes) else 0):
+            for i in range(n_camera if len(lanes) else 0):
                 exact[i + 1, t] = (lanes, res[3 * i:3 * i + 3].T)
+            if self.bidirectional and len(lanes):
+                self._light_bounces_to_modified(w, t, lanes, res[3 * n_camera:], paths, rng)
         for i, (lanes, wo, rough) in enumerate(paths.directions, start=1):
             wo = wo.copy()
             for t in np.unique(tech[tech >= 0]):
@@ -562,6 +575,22 @@ class PathSpace:
         if self.light_coordinates:
             self._to_light_coordinates(u, w, paths, tech, kernel_directions, rng)
         return w
+
+    def _light_bounces_to_modified(self, w, t, lanes, directions, paths, rng):
+        """:meth:`to_modified` on the light subpath of technique ``techniques[t]``: on its
+        lanes ``lanes`` (those with a path), the sampled bounces ``y_1 .. y_{s-2}`` rougher than
+        the threshold take a fresh lobe number and the spherical coordinates of their kernel
+        directions ``directions`` (3 rows per bounce)."""
+        k, s = self.techniques[t]
+        nv, col = len(self._vertex_names), self._vertex_names.index("rough")
+        lanes_k, params = paths.structure[k, s]
+        rows = np.searchsorted(lanes_k, lanes)
+        for j in range(1, s - 1):  # y_j is path vertex x_{k-j}: parameter block k - j - 1
+            sel = params[(k - j - 1) * nv + col, rows] > self.roughness_threshold
+            dims = self.light_bsdf_dims[j - 1]
+            w[lanes[sel], dims[0]] = rng.random(int(sel.sum()))
+            w[np.ix_(lanes[sel], dims[1:])] = spherical_coordinates(
+                directions[3 * (j - 1):3 * j, sel].T)
 
     def _to_light_coordinates(self, u, w, paths, tech, kernel_directions, rng):
         """On lanes of techniques that hit the light, the last bounce's numbers become the
@@ -602,6 +631,12 @@ class PathSpace:
             raise PathSpaceError("PathSpace: modified coordinates need a roughness_threshold "
                                  "(built with None: PSS coordinates only)")
 
+    def _need_lens(self):
+        self._need_modified()
+        if self.bidirectional:
+            raise PathSpaceError("PathSpace: the lens perturbation is not written for "
+                                 "bidirectional techniques (use lens_perturb_prob=0)")
+
     def trace(self, u, coords=None):
         """Trace states ``u`` (B, dim) with edge_rt (Embree, BSDF and light sampling) and
         evaluate each technique's contribution with its compiled kernel: :class:`Paths`.
@@ -611,6 +646,7 @@ class PathSpace:
         u = self._check_u(u)
         B = u.shape[0]
         light_vertex = np.zeros(B, np.int64)  # the vertex in light coordinates (0: none)
+        n_light_abs = np.zeros(B, np.int64)  # light-subpath bounces in modified coordinates
         if coords is None:
             n_abs = np.zeros(B, np.int64)
         else:
@@ -620,6 +656,8 @@ class PathSpace:
                                      f"{np.shape(coords)}")
             n_abs = self.modified_vertices(coords)
             light_vertex = self.light_coordinate_vertex(coords)
+            if self.bidirectional:
+                n_light_abs = _bidirectional.light_bounces(self, coords)
         directions = []
         g, cam, dt = self.geometry, self.scene.camera, torch.float64
         ut = torch.as_tensor(u)
@@ -687,7 +725,8 @@ class PathSpace:
                 aimed, aimed_y = aimed[ok], aimed_y[ok]
             connected = {}  # (k, s >= 2) -> (lanes, kernel parameters)
             if self.bidirectional:
-                light, light_vertices = _bidirectional.light_subpaths(self, ut, times)
+                light, light_vertices = _bidirectional.light_subpaths(self, ut, times,
+                                                                      n_light_abs)
                 connected = _bidirectional.connections(self, camera, light, light_vertices,
                                                        times)
         structure = {}
@@ -862,8 +901,11 @@ class PathSpace:
                                                                             for nm in _LIGHT]
         if self.bidirectional:  # every technique weighted against all of its length's
             at = {int(j): var for j, var in zip(self.dims(k, s), u)}
-            rgb, mis = _bidirectional.contribution(self, k, s, at, verts, light, time)
-            return u, params, rgb, mis, 1.0, [], []
+            rgb, mis, jacobian, directions = _bidirectional.contribution(self, k, s, at, verts,
+                                                                         light, time)
+            if self.roughness_threshold is not None:  # the contribution in w (spec 5.2)
+                rgb = [x * jacobian for x in rgb]
+            return u, params, rgb, mis, jacobian, directions, []
         o, d = self._camera_ray(u[self._screen], u[self._screen + 1])
         (s_out, s_in), ((p_out,), p_in) = bsdf.sampling_expressions("float64")
         e_vars, e_out = bsdf.bsdf_expressions("float64")
@@ -1227,7 +1269,7 @@ class PathSpace:
         whose own outgoing direction is fixed in world space (absolute coordinates, or the
         next-event vertex or light coordinates: its light sample is a point). 0 where the
         structure allows no lens perturbation (the reference renderer's lensScore = 0)."""
-        self._need_modified()
+        self._need_lens()
         nv, col = len(self._vertex_names), self._vertex_names.index("absolute")
         out = np.zeros(len(paths.xy), np.int64)
         coords = np.asarray(coords, np.int64)
@@ -1252,6 +1294,7 @@ class PathSpace:
     def _lens_kernel(self, kind, length, technique, j, cached_only=False):
         key = (kind, length, technique, j)
         if key not in self._kernels:
+            self._need_lens()
             start = self.clock()
             u, params, rgb, _, _, directions, _ = self._expressions(length, technique, lens=j)
             if kind == "lens_direction":
@@ -1282,10 +1325,12 @@ class PathSpace:
         one after the other) and then loaded here: see :mod:`._kernel_build`.
         ``progress``: a tqdm bar of the kernels built."""
         tasks = []
-        kinds = ["value"] + (["directions", "positions"] if self.roughness_threshold is not None
-                             else []) + (["hessian"] if derivatives else [])
+        kinds = (["value"] + (["directions"] if self.roughness_threshold is not None else [])
+                 + (["positions"] if self.roughness_threshold is not None
+                    and not self.bidirectional else [])
+                 + (["hessian"] if derivatives else []))
         if lens:
-            self._need_modified()
+            self._need_lens()
         for k, s in self.techniques:
             tasks += [(kind, k, s) for kind in kinds]
             for j in range(1, k - 1) if lens else ():  # lens_vertex's range

@@ -79,13 +79,14 @@ def _parser():
                    help="modified coordinates: vertices rougher than this are absolute")
     p.add_argument("--no-light-coordinates", action="store_true",
                    help="modified coordinates without the light-coordinate substitution")
-    p.add_argument("--lens-prob", type=float, default=0.3,
+    p.add_argument("--lens-prob", type=float,
                    help="modified coordinates, h2mc: probability of an H2 lens perturbation "
-                   "within a small step (0 disables; default 0.3)")
+                   "within a small step (0 disables; default 0.3, 0 with --bidirectional)")
     p.add_argument("--bidirectional", action="store_true",
                    help="every bidirectional technique (light subpaths connected to camera "
                    "subpaths, MIS over all; Kelemen's coordinates, opaque scenes) instead of "
-                   "the unidirectional two (BSDF hit, light sample)")
+                   "the unidirectional two (BSDF hit, light sample); in the modified "
+                   "coordinates without light coordinates and lens perturbation")
     p.add_argument("--out", default=".", help="output folder (default: .)")
     return p
 
@@ -129,7 +130,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
            lens_perturb_prob=0.3, lens_sigma2=1e-4, path_space=None, clock=time.perf_counter,
            small_step=None, large_step_prob=0.3, mixing_step="isotropic", mixing_sigma2=None,
-           bootstrap_samples=None, technique_gibbs=0.0, bidirectional=False):
+           bootstrap_samples=None, technique_gibbs=0.0, bidirectional=None):
     """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
     clock (after compiling the kernels) are spent; ``small_step``: render_mlt's override of
@@ -138,7 +139,8 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     ``mixing_step``, ``mixing_sigma2``: render_mlt's (H2MC's uniform mixing);
     ``bootstrap_samples``: render_mlt's (b and the chains' seeds);
     ``technique_gibbs``: render_mlt's (MMLT in Kelemen's coordinates);
-    ``bidirectional``: render_mlt's (every BDPT technique; Kelemen's coordinates);
+    ``bidirectional``: render_mlt's (every BDPT technique; Kelemen's coordinates; None: the
+    given path_space's choice, or False);
     ``time_mode``,
     ``parameterization``, ``roughness_threshold``, ``light_coordinates``,
     ``lens_perturb_prob`` and ``lens_sigma2`` as render_mlt's (the last four only in the
@@ -147,7 +149,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     ``clock``: the budget's (render_mlt's)."""
     modified = parameterization == "modified"
     ps = path_space or path_space_for(scene, max_length, parameterization, roughness_threshold,
-                                      light_coordinates, bidirectional)
+                                      light_coordinates, bool(bidirectional))
     # compile every technique's kernels now, outside the budget and the mutations-per-second
     # figure
     h2 = (small_step or METHODS[method][0]) == "h2mc"
@@ -198,6 +200,8 @@ def main(argv=None):
         if args.parameterization == "modified" and args.method == "pssmlt":
             raise UsageError("--parameterization modified needs --method h2mc or mmlt (a "
                              "PSSMLT state is one path over every technique)")
+        if args.lens_prob is None:
+            args.lens_prob = 0.0 if args.bidirectional else 0.3
         if not 0.0 <= args.lens_prob <= 1.0 or not args.roughness_threshold >= 0.0:
             raise UsageError(f"need 0 <= --lens-prob <= 1 and --roughness-threshold >= 0, got "
                              f"{args.lens_prob} and {args.roughness_threshold}")
@@ -209,7 +213,8 @@ def main(argv=None):
             sigma2=args.sigma2, direct_spp=args.direct_spp, time_mode=args.time_mode,
             parameterization=args.parameterization,
             roughness_threshold=args.roughness_threshold,
-            light_coordinates=not args.no_light_coordinates, lens_perturb_prob=args.lens_prob,
+            light_coordinates=not (args.no_light_coordinates or args.bidirectional),
+            lens_perturb_prob=args.lens_prob,
             bootstrap_samples=args.bootstrap, bidirectional=args.bidirectional)
     except (UsageError, MLTError, PathSpaceError) as e:
         print(f"h2mc-render: error: {e}", file=sys.stderr)

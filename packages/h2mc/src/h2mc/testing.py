@@ -4,6 +4,8 @@ differences of log f* compared with the compiled derivatives (AE-7)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 import edge_rt
@@ -95,3 +97,53 @@ def relative_errors(g, H, gfd, Hfd, ok):
     g_err = np.abs(g - gfd)[ok].max(1) / np.abs(g[ok]).max(1)
     H_err = np.abs(H - Hfd)[ok].max((1, 2)) / np.abs(H[ok]).max((1, 2))
     return g_err.max(), H_err.max()
+
+class InCoordinates:
+    """``ps`` tracing every lane in the modified coordinates of technique index ``t`` (for
+    ``central_differences``, which traces through ``trace(u)``)."""
+
+    def __init__(self, ps, t):
+        self.ps, self.t = ps, t
+
+    def trace(self, w):
+        return self.ps.trace(w, coords=np.full(len(w), self.t))
+
+    def branches(self, w, length, technique, paths):
+        return self.ps.branches(w, length, technique, paths)
+
+
+def modified_states(ps, length, technique, rng, n):
+    """``n`` states with a path of ``(length, technique)`` in its modified coordinates."""
+    t = ps.techniques.index((length, technique))
+    u = valid_states(ps, length, technique, rng, n)
+    return ps.to_modified(u, ps.trace(u), np.full(len(u), t), rng), t
+
+
+@dataclass
+class DerivativeCheck:
+    """:func:`check_technique_derivatives`' result: the traced ``paths``, the compiled
+    ``logf``, ``grad`` and ``hess``, the lanes ``ok`` that stay on one smooth piece (and have a
+    path), and the largest relative errors over them."""
+
+    paths: object
+    logf: np.ndarray
+    grad: np.ndarray
+    hess: np.ndarray
+    ok: np.ndarray
+    grad_error: float
+    hess_error: float
+
+
+def check_technique_derivatives(ps, u, length, technique):
+    """The compiled value, gradient and Hessian of ``log f*`` of technique ``(length,
+    technique)`` on PSS states ``u``, against :func:`central_differences` with
+    :func:`fd_steps`, relative to each lane's largest entry (:func:`relative_errors`)."""
+    p = ps.trace(u)
+    lf, g, H = ps.log_f_derivatives(u, length, technique, paths=p)
+    gfd, Hfd, ok = central_differences(
+        ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
+        lambda pp: pp.f_star_of(length, technique), same_piece(ps, u, length, technique),
+        ps.dims(length, technique), fd_steps(H))
+    ok &= np.isfinite(lf)
+    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok) if ok.any() else (np.inf, np.inf)
+    return DerivativeCheck(p, lf, g, H, ok, g_err, H_err)
