@@ -26,8 +26,9 @@ what the spec's AE-9 names; "below both baselines" means below the better of eac
 uniform-mixing step (probability 0.2 within its small steps) is the same isotropic Gaussian
 (``--mixing-sigma``, spec 1.6), or Kelemen's (``--mixing-step kelemen``).
 
-``--bidirectional`` adds each Kelemen-coordinate row again over every BDPT technique (light
-subpaths, PathSpace's ``bidirectional``; rows "... bdpt"), on scenes without a dielectric.
+``--bidirectional`` adds each row again over every BDPT technique (light subpaths, PathSpace's
+``bidirectional``; rows "... bdpt"), on scenes without a dielectric; in the modified
+coordinates only the rows without lens perturbation, and without light coordinates.
 
 Equal time is equal CPU time of one thread by default (``--clock cpu``): on a machine shared
 with other work, wall clock would charge each method for its neighbours' load.
@@ -178,10 +179,12 @@ def main(argv=None):
                 for n in args.bootstrap for label, method, kw in runs]
         if args.bidirectional and _scene_has_dielectric(scene):
             print(f"  {name}: no bdpt rows (bidirectional techniques need opaque surfaces)")
-        elif args.bidirectional:
-            runs += [(label + " bdpt", method, {**kw, "bidirectional": True})
+        elif args.bidirectional:  # neither light coordinates nor lens steps are written there
+            runs += [(label + " bdpt", method, {**kw, "bidirectional": True,
+                                                 "light_coordinates": False})
                      for label, method, kw in runs
-                     if kw.get("parameterization", "kelemen") == "kelemen"]
+                     if kw.get("parameterization", "kelemen") == "kelemen"
+                     or kw["lens_perturb_prob"] == 0]
         spaces = {}  # one compiled PathSpace per parameterisation, shared by the seeds
 
         def space_key(kw):
