@@ -9,9 +9,8 @@ import torch
 
 from h2mc import HIT, NEE, PathSpace, PathSpaceError, luminance
 from h2mc._pathspace import _VERTEX, _relative_eta
-from h2mc.testing import (InCoordinates, central_differences, check_technique_derivatives,
-                          fd_steps, glossy_box, modified_states, relative_errors, same_piece,
-                          valid_states)
+from h2mc.testing import (central_differences, check_technique_derivatives, fd_steps,
+                          glossy_box, modified_states, relative_errors, same_piece, valid_states)
 
 
 @pytest.fixture(scope="module")
@@ -547,22 +546,14 @@ def test_log_f_w_derivatives_match_central_differences(scene, length, technique,
         ps = PathSpace(scenes.torus_glass_cube((12, 12)), max_length=length,
                        min_length=length, backend="numpy", roughness_threshold=0.001)
     w, t = modified_states(ps, length, technique, np.random.default_rng(8), n)
-    view = InCoordinates(ps, t)
-    p = view.trace(w)
-    lf, g, H = ps.log_f_derivatives(w, length, technique, paths=p)
+    c = check_technique_derivatives(ps, w, length, technique, modified=True)
     with np.errstate(divide="ignore"):
         # compiled (traced) and numpy (derivative) kernels: rounding apart
-        np.testing.assert_allclose(lf, np.log(p.scores_w[:, t]), rtol=1e-11)
-    np.testing.assert_array_equal(H, np.swapaxes(H, 1, 2))
-    gfd, Hfd, ok = central_differences(
-        view, w, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
-        lambda pp: pp.scores_w[:, t], same_piece(view, w, length, technique),
-        ps.dims(length, technique), fd_steps(H))
-    ok &= np.isfinite(lf)
-    assert ok.sum() >= 0.6 * n, ok.sum()
-    g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
-    assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
-    assert (p.jacobian[:, t] != 1).mean() >= 0.3  # lanes with an absolute vertex
+        np.testing.assert_allclose(c.logf, np.log(c.paths.scores_w[:, t]), rtol=1e-11)
+    np.testing.assert_array_equal(c.hess, np.swapaxes(c.hess, 1, 2))
+    assert c.ok.sum() >= 0.6 * n, c.ok.sum()
+    assert c.grad_error < 1e-4 and c.hess_error < 1e-4, (c.grad_error, c.hess_error)
+    assert (c.paths.jacobian[:, t] != 1).mean() >= 0.3  # lanes with an absolute vertex
 
 
 def test_light_coordinates_reproduce_the_pss_paths():

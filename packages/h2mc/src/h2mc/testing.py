@@ -134,16 +134,21 @@ class DerivativeCheck:
     hess_error: float
 
 
-def check_technique_derivatives(ps, u, length, technique):
+def check_technique_derivatives(ps, u, length, technique, modified=False):
     """The compiled value, gradient and Hessian of ``log f*`` of technique ``(length,
     technique)`` on PSS states ``u``, against :func:`central_differences` with
-    :func:`fd_steps`, relative to each lane's largest entry (:func:`relative_errors`)."""
-    p = ps.trace(u)
+    :func:`fd_steps`, relative to each lane's largest entry (:func:`relative_errors`).
+    ``modified``: ``u`` is in the technique's modified coordinates (:func:`modified_states`),
+    and ``log f*_w`` is compared with differences of the traced ``f*_w``."""
+    t = ps.techniques.index((length, technique))
+    view = InCoordinates(ps, t) if modified else ps
+    p = view.trace(u)
     lf, g, H = ps.log_f_derivatives(u, length, technique, paths=p)
     gfd, Hfd, ok = central_differences(
-        ps, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
-        lambda pp: pp.f_star_of(length, technique), same_piece(ps, u, length, technique),
-        ps.dims(length, technique), fd_steps(H))
+        view, u, lambda v, pp: ps.log_f_derivatives(v, length, technique, paths=pp),
+        (lambda pp: pp.scores_w[:, t]) if modified else (
+            lambda pp: pp.f_star_of(length, technique)),
+        same_piece(view, u, length, technique), ps.dims(length, technique), fd_steps(H))
     ok &= np.isfinite(lf)
     g_err, H_err = relative_errors(g, H, gfd, Hfd, ok) if ok.any() else (np.inf, np.inf)
     return DerivativeCheck(p, lf, g, H, ok, g_err, H_err)
