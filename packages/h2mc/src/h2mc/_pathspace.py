@@ -297,8 +297,6 @@ def _log_f_kernel(rgb, wrt, inputs, backend, cached_only=False):
                                    f"{first + n}): h2mc v1")
 
 
-
-
 def _sides_ok(si, wo, glass):
     """Whether ``wo`` may leave the interactions: on the viewer's side of opaque surfaces;
     on either side of a dielectric where the geometric and shading normals agree (edge_rt's
@@ -337,12 +335,6 @@ def spherical_coordinates(omega):
     theta = np.mod(np.arctan2(omega[:, 1], omega[:, 0]) / (2.0 * np.pi), 1.0)
     return np.stack([np.where(theta < 1.0, theta, 0.0),
                      np.arccos(np.clip(omega[:, 2], -1.0, 1.0)) / np.pi], 1)
-
-
-
-
-
-
 
 
 class PathSpace:
