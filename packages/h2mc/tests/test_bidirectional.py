@@ -44,7 +44,7 @@ def test_every_technique_estimates_the_same_light():
     the MIS-weighted sum over all techniques agrees with the unidirectional path space's
     (its two techniques) within 4 standard errors, and so does every technique alone,
     unweighted (C_s / w_s = f / p_s: a wrong density of its own sampling biases it; a wrong
-    density in another technique's weight biases the sum). Measured: sum -0.15 / +0.33
+    density in another technique's weight biases the sum). Measured: sum -0.12 / +0.33
     combined SE; single techniques within 1.3 SE. The light-subpath techniques carry 38% of
     length 3 and 55% of length 4, and the sum's standard error is 1.3-2x lower than the
     unidirectional one."""
