@@ -60,9 +60,14 @@ def invariants(R, S, I):
 
 
 @pytest.mark.parametrize("p_norm", [0.8, 1.5])
-def test_ae12_irls_iterates_equal_numpy_irls(p_norm):
+def test_ae12_irls_iterates_equal_numpy_irls(p_norm, monkeypatch):
     """GN on the Fig. 33 energy = IRLS: each GN iteration (PCG to 1e-14) equals one
-    hand-written IRLS step, within 1e-8 on the uniquely determined quantities."""
+    hand-written IRLS step, within 1e-8 on the uniquely determined quantities (measured
+    8e-14). One kernel thread: with two, the scatter adds' rounding follows the threads'
+    order, and the ill-conditioned p = 0.8 system turns it into run-to-run differences on a
+    loaded machine (measured: 2.8e-9 on 2 of 6 runs beside a test run, 3.9e-8 in one CI
+    run)."""
+    monkeypatch.setenv("CORE_AD_NUM_THREADS", "1")
     img, _, _ = intrinsic.make_data((7, 5), seed=3)
     plan = intrinsic.plan_for(img, p_norm)
     xs = []
