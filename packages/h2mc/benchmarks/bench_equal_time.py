@@ -27,7 +27,7 @@ uniform-mixing step (probability 0.2 within its small steps) is the same isotrop
 (``--mixing-sigma``, spec 1.6), or Kelemen's (``--mixing-step kelemen``).
 
 ``--bidirectional`` adds each row again over every BDPT technique (light subpaths, PathSpace's
-``bidirectional``; rows "... bdpt"), on scenes without a dielectric; in the modified
+``bidirectional``; rows "... bdpt"); in the modified
 coordinates only the rows without lens perturbation, and without light coordinates.
 
 Equal time is equal CPU time of one thread by default (``--clock cpu``): on a machine shared
@@ -177,9 +177,7 @@ def main(argv=None):
         runs = [(label + (f" boot {n}" if len(args.bootstrap) > 1 else ""), method,
                  {**kw, "bootstrap_samples": n})
                 for n in args.bootstrap for label, method, kw in runs]
-        if args.bidirectional and _scene_has_dielectric(scene):
-            print(f"  {name}: no bdpt rows (bidirectional techniques need opaque surfaces)")
-        elif args.bidirectional:  # neither light coordinates nor lens steps are written there
+        if args.bidirectional:  # neither light coordinates nor lens steps are written there
             runs += [(label + " bdpt", method, {**kw, "bidirectional": True,
                                                  "light_coordinates": False})
                      for label, method, kw in runs
@@ -261,10 +259,6 @@ def main(argv=None):
                   f"{'below' if med[m] < min(best[m].values()) else 'not below'} both "
                   f"baselines' (PSSMLT {best[m]['pssmlt']:.3e}, MMLT {best[m]['mmlt']:.3e})")
         _figure(os.path.join(args.out, f"{name}_{args.size}.png"), name, ref, images, med)
-
-
-def _scene_has_dielectric(scene):
-    return any(m.material.is_dielectric for m in scene.meshes)
 
 
 def _kept_reference(path, seconds):

@@ -8,9 +8,11 @@ from edge_rt import scenes, torch_single_thread
 import torch
 
 from h2mc import HIT, NEE, PathSpace, PathSpaceError, luminance
-from h2mc._pathspace import _VERTEX, _relative_eta
+from h2mc._pathspace import _VERTEX
+from h2mc._surface import relative_eta as _relative_eta
 from h2mc.testing import (central_differences, check_technique_derivatives, fd_steps,
-                          glossy_box, modified_states, relative_errors, same_piece, valid_states)
+                          glass_box, glossy_box, modified_states, relative_errors, same_piece,
+                          valid_states)
 
 
 @pytest.fixture(scope="module")
@@ -287,14 +289,6 @@ def test_techniques_sum_to_the_single_technique_estimator_and_edge_rt():
         assert p.f_star_of(k, HIT).mean() > 0.005 * mis.mean()  # the HIT technique carries light
 
 
-def _glass_box():
-    """The glossy box with its sphere made rough glass (edge_rt dielectric, eta 1.5,
-    roughness 0.09: GGX alpha 0.3, smooth-shaded)."""
-    sc = glossy_box()
-    sc.meshes[-1].material = edge_rt.Material(roughness=(0.09,), eta=1.5)
-    return sc
-
-
 _ETA, _SIDE = _VERTEX.index("eta"), _VERTEX.index("side")
 
 
@@ -342,7 +336,7 @@ def test_rough_dielectric_path_derivatives_match_central_differences(scene, leng
     through two refractions. Gradient and Hessian of log f* against Richardson-extrapolated
     central differences, relative 1e-4, as above; the reflect / refract selectors (the lobe
     coordinates) have no derivative."""
-    sc = _glass_box() if scene == "sphere" else scenes.torus_glass_cube((12, 12))
+    sc = glass_box() if scene == "sphere" else scenes.torus_glass_cube((12, 12))
     ps = PathSpace(sc, max_length=length, min_length=length, backend="numpy")
     u, pattern = _glass_states(ps, length, technique, patterns, 15, samples)
     c = check_technique_derivatives(ps, u, length, technique)
@@ -376,7 +370,7 @@ def test_specialised_hessian_kernels_match_the_generic_ones(scene, length, techn
     uniform states (f* > 1e-6: near total internal reflection 1 - F cancels, as in the AE-7
     test above) of both techniques; scenes without a dielectric keep the one kernel per
     technique."""
-    sc = {"sphere": _glass_box, "moving": lambda: scenes.moving_caustics((12, 12))}.get(
+    sc = {"sphere": glass_box, "moving": lambda: scenes.moving_caustics((12, 12))}.get(
         scene, lambda: getattr(scenes, {"torus": "torus_glass_cube", "ring": "ring_scene"}.get(
             scene, scene))((12, 12)))()
     kw = dict(max_length=length, min_length=length, backend="numpy")

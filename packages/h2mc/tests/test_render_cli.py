@@ -40,12 +40,14 @@ def test_tiny_render_writes_exr_and_png_and_prints_numbers(tmp_path, capsys, met
     assert "mutations per pixel: 4.00" in out  # 4 x 192 pixels = 12 steps x 64 chains
 
 
-def test_rough_glass_scene_renders(tmp_path, capsys):
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_rough_glass_scene_renders(tmp_path, capsys, bidirectional):
     """torus_glass_cube (rough dielectric cube) through the CLI: paths refract through the
-    glass (MMLT here: its value kernels build in seconds)."""
+    glass, light subpaths too with --bidirectional (MMLT here: its value kernels build in
+    seconds)."""
     rc, out, _ = _run(capsys, "torus_glass_cube", "--method", "mmlt", "--size", 12, 12,
                       "--max-length", 4, "--mutations", 4, "--chains", 64, "--direct-spp", 1,
-                      "--out", tmp_path)
+                      "--out", tmp_path, *(["--bidirectional"] if bidirectional else []))
     assert rc == 0 and "paths of 3..4 segments" in out
     image = edge_rt.read_exr(tmp_path / "torus_glass_cube_mmlt.exr")
     assert image.shape == (12, 12, 3) and np.isfinite(image).all() and image.mean() > 0
@@ -152,8 +154,8 @@ def test_json_scene_with_size(tmp_path, capsys):
     (["cornell_box", "--method", "h2mc", "--parameterization", "modified", "--lens-prob",
       "1.5", "--size", "8", "6"], "need 0 <= --lens-prob <= 1"),
     (["cornell_box", "--method", "pssmlt", "--bootstrap", "0"], "--bootstrap >= 1"),
-    (["torus_glass_cube", "--method", "pssmlt", "--bidirectional", "--size", "8", "8"],
-     "bidirectional techniques need opaque surfaces"),
+    (["cornell_box", "--method", "h2mc", "--bidirectional", "--parameterization", "modified",
+      "--lens-prob", "0.3", "--size", "8", "6"], "lens perturbation is not written"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
     (tmp_path / "broken.json").write_text("{not json")

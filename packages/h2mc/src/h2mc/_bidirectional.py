@@ -29,13 +29,21 @@ one that sampled it, towards the camera). The emission direction stays a cosine 
 two numbers are the light's own, in either coordinates), and light coordinates (5.1 (ii))
 and the lens perturbation are not written for these techniques (PathSpace refuses them).
 
-Opaque surfaces only: a dielectric's reverse pdf and its radiance scaling across the
-interface are not written yet (PathSpace refuses the combination).
+Rough dielectrics: a light subpath refracts or reflects as a camera
+subpath does (edge_rt's dielectric sampling, from the side the light arrives on), and a
+connection may leave or reach a dielectric vertex on either side where its shading normal
+agrees (:func:`.sides_ok`). Each surface vertex is seen from both neighbours: the frame it
+was traced in (normals facing the neighbour it was reached from, the relative index of
+refraction from that side) and, across a refraction, the other side's (normals flipped, the
+index inverted). ``f`` takes the camera-side frames (edge_rt's BSDF is written for a viewer
+towards the camera, radiance scaling included), forward pdfs the camera-side ones and
+reverse pdfs the light-side ones, so no adjoint BSDF is needed here either.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -43,6 +51,7 @@ import torch
 from core_ad import sym
 from edge_rt import bsdf
 
+from ._surface import by_material, relative_eta, sides_ok, subset
 from ._vector import dot, sub
 
 _HIT, _NEE = 0, 1  # the unidirectional techniques (PathSpace's HIT and NEE)
@@ -88,9 +97,9 @@ def light_bounces(ps, technique_index):
 def light_subpaths(ps, ut, times, n_abs):
     """Trace every lane's light subpath with edge_rt: the light parameters of its light
     point, one row per lane (B, P_light), and per light surface vertex ``y_j``, ``j = 1,
-    2, ...``: ``(lanes there, point, geometric normal facing the light side, vertex
-    parameters)``. ``n_abs`` (B,): the lane's light bounces in absolute coordinates where
-    rougher than the threshold (:func:`light_bounces`; zeros in PSS)."""
+    2, ...``: ``(lanes there, interactions (normals facing the light side), dielectric
+    flags, vertex parameters)``. ``n_abs`` (B,): the lane's light bounces in absolute
+    coordinates where rougher than the threshold (:func:`light_bounces`; zeros in PSS)."""
     g, dt = ps.geometry, torch.float64
     B = ut.shape[0]
     tri, y, nl, _, pmf = g.sample_light(ut[:, ps.light_point_dims])
@@ -111,44 +120,46 @@ def light_subpaths(ps, ut, times, n_abs):
         time = None if times is None else times[lanes]
         si = g.interact(hit, o, d, time)
         kd, ks, rough = g.material(si)
-        eta = torch.zeros(len(lanes), dtype=dt)
+        eta = relative_eta(g, si)
+        glass = eta > 0
         absolute = (torch.as_tensor(n_abs[lanes.numpy()] >= j)
                     & (rough > (ps.roughness_threshold or 0.0)))
         params = ps._vertex_params(si, kd, ks, rough, eta, absolute, None)
-        vertices.append((lanes.numpy(), si.p, si.ng, params))
+        vertices.append((lanes.numpy(), si, glass, params))
         if j == ps.max_length - 2:
             break
         wo, pdf = ps._sample(si, -d, kd, ks, rough, eta,
                              ut[lanes][:, ps.light_bsdf_dims[j - 1]], absolute)
-        ok = torch.nonzero((pdf > 0) & ((si.ng * wo).sum(1) > 0)).flatten()
+        ok = torch.nonzero((pdf > 0) & sides_ok(si, wo, glass)).flatten()
         o, d, lanes = g.spawn(si, wo)[ok], wo[ok], lanes[ok]
     return light, vertices
 
 
 def connections(ps, camera, light, light_vertices, times):
     """The lanes of each technique ``(k, s >= 2)`` whose camera vertex ``x_{t-1}`` sees light
-    vertex ``y_{s-1}`` (both on the side the connection leaves / reaches, no occluder), and
-    their kernel parameters in path order (``x_1 .. x_{t-1}``, ``y_{s-1} .. y_1``, the
-    light): ``{(k, s): (lanes, (P, n))}``. ``camera``: per camera surface vertex ``(lanes,
-    point, geometric normal facing the camera side, vertex parameters)``."""
+    vertex ``y_{s-1}`` (the connection leaving and reaching each on a side its material
+    allows, :func:`sides_ok`; no occluder), and their kernel parameters in path order
+    (``x_1 .. x_{t-1}``, ``y_{s-1} .. y_1``, the light): ``{(k, s): (lanes, (P, n))}``.
+    ``camera``: per camera surface vertex ``(lanes, interactions (normals facing the camera
+    side), dielectric flags, vertex parameters)``."""
     g, out = ps.geometry, {}
     for k, s in ps.techniques:
         t = k + 1 - s
         if s < 2 or t - 2 >= len(camera) or s - 2 >= len(light_vertices):
             continue
-        lc, pc, ngc, _ = camera[t - 2]
-        ll, pl, ngl, _ = light_vertices[s - 2]
+        lc, sc, gc, _ = camera[t - 2]
+        ll, sl, gl, _ = light_vertices[s - 2]
         lanes, ic, il = np.intersect1d(lc, ll, assume_unique=True, return_indices=True)
         if not len(lanes):
             continue
-        x, y, n_x, n_y = pc[ic], pl[il], ngc[ic], ngl[il]
-        to = y - x
+        x, y = subset(sc, torch.as_tensor(ic)), subset(sl, torch.as_tensor(il))
+        to = y.p - x.p
         w = to / to.norm(dim=1, keepdim=True)
-        origin = x + g.eps * n_x
-        tmax = (y - origin).norm(dim=1) * (1.0 - 1e-3)
+        origin = g.spawn(x, w)
+        tmax = (y.p - origin).norm(dim=1) * (1.0 - 1e-3)
         time = None if times is None else times[torch.as_tensor(lanes)]
         blocked = g.intersect(origin, w, tmax=tmax, time=time) >= 0
-        ok = ((n_x * w).sum(1) > 0) & ((n_y * w).sum(1) < 0) & ~blocked
+        ok = (sides_ok(x, w, gc[ic]) & sides_ok(y, -w, gl[il]) & ~blocked)
         lanes = lanes[ok.numpy()]
         if not len(lanes):
             continue
@@ -167,41 +178,49 @@ def contribution(ps, k, s, at, verts, light, time):
     order)."""
     (s_out, s_in), ((p_out,), p_in) = bsdf.sampling_expressions("float64")
     e_vars, e_out = bsdf.bsdf_expressions("float64")
+    pdfs = ((p_out, p_in), None)
+    if ps._dielectric:
+        (sd_out, sd_in), glass_pdf = bsdf.dielectric_sampling_expressions("float64")
+        pdfs = ((p_out, p_in), (glass_pdf[0][0], glass_pdf[1]))
+        d_vars, d_out = bsdf.dielectric_expressions("float64")
 
-    def sample(ns, wi, mat, du):
+    def sample(ns, wi, side, du):
         env = dict(zip(("nx", "ny", "nz", "ix", "iy", "iz", "u0", "u1", "u2"), (*ns, *wi, *du)))
-        return tuple(sym.substitute(s_out, {v: env.get(v.name, mat.get(v.name))
-                                            for v in s_in}))
+        return tuple(by_material(
+            side.glass, lambda: sym.substitute(sd_out, {v: env.get(v.name, side.glass_mat.get(
+                v.name)) for v in sd_in}),
+            lambda: sym.substitute(s_out, {v: env.get(v.name, side.mat.get(v.name))
+                                           for v in s_in})))
 
     jacobian, directions = 1.0, []
 
-    def bounce(vp, ns, wi, mat, du):  # the direction leaving a vertex, absolute where flagged
+    def bounce(vp, ns, wi, side, du):  # the direction leaving a vertex, absolute where flagged
         nonlocal jacobian
-        wo = sample(ns, wi, mat, du)
+        wo = sample(ns, wi, side, du)
         wo, pdf = wo[:3], wo[3]
         if ps.roughness_threshold is not None:
-            wo, _, jac = ps._absolute(vp, du, wo, pdf, ns, wi, mat, False, None,
-                                      (p_out, p_in), None)
+            wo, _, jac = ps._absolute(vp, du, wo, pdf, ns, wi, side.mat, side.glass,
+                                      side.glass_mat, *pdfs)
             jacobian = jacobian * jac
         directions.extend(wo)
         return wo
 
-    def pdf(ns, wi, wo, mat):
-        return ps._pdf_of(wo, ns, wi, mat, False, None, (p_out, p_in), None)
+    def pdf(frame, wi, wo):
+        return ps._pdf_of(wo, frame.ns, wi, frame.mat, frame.glass, frame.glass_mat, *pdfs)
 
     def neg(a):
         return tuple(-x for x in a)
 
-    mats = [{nm: vp[nm] for nm in _MATERIAL} for vp in verts]
+    sides = [_Material.of(ps, vp) for vp in verts]
     t = k + 1 - s
     o, d = ps._camera_ray(at[ps._screen], at[ps._screen + 1])
-    points, ng, ns = [o], [None], [None]  # x_0 .. x_k
+    points, hits = [o], [None]  # x_0 .. x_k; the surface vertices' hit frames
     n_camera = k - 1 if s <= _NEE else t - 1
     for i in range(1, n_camera + 1):
         p, n_g, n_s = ps._hit(o, d, verts[i - 1], time)
-        points.append(p), ng.append(n_g), ns.append(n_s)
+        points.append(p), hits.append((n_g, n_s))
         if i < n_camera or s == _HIT:
-            d = bounce(verts[i - 1], n_s, neg(d), mats[i - 1],
+            d = bounce(verts[i - 1], n_s, neg(d), sides[i - 1],
                        [at[int(j)] for j in ps.bsdf_dims[i - 1]])
             o = p
     if s == _HIT:  # where the last sampled ray meets the emitter's plane
@@ -211,42 +230,51 @@ def contribution(ps, k, s, at, verts, light, time):
         dims = ps.light_dims[k][1:] if s == _NEE else ps.light_point_dims[1:]
         y, nl, area = ps._light_point(light, at[int(dims[0])], at[int(dims[1])])
     if s >= 2:  # the light subpath y_1 .. y_{s-1} = x_{k-1} .. x_t
-        d = sample(nl, nl, _EMITTER, (0.5, *(at[int(j)] for j in ps.emission_dims)))[:3]
+        d = sample(nl, nl, _Material(_EMITTER, False, {}), (0.5, *(at[int(j)] for j in ps.emission_dims)))[:3]
         o, tail = y, []
         for j in range(1, s):
             p, n_g, n_s = ps._hit(o, d, verts[k - j - 1], time)
-            tail.append((p, n_g, n_s))
+            tail.append((p, (n_g, n_s)))
             if j < s - 1:
-                d = bounce(verts[k - j - 1], n_s, neg(d), mats[k - j - 1],
+                d = bounce(verts[k - j - 1], n_s, neg(d), sides[k - j - 1],
                            [at[int(x)] for x in ps.light_bsdf_dims[j - 1]])
                 o = p
-        for p, n_g, n_s in tail[::-1]:
-            points.append(p), ng.append(n_g), ns.append(n_s)
+        for p, hit in tail[::-1]:
+            points.append(p), hits.append(hit)
     points.append(y)
-    mats = [None] + mats
     # unit directions x_i -> x_{i+1} and squared lengths
     w, d2 = [], []
     for i in range(k):
         v = sub(points[i + 1], points[i])
         d2.append(dot(v, v))
         w.append(tuple(c * sym.rsqrt(d2[i]) for c in v))
+    # each surface vertex seen from its camera-side and from its light-side neighbour: the
+    # traced frame, and on a dielectric the path refracts through, the other side's
+    camera_frames, light_frames = [None], [None]
+    for i in range(1, k):
+        traced = sides[i - 1].frame(*hits[i])
+        other = sides[i - 1].across(traced, w[i - 1], w[i]) if ps._dielectric else traced
+        from_camera = i <= n_camera
+        camera_frames.append(traced if from_camera else other)
+        light_frames.append(other if from_camera else traced)
     cos_l = -dot(nl, w[k - 1])
 
     def cos_at(i, toward):  # |cos| at receiving vertex x_i of the segment along ``toward``
-        return cos_l if i == k else sym.abs(dot(ng[i], toward))
+        return cos_l if i == k else sym.abs(dot(hits[i][0], toward))
 
     f = [light["ler"], light["leg"], light["leb"]]
     for i in range(1, k):
-        fc = ps._bsdf(e_vars, e_out, ns[i], ng[i], neg(w[i - 1]), w[i], mats[i])
+        fc = camera_frames[i].bsdf(ps, neg(w[i - 1]), w[i], (e_vars, e_out),
+                                   (d_vars, d_out) if ps._dielectric else None)
         g = cos_at(i + 1, w[i]) / d2[i]
         f = [f[c] * fc[c] * g for c in range(3)]
-    forward = {i: pdf(ns[i - 1], neg(w[i - 2]), w[i - 1], mats[i - 1]) * cos_at(i, w[i - 1])
+    forward = {i: pdf(camera_frames[i - 1], neg(w[i - 2]), w[i - 1]) * cos_at(i, w[i - 1])
                / d2[i - 1] for i in range(2, k + 1)}
     reverse = {k: light["pmf"] / area}
     if k - 1 >= 2:
         reverse[k - 1] = cos_l / math.pi * cos_at(k - 1, w[k - 1]) / d2[k - 1]
     for i in range(k - 2, 1, -1):
-        reverse[i] = pdf(ns[i + 1], w[i + 1], neg(w[i]), mats[i + 1]) * cos_at(i, w[i]) / d2[i]
+        reverse[i] = pdf(light_frames[i + 1], w[i + 1], neg(w[i])) * cos_at(i, w[i]) / d2[i]
     densities = []
     for j in range(k):  # technique j: x_2 .. x_{k-j} from the camera, the rest from the light
         p = 1.0
@@ -259,3 +287,60 @@ def contribution(ps, k, s, at, verts, light, time):
     own = densities[s]
     rgb = [sym.where(cos_l > 0.0, f[c] * own / total, 0.0) for c in range(3)]
     return rgb, own * own / total, jacobian, directions
+
+
+@dataclass(frozen=True)
+class _Material:
+    """A surface vertex's material as the BSDF expressions read it: the opaque parameters,
+    whether it is a dielectric (False in scenes without one, else an expression) and the
+    dielectric's parameters (its relative index of refraction ``eta`` as seen from the side
+    the vertex was traced from; a glass index on opaque vertices keeps the unused dielectric
+    branch regular, as in the unidirectional techniques)."""
+
+    mat: dict
+    glass: object
+    glass_mat: dict
+
+    @classmethod
+    def of(cls, ps, vp):
+        mat = {nm: vp[nm] for nm in _MATERIAL}
+        if not ps._dielectric:
+            return cls(mat, False, {})
+        glass = vp["eta"] > 0.0
+        return cls(mat, glass, {"eta": sym.where(glass, vp["eta"], 1.5), "rough": vp["rough"]})
+
+    def frame(self, ng, ns):
+        return _Frame(ng, ns, self.mat, self.glass, self.glass_mat)
+
+    def across(self, frame, w_in, w_out):
+        """``frame`` seen from the other neighbour of a vertex the path arrives at along
+        ``w_in`` and leaves along ``w_out``: on a refraction (the neighbours on opposite sides
+        of the surface) the normals flip and the relative index inverts; unchanged on a
+        reflection."""
+        refracts = dot(frame.ng, w_in) * dot(frame.ng, w_out) > 0.0
+        ng = tuple(sym.where(refracts, -x, x) for x in frame.ng)
+        ns = tuple(sym.where(refracts, -x, x) for x in frame.ns)
+        eta = self.glass_mat["eta"]
+        return _Frame(ng, ns, self.mat, self.glass,
+                      {"eta": sym.where(refracts, 1.0 / eta, eta), "rough": self.mat["rough"]})
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """A surface vertex's normals facing one neighbour, with its material as seen from there."""
+
+    ng: tuple
+    ns: tuple
+    mat: dict
+    glass: object
+    glass_mat: dict
+
+    def bsdf(self, ps, wi, wo, opaque, dielectric):
+        """BSDF * cos (RGB) for a viewer along ``wi`` (on this frame's side) and light along
+        ``wo``; the dielectric's is grey, reflection or transmission by the side of ``wo``."""
+        def grey():
+            d_vars, d_out = dielectric
+            return ps._bsdf(d_vars, [d_out], self.ns, self.ng, wi, wo, self.glass_mat) * 3
+
+        return by_material(self.glass, grey,
+                           lambda: ps._bsdf(*opaque, self.ns, self.ng, wi, wo, self.mat))

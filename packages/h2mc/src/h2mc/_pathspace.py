@@ -102,6 +102,9 @@ from tqdm import tqdm
 
 from . import _bidirectional
 from ._kernel_build import build_in_workers, default_workers
+from ._surface import by_material as _by_material
+from ._surface import relative_eta as _relative_eta
+from ._surface import sides_ok as _sides_ok
 from ._vector import cross as _cross
 from ._vector import dot as _dot
 from ._vector import normalize as _normalize
@@ -297,32 +300,6 @@ def _log_f_kernel(rgb, wrt, inputs, backend, cached_only=False):
                                    f"{first + n}): h2mc v1")
 
 
-def _sides_ok(si, wo, glass):
-    """Whether ``wo`` may leave the interactions: on the viewer's side of opaque surfaces;
-    on either side of a dielectric where the geometric and shading normals agree (edge_rt's
-    dielectric bounce rejects light leaks)."""
-    cos_g = (si.ng * wo).sum(1)
-    return torch.where(glass, cos_g * (si.ns * wo).sum(1) > 0, cos_g > 0)
-
-
-def _relative_eta(geometry, si):
-    """(N,) relative index of refraction at the interactions (edge_rt.bsdf.relative_eta), 0 on
-    opaque ones."""
-    eta = geometry.eta(si)
-    glass = eta > 0
-    return torch.where(glass, bsdf.relative_eta(torch.where(glass, eta, 1.0), si.front), 0.0)
-
-
-def _by_material(glass, dielectric, opaque):
-    """The expressions ``dielectric()`` on glass vertices, ``opaque()`` elsewhere (lists, one
-    per component): a per-lane ``where`` when ``glass`` is an expression (a kernel holding both
-    BSDFs), only the one it names when it is a bool (a kernel specialised to the vertex's
-    material, which then differentiates one BSDF)."""
-    if isinstance(glass, bool):
-        return list(dielectric() if glass else opaque())
-    return [sym.where(glass, a, b) for a, b in zip(dielectric(), opaque())]
-
-
 def spherical_direction(w):
     """World-space unit directions of spherical coordinates ``w`` (N, 2) in [0, 1)^2:
     ``theta_az = 2 pi w[:, 0]``, ``phi = pi w[:, 1]`` (spec 5.1 [R])."""
@@ -361,7 +338,8 @@ class PathSpace:
     hundred lanes of one sequence per call (many more chains). ``bidirectional``: every BDPT
     technique ``s = 0 .. k - 1`` of each length (light subpaths, :mod:`._bidirectional`;
     :attr:`light_point_dims`, :attr:`emission_dims` and :attr:`light_bsdf_dims` follow the
-    unidirectional coordinates in ``u``), opaque scenes only, no light coordinates.
+    unidirectional coordinates in ``u``; rough dielectrics included), no light coordinates;
+    its kernels hold both BSDFs at every vertex (``specialize`` does not apply).
     """
 
     def __init__(self, scene, max_length=3, min_length=3, backend=None,
@@ -406,11 +384,8 @@ class PathSpace:
         if self.bidirectional and light_coordinates:
             raise PathSpaceError("PathSpace: light coordinates are not written for "
                                  "bidirectional techniques; give light_coordinates=False")
-        if self.bidirectional and self._dielectric:
-            raise PathSpaceError("PathSpace: bidirectional techniques need opaque surfaces (a "
-                                 "dielectric's reverse pdf is not written yet); the scene has "
-                                 "a dielectric")
-        self._specialize = bool(specialize) and self._dielectric
+        # the bidirectional techniques hold both BSDFs per vertex (no per-sequence kernels)
+        self._specialize = bool(specialize) and self._dielectric and not self.bidirectional
         self.specialize_min_lanes = SPECIALIZE_MIN_LANES
         if len(self.geometry.light_tris) == 0:
             raise PathSpaceError("PathSpace: the scene has no light (no mesh with a non-zero "
@@ -662,7 +637,7 @@ class PathSpace:
         valid = np.zeros((B, len(self.techniques)), bool)
         moving = np.zeros((B, len(self.techniques)), bool)
         verts = []  # per surface vertex: (lanes alive there, their vertex parameters)
-        camera = []  # the same with points and geometric normals (bidirectional only)
+        camera = []  # the same with interactions and dielectric flags (bidirectional only)
         ends = {}  # (length, s) -> (lanes, light parameters)
         with torch.no_grad(), torch_single_thread():
             o, d, _ = cam.rays(torch.as_tensor(xy), dt)
@@ -692,7 +667,7 @@ class PathSpace:
                 verts.append((lanes.numpy(), self._vertex_params(si, kd, ks, rough, eta,
                                                                  absolute, lightc)))
                 if self.bidirectional:  # for the connections to light subpaths
-                    camera.append((verts[-1][0], si.p, si.ng, verts[-1][1]))
+                    camera.append((verts[-1][0], si, glass, verts[-1][1]))
                 if i + 1 >= self.min_length:
                     ends[i + 1, NEE] = self._connect(si, glass,
                                                      ut[lanes][:, self.light_dims[i + 1]],

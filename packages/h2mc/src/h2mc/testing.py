@@ -31,6 +31,14 @@ def glossy_box():
     return edge_rt.Scene(sc.camera, meshes)
 
 
+def glass_box():
+    """:func:`glossy_box` with its sphere made rough glass (edge_rt dielectric, eta 1.5,
+    roughness 0.09: GGX alpha 0.3, smooth-shaded)."""
+    sc = glossy_box()
+    sc.meshes[-1].material = edge_rt.Material(roughness=(0.09,), eta=1.5)
+    return sc
+
+
 def valid_states(ps, length, technique, rng, n):
     """``n`` states with a path of technique ``(length, technique)``, those whose first
     vertex is glossy first (a third of them take the specular lobe there)."""
