@@ -329,7 +329,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     Kelemen's coordinates and with Kelemen or isotropic small steps;
     ``bidirectional``: when render_mlt builds the path space, every BDPT technique ``s = 0 ..
     k - 1`` of a path of ``k`` segments (light subpaths, PathSpace's ``bidirectional``;
-    opaque scenes, no light coordinates (None means False there) nor lens perturbation)
+    rough glass included, no light coordinates (None means False there) nor lens perturbation)
     instead of the two unidirectional ones; None: the given path_space's choice, or False;
     ``seconds``: a wall-clock budget (bootstrap included): the chains take steps until it is
     spent, ``mutations_per_pixel`` then being a cap (``np.inf``: none). One run of long

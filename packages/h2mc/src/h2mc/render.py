@@ -84,7 +84,7 @@ def _parser():
                    "within a small step (0 disables; default 0.3, 0 with --bidirectional)")
     p.add_argument("--bidirectional", action="store_true",
                    help="every bidirectional technique (light subpaths connected to camera "
-                   "subpaths, MIS over all; Kelemen's coordinates, opaque scenes) instead of "
+                   "subpaths, MIS over all; rough glass included) instead of "
                    "the unidirectional two (BSDF hit, light sample); in the modified "
                    "coordinates without light coordinates and lens perturbation")
     p.add_argument("--out", default=".", help="output folder (default: .)")
@@ -139,7 +139,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     ``mixing_step``, ``mixing_sigma2``: render_mlt's (H2MC's uniform mixing);
     ``bootstrap_samples``: render_mlt's (b and the chains' seeds);
     ``technique_gibbs``: render_mlt's (MMLT in Kelemen's coordinates);
-    ``bidirectional``: render_mlt's (every BDPT technique; Kelemen's coordinates; None: the
+    ``bidirectional``: render_mlt's (every BDPT technique; None: the
     given path_space's choice, or False);
     ``time_mode``,
     ``parameterization``, ``roughness_threshold``, ``light_coordinates``,
