@@ -31,28 +31,40 @@ def test_layout_and_techniques():
     ps = PathSpace(scenes.cornell_box((16, 12)), max_length=4, bidirectional=True,
                    backend="numpy")
     uni = PathSpace(ps.scene, max_length=4, backend="numpy")
-    # the unidirectional coordinates first, then the light point, the emission and one
-    # bounce of the light subpath
-    assert ps.dim == uni.dim + 3 + 2 + 3
+    # the unidirectional coordinates first, then the light point, the emission and two
+    # bounces of the light subpath (light tracing's longest subpath has three vertices)
+    assert ps.dim == uni.dim + 3 + 2 + 2 * 3
     np.testing.assert_array_equal(ps.light_point_dims, [17, 18, 19])
     np.testing.assert_array_equal(ps.emission_dims, [20, 21])
-    assert ps.techniques == [(3, 0), (3, 1), (3, 2), (4, 0), (4, 1), (4, 2), (4, 3)]
-    assert ps.techniques_of(4) == [0, 1, 2, 3]
+    assert ps.techniques == [(3, 0), (3, 1), (3, 2), (3, 3), (4, 0), (4, 1), (4, 2), (4, 3),
+                             (4, 4)]
+    assert ps.techniques_of(4) == [0, 1, 2, 3, 4]
     for s in (HIT, NEE):
         np.testing.assert_array_equal(ps.dims(4, s), uni.dims(4, s))
     np.testing.assert_array_equal(ps.dims(3, 2), [0, 1, 17, 18, 19, 20, 21])  # t = 2
     np.testing.assert_array_equal(ps.dims(4, 2), [0, 1, 2, 3, 4, 17, 18, 19, 20, 21])
     np.testing.assert_array_equal(ps.dims(4, 3), [0, 1, 17, 18, 19, 20, 21, 22, 23, 24])
+    # light tracing (t = 1) reads no screen position: its pixel is where the path meets
+    # the camera
+    np.testing.assert_array_equal(ps.dims(4, 4), np.arange(17, 28))
     u = np.random.default_rng(3).random((4096, ps.dim))
     p = ps.trace(u)
-    assert p.contrib.shape == (4096, 7, 3) and not p.nonfinite.any()
+    assert p.contrib.shape == (4096, 9, 3) and not p.nonfinite.any()
     assert 0.2 < p.valid[:, ps.techniques.index((3, 2))].mean() < 0.9
     assert (p.contrib[~p.valid] == 0).all()
-    np.testing.assert_allclose(p.f_star_of(4), p.scores[:, 3:].sum(1))
+    np.testing.assert_allclose(p.f_star_of(4), p.scores[:, 4:].sum(1))
     # the unidirectional techniques trace the same paths (their weights differ)
     q = uni.trace(u[:, :uni.dim])
-    np.testing.assert_array_equal(p.valid[:, [0, 1, 3, 4]], q.valid)
+    np.testing.assert_array_equal(p.valid[:, [0, 1, 4, 5]], q.valid)
     np.testing.assert_array_equal(ps.trace(u).contrib, p.contrib)  # deterministic
+    # every technique splats at the state's pixel but light tracing
+    traced = [ps.techniques.index((k, k)) for k in (3, 4)]
+    others = np.setdiff1d(np.arange(9), traced)
+    np.testing.assert_array_equal(p.pixels[:, others], np.repeat(p.pixel[:, None], 7, 1))
+    lit = p.valid[:, traced]
+    assert lit.mean() > 0.2 and (p.pixels[:, traced][lit] != p.pixel[:, None].repeat(2, 1)[
+        lit]).mean() > 0.9
+    assert ((p.pixels >= 0) & (p.pixels < 16 * 12)).all()
 
 
 def test_every_technique_estimates_the_same_light():
@@ -60,10 +72,10 @@ def test_every_technique_estimates_the_same_light():
     the MIS-weighted sum over all techniques agrees with the unidirectional path space's
     (its two techniques) within 4 standard errors, and so does every technique alone,
     unweighted (C_s / w_s = f / p_s: a wrong density of its own sampling biases it; a wrong
-    density in another technique's weight biases the sum). Measured: sum -0.12 / +0.33
-    combined SE; single techniques within 1.3 SE. The light-subpath techniques carry 38% of
-    length 3 and 55% of length 4, and the sum's standard error is 1.3-2x lower than the
-    unidirectional one."""
+    density in another technique's weight biases the sum). Measured: sum -1.7 / +0.3
+    combined SE; single techniques within 2.4 SE (light tracing -0.5 / -0.5). The
+    light-subpath techniques carry 65% of length 3 and 69% of length 4 (light tracing 45% and
+    34%), and the sum's standard error is 2-4x lower than the unidirectional one."""
     scene = glossy_box()
     ps = PathSpace(scene, max_length=4, bidirectional=True, backend="numpy")
     uni = PathSpace(scene, max_length=4, backend="numpy")
@@ -77,26 +89,27 @@ def test_every_technique_estimates_the_same_light():
     for k in (3, 4):
         (m, se), (m_uni, se_uni) = mean_se(p.f_star_of(k)), mean_se(q.f_star_of(k))
         assert abs(m - m_uni) < 4 * np.hypot(se, se_uni), k
-        assert se < 0.9 * se_uni, k
+        assert se < 0.6 * se_uni, k
         for s in ps.techniques_of(k):
             w = ps.mis_weights(u, k, s, p)
             assert ((w >= 0) & (w <= 1)).all()
             alone = np.where(w > 0, p.f_star_of(k, s) / np.where(w > 0, w, 1.0), 0.0)
             m_s, se_s = mean_se(alone)
             assert abs(m_s - m) < 4 * np.hypot(se_s, se), (k, s)
-        light = sum(p.f_star_of(k, s) for s in range(2, k))
-        assert light.mean() > 0.2 * m
+        light = sum(p.f_star_of(k, s) for s in range(2, k + 1))
+        assert light.mean() > 0.4 * m
 
 
 def test_paths_through_glass_are_estimated_alike():
     """The glass box (its sphere rough glass: GGX alpha 0.3, eta 1.5), 2^17 uniform states,
     lengths 3 and 4, restricted to paths with a dielectric vertex: the MIS-weighted sum over
     all techniques agrees with the unidirectional path space's within 4 standard errors
-    (measured, three seeds: -0.2 .. +0.3 SE), and at length 3 every technique alone too
-    (+0.3 .. +0.8 SE). At length 4 the connection techniques alone are too heavy-tailed for a
-    mean (a connection through two refractions: one seed 8 SE low, another 3x high), so
-    their light-side frames are checked path by path in the test below. The light-subpath
-    techniques carry a third of these paths' light at length 3 and 7-8 % at length 4."""
+    (measured, five seeds: -0.9 .. +0.8 SE, with a standard error 0.56-0.91x the
+    unidirectional one), and at length 3 every technique alone too (-1.3 .. +1.9 SE). At
+    length 4 the connection techniques alone are too heavy-tailed for a mean (a connection
+    through two refractions: one seed 8 SE low, another 3x high), so their light-side frames
+    are checked path by path in the test below. The light-subpath techniques (light tracing
+    included) carry about half of these paths' light at length 3 and 15 % at length 4."""
     scene = glass_box()
     ps = PathSpace(scene, max_length=4, bidirectional=True, backend="numpy")
     uni = PathSpace(scene, max_length=4, backend="numpy")
@@ -112,17 +125,47 @@ def test_paths_through_glass_are_estimated_alike():
         return np.where(glassy, paths.f_star_of(k, s), 0.0)
 
     for k in (3, 4):
-        m, se = mean_se(sum(through_glass(p, ps, k, s) for s in range(k)))
+        m, se = mean_se(sum(through_glass(p, ps, k, s) for s in ps.techniques_of(k)))
         m_uni, se_uni = mean_se(sum(through_glass(q, uni, k, s) for s in (HIT, NEE)))
         assert abs(m - m_uni) < 4 * np.hypot(se, se_uni), k
-        light = sum(through_glass(p, ps, k, s) for s in range(2, k)).mean()
-        assert light > (0.25 if k == 3 else 0.04) * m, k
+        light = sum(through_glass(p, ps, k, s) for s in range(2, k + 1)).mean()
+        assert light > (0.4 if k == 3 else 0.1) * m, k
         if k == 3:
             for s in ps.techniques_of(k):
                 w = ps.mis_weights(u, k, s, p)
                 alone = np.where(w > 0, through_glass(p, ps, k, s) / np.where(w > 0, w, 1), 0)
                 m_s, se_s = mean_se(alone)
                 assert abs(m_s - m) < 4 * np.hypot(se_s, se), s
+
+
+def test_light_tracing_lands_in_the_right_pixels():
+    """Light tracing (t = 1) splats where its path meets the camera: on the Cornell box
+    (paths of 3 segments, 2^17 states) its unweighted image, each state's f / p in the
+    pixel the trace projected it to, agrees pixel by pixel with the unidirectional path
+    space's image (its states' screen pixels): the mean squared z-score over the 192 pixels
+    is ~1 (measured 1.00 and 0.93 on two seeds), which a projection off by one pixel or
+    flipped would not give (measured: 22 with columns shifted by one, 40 with rows
+    flipped)."""
+    scene = scenes.cornell_box((16, 12))
+    ps = PathSpace(scene, max_length=3, bidirectional=True, backend="numpy")
+    uni = PathSpace(scene, max_length=3, backend="numpy")
+    n, npix = 1 << 17, 16 * 12
+    u = np.random.default_rng(4).random((n, ps.dim))
+    p, q = ps.trace(u), uni.trace(u[:, :uni.dim])
+    t = ps.techniques.index((3, 3))
+    w = ps.mis_weights(u, 3, 3, p)
+    alone = np.where(w > 0, p.scores[:, t] / np.where(w > 0, w, 1.0), 0.0)
+    reference = q.f_star_of(3)
+
+    def image(values, pixel):  # per-pixel mean and standard error of the estimator
+        m = np.bincount(pixel, values, npix) / n
+        m2 = np.bincount(pixel, values * values, npix) / n
+        return m, np.sqrt(np.maximum(m2 - m * m, 0.0) / n)
+
+    (a, sa), (b, sb) = image(alone, p.pixels[:, t]), image(reference, q.pixel)
+    z = (a - b) / np.hypot(sa, sb)
+    assert np.mean(z * z) < 1.5, np.mean(z * z)
+    assert abs(a.sum() / b.sum() - 1) < 0.02
 
 
 def _cosine_numbers(normal, d):
@@ -257,7 +300,10 @@ def test_modified_coordinates_reproduce_the_pss_paths(scene):
     rough bounce of both subpaths absolute, the glass sphere's too): tracing w in the
     technique's coordinates gives u's contribution to 1e-11, with |det du/dw| != 1 wherever
     a direction was sampled, and the light subpath's bounce numbers are the ones that
-    changed on techniques that sample it."""
+    changed on techniques that sample it. In the glass box one NEE lane in 3156 is
+    reproduced to 4e-4 only: reflected off the low-polygon sphere onto a neighbouring facet
+    of it at grazing incidence, where a direction's last bits move the hit that much; there
+    the bound is 1e-3 on every lane and 1e-11 on all but one in a thousand."""
     ps = PathSpace(scene(), max_length=4, bidirectional=True, roughness_threshold=0.001,
                    backend="numpy")
     rng = np.random.default_rng(5)
@@ -269,11 +315,15 @@ def test_modified_coordinates_reproduce_the_pss_paths(scene):
         q = ps.trace(w, coords=tech)
         lit = p.scores[:, t] > 0
         assert lit.sum() >= 20, (k, s)
-        np.testing.assert_allclose(q.scores[lit, t], p.scores[lit, t], rtol=1e-11)
+        rel = np.abs(q.scores[lit, t] / p.scores[lit, t] - 1)
+        if scene is glossy_box:
+            assert rel.max() < 1e-11, (k, s, rel.max())
+        else:
+            assert rel.max() < 1e-3 and (rel > 1e-11).mean() < 1e-3, (k, s, rel.max())
         sampled = ps.modified_vertices(t) + max(s - 2, 0)
         assert (q.jacobian[lit, t] != 1).all() == bool(sampled), (k, s)
         light_numbers = (w != u)[:, np.concatenate(ps.light_bsdf_dims)].any(1)
-        assert light_numbers[lit].all() == (s == 3), (k, s)
+        assert light_numbers[lit].all() == (s >= 3), (k, s)
 
 
 @pytest.mark.parametrize("scene, length, technique, n", [
@@ -308,11 +358,15 @@ def test_bad_combinations_are_named():
     with pytest.raises(PathSpaceError, match="light coordinates are not written"):
         PathSpace(box, bidirectional=True, roughness_threshold=0.03, light_coordinates=True)
     ps = PathSpace(box, max_length=3, bidirectional=True, backend="numpy")
-    with pytest.raises(PathSpaceError, match=r"s must be an integer in \[0, 2\]"):
-        ps.dims(3, 3)
+    with pytest.raises(PathSpaceError, match=r"s must be an integer in \[0, 3\]"):
+        ps.dims(3, 4)
     with pytest.raises(PathSpaceError, match="outside"):
         ps.dims(4, 2)
     modified = PathSpace(box, max_length=3, bidirectional=True, roughness_threshold=0.03,
                          backend="numpy")
     with pytest.raises(PathSpaceError, match="lens perturbation is not written"):
         modified.compile_kernels(lens=True)
+    stretched = scenes.cornell_box((8, 6))
+    stretched.camera.cam_to_world[:3, 0] *= 2.0
+    with pytest.raises(PathSpaceError, match="without scale or shear"):
+        PathSpace(stretched, bidirectional=True)

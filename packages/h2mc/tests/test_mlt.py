@@ -339,11 +339,12 @@ def cornell_bidirectional(cornell):
 def test_bidirectional_techniques_converge(cornell, cornell_bidirectional, method, mpp, seed,
                                            bound):
     """The three methods over every BDPT technique of the 16x12 Cornell box's paths of 3
-    segments (s = 0, 1, 2: the light subpath's techniques in the Kelemen state's sum, in
-    MMLT's technique choice and in H2MC's resampling large step) converge to edge_rt's
-    path tracer. Measured: relMSE at 8 / 32 / 128 (H2MC 2 / 8 / 32) mutations per pixel
-    PSSMLT 0.034, 0.018, 0.0057 (unidirectional: 0.0095 at 128), MMLT 0.032, 0.023, 0.0106,
-    H2MC 0.036, 0.023, 0.0135; luminance within 1% of the reference."""
+    segments (s = 0 .. 3: the light subpath's techniques, light tracing's splats into the
+    pixel its path meets the camera in included, in the Kelemen state's sum, in MMLT's
+    technique choice and in H2MC's resampling large step) converge to edge_rt's path tracer.
+    Measured: relMSE at 8 / 32 / 128 (H2MC 2 / 8 / 32) mutations per pixel PSSMLT 0.016,
+    0.011, 0.0035 (unidirectional: 0.0095 at 128; without light tracing 0.0057), MMLT 0.035,
+    0.023, 0.0095, H2MC 0.030, 0.020, 0.0082; luminance within 1% of the reference."""
     scene, _, refs = cornell
     ps = cornell_bidirectional
     r = render_mlt(scene, mpp, method=method, chains=256, bootstrap_samples=1 << 15,
@@ -356,9 +357,9 @@ def test_bidirectional_techniques_converge(cornell, cornell_bidirectional, metho
 def test_bidirectional_modified_coordinates_converge(cornell):
     """H2MC in the modified coordinates over every BDPT technique (threshold 0.03: the
     diffuse bounces of both subpaths absolute) on the Cornell box's paths of 3-4 segments, at
-    2 / 8 / 32 mutations per pixel, against edge_rt at 4 x 96 spp. Measured (LLVM kernels):
-    relMSE 0.070, 0.049, 0.025 (the unidirectional modified H2MC: 0.061, 0.051, 0.026; part
-    of the last is the reference's noise), luminance 2.4% from the reference."""
+    2 / 8 / 32 mutations per pixel, against edge_rt at 4 x 96 spp. Measured (numpy
+    kernels): relMSE 0.069, 0.049, 0.017 (the unidirectional modified H2MC: 0.061, 0.051,
+    0.026; part of the last is the reference's noise), luminance 0.8% from the reference."""
     scene = cornell[0]
     refs = _indirect_reference(scene, 96, range(4), 4)
     ps = PathSpace(scene, max_length=4, bidirectional=True, roughness_threshold=0.03,
@@ -540,8 +541,9 @@ def test_rough_glass_converges_to_path_traced_reference(torus, torus_bidirection
     at its floor from the first checkpoint on (0.0118 at 2 mutations per pixel; before, seeds
     1-3 gave 0.012-0.016 at 1 and at 8): the reference's noise and b, not the chains, set it,
     so only its bound is checked. ``bidirectional``: over every BDPT technique, light
-    subpaths refracting through the cube; measured relMSE 0.0080 (PSSMLT), 0.0076 (MMLT),
-    0.0082 (H2MC, numpy Hessian kernels: ~1 min, slow tier)."""
+    subpaths refracting through the cube; measured relMSE 0.0072 (PSSMLT), 0.0069 (MMLT),
+    0.0082 (H2MC before light tracing was added; numpy Hessian kernels: ~1 min, slow
+    tier)."""
     scene, ps, refs = torus
     if bidirectional:
         ps = torus_bidirectional

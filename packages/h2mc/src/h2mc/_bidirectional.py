@@ -1,25 +1,28 @@
 """Bidirectional path tracing in primary sample space (spec 1.2, 1.4; Veach's BDPT with
 Kelemen's states): the techniques ``(k, s)`` with ``s >= 2`` light-subpath vertices, and the
-power-heuristic MIS weights over all ``s = 0 .. k - 1`` of a path of ``k`` segments.
+power-heuristic MIS weights over all ``s = 0 .. k`` of a path of ``k`` segments.
 
 A state carries, beside the camera subpath's numbers, a light subpath's: a light point (the
 triangle pick and two area coordinates, edge_rt's ``Geometry.sample_light``), a
 cosine-distributed emission direction (two numbers) and three numbers per bounce (edge_rt's
 BSDF sampling). Technique ``(k, s)`` with ``t = k + 1 - s`` connects camera vertex
-``x_{t-1}`` to light vertex ``y_{s-1}`` by a visibility ray; ``t >= 2`` (light tracing to the
-camera, ``t = 1``, splats to another pixel and is left out, so the weights are normalised
-over ``s <= k - 1``).
+``x_{t-1}`` to light vertex ``y_{s-1}`` by a visibility ray; light tracing (``t = 1``,
+``s = k``) connects ``y_{k-1}`` to the pinhole and lands in the pixel it is seen in, not the
+state's screen position (``Paths.pixels``; the MLT splats each technique into its own).
 
 Each technique's contribution is one core_ad expression of its numbers, written in area
 measure: ``C_s = f(x) p_s(x) / sum_j p_j(x)^2`` with ``f`` the path's measurement
 contribution (emitted radiance, BRDF * cos at each surface vertex with the viewer towards the
 camera, ``|cos| / d^2`` at each receiving vertex) and ``p_j`` the area density with which
 technique ``j`` samples the same path (forward BSDF pdfs on the camera side, the light's
-area pdf, the emission pdf and reverse BSDF pdfs on the light side; the camera vertex's and
-``x_1``'s densities are common to all and cancel). Evaluating ``f`` in full instead of
-propagating a light subpath's throughput keeps the shading-normal asymmetry of light
-transport exact with no adjoint BSDF. The camera factor cancels against the pixel's, as in
-the unidirectional techniques (``C`` is the PSS contribution ``f / p``).
+area pdf, the emission pdf and reverse BSDF pdfs on the light side; the camera vertex's
+density is common to all and cancels, and so does ``x_1``'s from the camera, common to every
+``t >= 2``, which light tracing's density is divided by instead). Evaluating ``f`` in full
+instead of propagating a light subpath's throughput keeps the shading-normal asymmetry of
+light transport exact with no adjoint BSDF. The camera factor cancels against the pixel's,
+as in the unidirectional techniques (``C`` is the PSS contribution ``f / p``): for light
+tracing that factor is the camera's density of ``x_1``, ``cos_1 / (d^2 A cos^3)`` for a
+screen position uniform on an image plane of area ``A`` at distance 1.
 
 The modified parameterisation (spec 5.1 (i), 5.2) covers both subpaths: on the bounce
 vertices a state's technique samples (camera ``x_1 .. x_{t-2}``, light ``y_1 .. y_{s-2}``)
@@ -64,24 +67,28 @@ _EMITTER = {"kdr": 1.0, "kdg": 1.0, "kdb": 1.0, "ksr": 0.0, "ksg": 0.0, "ksb": 0
 def layout(first, max_length):
     """The light subpath's coordinates from index ``first`` of ``u``: light point (3),
     emission direction (2) and one BSDF sample per light vertex that sends its subpath on
-    (``max_length - 3``); ``(point, emission, bounces, end)``."""
+    (``max_length - 2``: light tracing's longest subpath ends on the surface vertex it
+    connects to the camera); ``(point, emission, bounces, end)``."""
     point = first + np.arange(3)
     emission = first + 3 + np.arange(2)
-    bounces = [first + 5 + 3 * b + np.arange(3) for b in range(max(max_length - 3, 0))]
-    return point, emission, bounces, first + 5 + 3 * max(max_length - 3, 0)
+    n = max(max_length - 2, 0)
+    bounces = [first + 5 + 3 * b + np.arange(3) for b in range(n)]
+    return point, emission, bounces, first + 5 + 3 * n
 
 
 def techniques(lengths):
-    """Every ``(k, s)``, ``s = 0 .. k - 1``, in the order of ``Paths.contrib``'s axis."""
-    return [(k, s) for k in lengths for s in range(k)]
+    """Every ``(k, s)``, ``s = 0 .. k``, in the order of ``Paths.contrib``'s axis."""
+    return [(k, s) for k in lengths for s in range(k + 1)]
 
 
 def dims(ps, k, s):
-    """The coordinates technique ``(k, s >= 2)`` reads: the screen, the camera subpath's
-    ``t - 2`` bounces, the light point, the emission and the light subpath's ``s - 2``
-    bounces."""
+    """The coordinates technique ``(k, s >= 2)`` reads: the screen (not for light tracing,
+    ``t = 1``: its pixel is where the path meets the camera), the camera subpath's ``t - 2``
+    bounces, the light point, the emission and the light subpath's ``s - 2`` bounces (the
+    shutter time first where meshes move)."""
     t = k + 1 - s
-    return np.concatenate([np.arange(ps._screen + 2)] + ps.bsdf_dims[:t - 2]
+    return np.concatenate([np.arange(ps._screen + (2 if t >= 2 else 0))]
+                          + ps.bsdf_dims[:max(t - 2, 0)]
                           + [ps.light_point_dims, ps.emission_dims]
                           + ps.light_bsdf_dims[:s - 2])
 
@@ -110,7 +117,7 @@ def light_subpaths(ps, ut, times, n_abs):
     o, lanes = y + g.eps * nl, torch.arange(B)
     light = ps._light_params(tri.numpy(), pmf.numpy())
     vertices = []
-    for j in range(1, ps.max_length - 1):
+    for j in range(1, ps.max_length):
         time = None if times is None else times[lanes]
         hit = g.intersect(o, d, time=time)
         keep = torch.nonzero(hit >= 0).flatten()
@@ -126,7 +133,7 @@ def light_subpaths(ps, ut, times, n_abs):
                     & (rough > (ps.roughness_threshold or 0.0)))
         params = ps._vertex_params(si, kd, ks, rough, eta, absolute, None)
         vertices.append((lanes.numpy(), si, glass, params))
-        if j == ps.max_length - 2:
+        if j == ps.max_length - 1:
             break
         wo, pdf = ps._sample(si, -d, kd, ks, rough, eta,
                              ut[lanes][:, ps.light_bsdf_dims[j - 1]], absolute)
@@ -138,35 +145,77 @@ def light_subpaths(ps, ut, times, n_abs):
 def connections(ps, camera, light, light_vertices, times):
     """The lanes of each technique ``(k, s >= 2)`` whose camera vertex ``x_{t-1}`` sees light
     vertex ``y_{s-1}`` (the connection leaving and reaching each on a side its material
-    allows, :func:`sides_ok`; no occluder), and their kernel parameters in path order
-    (``x_1 .. x_{t-1}``, ``y_{s-1} .. y_1``, the light): ``{(k, s): (lanes, (P, n))}``.
-    ``camera``: per camera surface vertex ``(lanes, interactions (normals facing the camera
-    side), dielectric flags, vertex parameters)``."""
-    g, out = ps.geometry, {}
+    allows, :func:`sides_ok`; no occluder), or, for light tracing (``t = 1``), whose vertex
+    ``y_{k-1}`` the camera sees inside its image; their kernel parameters in path order
+    (``x_1 .. x_{t-1}``, ``y_{s-1} .. y_1``, the light): ``{(k, s): (lanes, (P, n))}``; and
+    the pixel light tracing splats each lane into, ``{(k, k): (n,)}``. ``camera``: per camera
+    surface vertex ``(lanes, interactions (normals facing the camera side), dielectric
+    flags, vertex parameters)``."""
+    out, pixels = {}, {}
     for k, s in ps.techniques:
         t = k + 1 - s
         if s < 2 or t - 2 >= len(camera) or s - 2 >= len(light_vertices):
             continue
-        lc, sc, gc, _ = camera[t - 2]
         ll, sl, gl, _ = light_vertices[s - 2]
-        lanes, ic, il = np.intersect1d(lc, ll, assume_unique=True, return_indices=True)
-        if not len(lanes):
-            continue
-        x, y = subset(sc, torch.as_tensor(ic)), subset(sl, torch.as_tensor(il))
-        to = y.p - x.p
-        w = to / to.norm(dim=1, keepdim=True)
-        origin = g.spawn(x, w)
-        tmax = (y.p - origin).norm(dim=1) * (1.0 - 1e-3)
-        time = None if times is None else times[torch.as_tensor(lanes)]
-        blocked = g.intersect(origin, w, tmax=tmax, time=time) >= 0
-        ok = (sides_ok(x, w, gc[ic]) & sides_ok(y, -w, gl[il]) & ~blocked)
-        lanes = lanes[ok.numpy()]
+        if t == 1:
+            lanes, pixel = _seen_by_camera(ps, ll, sl, gl, times)
+        else:
+            lc, sc, gc, _ = camera[t - 2]
+            lanes, ic, il = np.intersect1d(lc, ll, assume_unique=True, return_indices=True)
+            if len(lanes):
+                x, y = subset(sc, torch.as_tensor(ic)), subset(sl, torch.as_tensor(il))
+                ok = _visible(ps, x, gc[ic], y.p, times, lanes) & sides_ok(
+                    y, -_unit(y.p - x.p), gl[il])
+                lanes = lanes[ok.numpy()]
         if not len(lanes):
             continue
         rows = [table[3][np.searchsorted(table[0], lanes)]
                 for table in camera[:t - 1] + light_vertices[:s - 1][::-1]]
         out[k, s] = (lanes, np.ascontiguousarray(np.concatenate(rows + [light[lanes]], 1).T))
-    return out
+        if t == 1:
+            pixels[k, s] = pixel
+    return out, pixels
+
+
+def _unit(v):
+    return v / v.norm(dim=1, keepdim=True)
+
+
+def _visible(ps, x, glass, target, times, lanes):
+    """Whether the segment from interactions ``x`` to points ``target`` leaves ``x`` on a
+    side its material allows and meets no surface before ``target``, (n,) bool."""
+    g = ps.geometry
+    w = _unit(target - x.p)
+    origin = g.spawn(x, w)
+    tmax = (target - origin).norm(dim=1) * (1.0 - 1e-3)
+    time = None if times is None else times[torch.as_tensor(lanes)]
+    return sides_ok(x, w, glass) & (g.intersect(origin, w, tmax=tmax, time=time) < 0)
+
+
+def _seen_by_camera(ps, lanes, si, glass, times):
+    """The lanes whose light-subpath vertex (interactions ``si``) the pinhole sees inside
+    its image (in front of it, unoccluded, leaving towards it on an allowed side), and the
+    pixel each lands in."""
+    rotation, eye, tan = _camera(ps)
+    to_eye = torch.as_tensor(eye)[None, :] - si.p
+    local = (-to_eye).numpy() @ rotation  # camera frame: x right, y up, z forward
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sx = 0.5 * (local[:, 0] / local[:, 2] / tan + 1.0)
+        sy = 0.5 * (1.0 - local[:, 1] / local[:, 2] / (tan * ps.height / ps.width))
+    inside = (local[:, 2] > 0) & (sx >= 0) & (sx < 1) & (sy >= 0) & (sy < 1)
+    ok = inside & _visible(ps, si, glass, torch.as_tensor(eye).expand_as(si.p), times,
+                           lanes).numpy()
+    px = np.minimum(np.floor(sx[ok] * ps.width).astype(np.int64), ps.width - 1)
+    py = np.minimum(np.floor(sy[ok] * ps.height).astype(np.int64), ps.height - 1)
+    return lanes[ok], py * ps.width + px
+
+
+def _camera(ps):
+    """The pinhole's rotation (camera to world, orthonormal columns), position and
+    ``tan(fov / 2)`` (as :meth:`PathSpace._camera_ray` reads them)."""
+    cam = ps.scene.camera
+    m = cam.cam_to_world.detach().double().numpy()
+    return m[:3, :3], m[:3, 3], float(np.tan(float(cam.fov) * np.pi / 360.0))
 
 
 # ------------------------------------------------------------------ the smooth piece
@@ -213,7 +262,11 @@ def contribution(ps, k, s, at, verts, light, time):
 
     sides = [_Material.of(ps, vp) for vp in verts]
     t = k + 1 - s
-    o, d = ps._camera_ray(at[ps._screen], at[ps._screen + 1])
+    rotation, eye, tan = _camera(ps)
+    if t >= 2:
+        o, d = ps._camera_ray(at[ps._screen], at[ps._screen + 1])
+    else:  # light tracing: the path ends at the pinhole
+        o = tuple(sym.const(float(c)) for c in eye)
     points, hits = [o], [None]  # x_0 .. x_k; the surface vertices' hit frames
     n_camera = k - 1 if s <= _NEE else t - 1
     for i in range(1, n_camera + 1):
@@ -270,19 +323,25 @@ def contribution(ps, k, s, at, verts, light, time):
         f = [f[c] * fc[c] * g for c in range(3)]
     forward = {i: pdf(camera_frames[i - 1], neg(w[i - 2]), w[i - 1]) * cos_at(i, w[i - 1])
                / d2[i - 1] for i in range(2, k + 1)}
-    reverse = {k: light["pmf"] / area}
-    if k - 1 >= 2:
-        reverse[k - 1] = cos_l / math.pi * cos_at(k - 1, w[k - 1]) / d2[k - 1]
-    for i in range(k - 2, 1, -1):
+    reverse = {k: light["pmf"] / area, k - 1: cos_l / math.pi * cos_at(k - 1, w[k - 1])
+               / d2[k - 1]}
+    for i in range(k - 2, 0, -1):
         reverse[i] = pdf(light_frames[i + 1], w[i + 1], neg(w[i])) * cos_at(i, w[i]) / d2[i]
+    # The camera's density of x_1 (uniform screen position, pinhole) is common to every
+    # technique with t >= 2 and left out of them; light tracing's is divided by it instead:
+    # p_cam = cos_1 / (d_01^2 A cos_axis^3), A the image plane's area at distance 1.
+    cos_axis = dot(tuple(float(rotation[r, 2]) for r in range(3)), w[0])
+    area_1 = 4.0 * tan * tan * ps.height / ps.width
+    p_camera = cos_at(1, w[0]) / (d2[0] * area_1 * cos_axis * cos_axis * cos_axis)
     densities = []
-    for j in range(k):  # technique j: x_2 .. x_{k-j} from the camera, the rest from the light
+    # technique j: x_2 .. x_{k-j} from the camera, the rest from the light (j = k: x_1 too)
+    for j in range(k + 1):
         p = 1.0
         for i in range(2, k - j + 1):
             p = p * forward[i]
-        for i in range(k - j + 1, k + 1):
+        for i in range(max(k - j + 1, 1), k + 1):
             p = p * reverse[i]
-        densities.append(p)
+        densities.append(p / p_camera if j == k else p)
     total = sym.maximum(sum(p * p for p in densities), 1e-300)
     own = densities[s]
     rgb = [sym.where(cos_l > 0.0, f[c] * own / total, 0.0) for c in range(3)]

@@ -465,7 +465,11 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     if modified and not ((f > 0) & (fw > 0)).all():
         raise MLTError(f"render_mlt: {int((~((f > 0) & (fw > 0))).sum())} chain seeds have no "
                        "contribution in the modified coordinates after 8 draws")
-    state = _Chains(x, t, rgb, f, fw, px.f_star, px.pixel, px.contrib.copy())
+    state = _Chains(x, t, rgb, f, fw, px.f_star, px.pixel, px.contrib.copy(),
+                    None if px.pixels is None else px.pixels.copy())
+    # light tracing's techniques (bidirectional t = 1) splat into the pixel their path
+    # meets the camera in, not the state's screen position
+    elsewhere = [i for i, (k, s) in enumerate(ps.techniques) if s == k]
     use_h2mc = small_step == "h2mc"
     if use_h2mc:
         gauss = _Gaussians(ps, multiplexed, sigma2, C,
@@ -572,12 +576,15 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
             moved = ~h2 & (draw < _acceptance(log_a, fy, fwy))
             gauss.at_proposals(y, py, ty, pending, lanes_all[moved], log_a)
         a = _acceptance(log_a, fy, fwy)
-        _splat(accum, state.pixel, (1.0 - a) / state.f, state.rgb)
+        _splat_paths(accum, (1.0 - a) / state.f, state.rgb, state.pixel, state.pixels,
+                     state.contrib, state.t if multiplexed else None, elsewhere)
         # a resampling large step's proposal: the expectation over its technique choice
         prop_rgb = np.where(resampled[:, None], py.rgb, rgb_y)
         prop_f = np.where(resampled, S_y, fy)
         live = a > 0
-        _splat(accum, py.pixel[live], a[live] / prop_f[live], prop_rgb[live])
+        _splat_paths(accum, a[live] / prop_f[live], prop_rgb[live], py.pixel[live],
+                     None if py.pixels is None else py.pixels[live], py.contrib[live],
+                     np.where(resampled, -1, ty)[live] if multiplexed else None, elsewhere)
         accept = draw < a
         for name, sel in (("large", large), ("small", h2 if use_h2mc else iso),
                           ("isotropic", iso if use_h2mc else None),
@@ -588,6 +595,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         state.x[accept], state.t[accept], state.rgb[accept] = y[accept], ty[accept], rgb_y[accept]
         state.f[accept], state.fw[accept], state.S[accept] = fy[accept], fwy[accept], S_y[accept]
         state.pixel[accept], state.contrib[accept] = py.pixel[accept], py.contrib[accept]
+        if state.pixels is not None:
+            state.pixels[accept] = py.pixels[accept]
         if technique_gibbs > 0:
             _technique_gibbs(state, rng.random(C) < technique_gibbs, rng, stats["technique"])
         if use_h2mc:
@@ -622,6 +631,7 @@ class _Chains:
     S: np.ndarray  # the sum over all techniques' scores at x (the resampling large step's)
     pixel: np.ndarray
     contrib: np.ndarray  # every technique's contribution at x, (C, T, 3)
+    pixels: np.ndarray = None  # the pixel of each technique's contribution, (C, T)
 
 
 def _technique_gibbs(state, chosen, rng, stats):
@@ -833,6 +843,22 @@ def _emitters_seen(ps, spp, rng):
     accum = np.zeros((w * h, 3))
     _splat(accum, pixel[hit.numpy()], np.full(len(hit), 1.0 / spp), le)
     return accum.reshape(h, w, 3)
+
+
+def _splat_paths(accum, weight, rgb, pixel, pixels, contrib, technique, elsewhere):
+    """Splat ``rgb`` (B, 3) times ``weight`` at ``pixel``, but the part of it that the
+    techniques ``elsewhere`` contribute (``contrib`` (B, T, 3)) at their ``pixels`` (B, T).
+    ``technique`` (B,): the technique ``rgb`` is, -1 where it is the sum over all (a
+    resampling proposal's expectation); None: the sum on every lane (Kelemen)."""
+    if elsewhere:
+        rgb = rgb.copy()
+        for c in elsewhere:
+            share = contrib[:, c]
+            if technique is not None:
+                share = np.where(((technique == c) | (technique < 0))[:, None], share, 0.0)
+            rgb -= share
+            _splat(accum, pixels[:, c], weight, share)
+    _splat(accum, pixel, weight, rgb)
 
 
 def _splat(accum, pixel, weight, rgb):

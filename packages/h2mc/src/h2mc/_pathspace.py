@@ -178,6 +178,9 @@ class Paths:
     # (B, T): the technique's path has a vertex on a moving mesh (its time is an H2MC
     # dimension); False on static paths and in scenes without motion
     moving: np.ndarray = None
+    # (B, T): the pixel each technique's contribution lands in: ``pixel`` but for light
+    # tracing (bidirectional t = 1), where the path meets the camera; None: ``pixel`` for all
+    pixels: np.ndarray = None
 
     @property
     def scores_w(self):
@@ -222,7 +225,8 @@ class Paths:
         return Paths(self.xy[part], self.pixel[part], self.contrib[part], self.valid[part],
                      self.nonfinite[part], structure, self.techniques,
                      None if self.jacobian is None else self.jacobian[part], directions,
-                     None if self.moving is None else self.moving[part])
+                     None if self.moving is None else self.moving[part],
+                     None if self.pixels is None else self.pixels[part])
 
     def _columns_of(self, length, technique):
         cols = [t for t, (k, s) in enumerate(self.techniques)
@@ -384,6 +388,11 @@ class PathSpace:
         if self.bidirectional and light_coordinates:
             raise PathSpaceError("PathSpace: light coordinates are not written for "
                                  "bidirectional techniques; give light_coordinates=False")
+        rotation = scene.camera.cam_to_world.detach().double().numpy()[:3, :3]
+        if self.bidirectional and not np.allclose(rotation.T @ rotation, np.eye(3), atol=1e-9):
+            raise PathSpaceError("PathSpace: light tracing (bidirectional t = 1) needs a camera "
+                                 "pose without scale or shear (cam_to_world's rotation part "
+                                 "is not orthonormal)")
         # the bidirectional techniques hold both BSDFs per vertex (no per-sequence kernels)
         self._specialize = bool(specialize) and self._dielectric and not self.bidirectional
         self.specialize_min_lanes = SPECIALIZE_MIN_LANES
@@ -463,7 +472,7 @@ class PathSpace:
         if (length, technique) not in self.techniques:
             if self.bidirectional:
                 raise PathSpaceError(f"PathSpace: technique s must be an integer in [0, "
-                                     f"{length - 1}] (light-subpath vertices) for length "
+                                     f"{length}] (light-subpath vertices) for length "
                                      f"{length}, got {technique!r}")
             raise PathSpaceError(f"PathSpace: technique must be {HIT} (BSDF sample hits an "
                                  f"emitter) or {NEE} (light sample), got {technique!r}")
@@ -487,7 +496,8 @@ class PathSpace:
         if ((t < -1) | (t >= len(self.techniques))).any():
             raise PathSpaceError(f"PathSpace: technique indices must lie in [-1, "
                                  f"{len(self.techniques)}), got {t.min()}..{t.max()}")
-        used = np.array([k - 1 - s for k, s in self.techniques] + [0])  # t - 2 when s >= 2
+        # t - 2 when s >= 2 (none for light tracing, t = 1)
+        used = np.array([max(k - 1 - s, 0) for k, s in self.techniques] + [0])
         return used[t]
 
     def light_coordinate_vertex(self, technique_index):
@@ -691,11 +701,15 @@ class PathSpace:
                 o, d, lanes = g.spawn(si, wo)[ok], wo[ok], lanes[ok]
                 aimed, aimed_y = aimed[ok], aimed_y[ok]
             connected = {}  # (k, s >= 2) -> (lanes, kernel parameters)
+            pixels = None
             if self.bidirectional:
                 light, light_vertices = _bidirectional.light_subpaths(self, ut, times,
                                                                       n_light_abs)
-                connected = _bidirectional.connections(self, camera, light, light_vertices,
-                                                       times)
+                connected, traced_pixels = _bidirectional.connections(
+                    self, camera, light, light_vertices, times)
+                pixels = np.repeat(pixel[:, None], len(self.techniques), 1)
+                for key, lanes_k in traced_pixels.items():
+                    pixels[connected[key][0], self.techniques.index(key)] = lanes_k
         structure = {}
         for t, key in enumerate(self.techniques):
             if key in connected:
@@ -729,7 +743,7 @@ class PathSpace:
                 keep = ~nonfinite[lanes_k]
                 structure[key] = (lanes_k[keep], np.compress(keep, params, axis=1))
         return Paths(xy, pixel, contrib, valid, nonfinite, structure, list(self.techniques),
-                     jacobian, directions, moving)
+                     jacobian, directions, moving, pixels)
 
     def _on_moving_mesh(self, params, length):
         """Whether any surface vertex of the paths (kernel parameters ``params`` of a
