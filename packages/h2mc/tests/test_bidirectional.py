@@ -67,6 +67,19 @@ def test_layout_and_techniques():
     assert ((p.pixels >= 0) & (p.pixels < 16 * 12)).all()
 
 
+def _both_path_spaces(scene, n, seed):
+    """The bidirectional and the unidirectional path spaces of ``scene`` (paths of 3-4
+    segments), ``n`` uniform states, and the paths of both on them."""
+    ps = PathSpace(scene, max_length=4, bidirectional=True, backend="numpy")
+    uni = PathSpace(scene, max_length=4, backend="numpy")
+    u = np.random.default_rng(seed).random((n, ps.dim))
+    return ps, uni, u, ps.trace(u), uni.trace(u[:, :uni.dim])
+
+
+def _mean_se(x):
+    return x.mean(), x.std() / np.sqrt(len(x))
+
+
 def test_every_technique_estimates_the_same_light():
     """Glossy box (Phong lobes, shading normals), 2^15 uniform states, per length 3 and 4:
     the MIS-weighted sum over all techniques agrees with the unidirectional path space's
@@ -76,16 +89,8 @@ def test_every_technique_estimates_the_same_light():
     combined SE; single techniques within 2.4 SE (light tracing -0.5 / -0.5). The
     light-subpath techniques carry 65% of length 3 and 69% of length 4 (light tracing 45% and
     34%), and the sum's standard error is 2-4x lower than the unidirectional one."""
-    scene = glossy_box()
-    ps = PathSpace(scene, max_length=4, bidirectional=True, backend="numpy")
-    uni = PathSpace(scene, max_length=4, backend="numpy")
-    n = 1 << 15
-    u = np.random.default_rng(12).random((n, ps.dim))
-    p, q = ps.trace(u), uni.trace(u[:, :uni.dim])
-
-    def mean_se(x):
-        return x.mean(), x.std() / np.sqrt(n)
-
+    ps, _, u, p, q = _both_path_spaces(glossy_box(), 1 << 15, 12)
+    mean_se = _mean_se
     for k in (3, 4):
         (m, se), (m_uni, se_uni) = mean_se(p.f_star_of(k)), mean_se(q.f_star_of(k))
         assert abs(m - m_uni) < 4 * np.hypot(se, se_uni), k
@@ -110,15 +115,9 @@ def test_paths_through_glass_are_estimated_alike():
     through two refractions: one seed 8 SE low, another 3x high), so their light-side frames
     are checked path by path in the test below. The light-subpath techniques (light tracing
     included) carry about half of these paths' light at length 3 and 15 % at length 4."""
-    scene = glass_box()
-    ps = PathSpace(scene, max_length=4, bidirectional=True, backend="numpy")
-    uni = PathSpace(scene, max_length=4, backend="numpy")
     n = 1 << 17
-    u = np.random.default_rng(2).random((n, ps.dim))
-    p, q = ps.trace(u), uni.trace(u[:, :uni.dim])
-
-    def mean_se(x):
-        return x.mean(), x.std() / np.sqrt(n)
+    ps, uni, u, p, q = _both_path_spaces(glass_box(), n, 2)
+    mean_se = _mean_se
 
     def through_glass(paths, space, k, s):
         glassy = _glass_vertices(space, paths.structure, k, s, n).any(1)
