@@ -235,8 +235,8 @@ def test_one_path_through_glass_by_two_techniques():
 
 
 @pytest.mark.parametrize("length, technique, n", [
-    (3, 2, 30), (4, 2, 30), (4, 3, 30), (4, HIT, 30), (4, NEE, 30),
-    *(pytest.param(k, s, 300, marks=pytest.mark.slow) for k in (5, 6) for s in range(k)),
+    (3, 2, 30), (3, 3, 30), (4, 2, 30), (4, 3, 30), (4, 4, 30), (4, HIT, 30), (4, NEE, 30),
+    *(pytest.param(k, s, 300, marks=pytest.mark.slow) for k in (5, 6) for s in range(k + 1)),
 ])
 def test_log_f_derivatives_match_central_differences(length, technique, n):
     """AE-7 on the bidirectional techniques of the glossy box: gradient and Hessian of log f*
@@ -275,8 +275,8 @@ def _glass_states(ps, length, technique, rng, n, samples):
 
 
 @pytest.mark.parametrize("length, technique, samples", [
-    (3, 2, 1 << 13), (4, 2, 1 << 14), (4, 3, 1 << 14), (4, NEE, 1 << 14),
-    *(pytest.param(5, s, 1 << 15, marks=pytest.mark.slow) for s in range(5)),
+    (3, 2, 1 << 13), (4, 2, 1 << 14), (4, 3, 1 << 14), (4, 4, 1 << 14), (4, NEE, 1 << 14),
+    *(pytest.param(5, s, 1 << 15, marks=pytest.mark.slow) for s in range(6)),
 ])
 def test_glass_path_derivatives_match_central_differences(length, technique, samples):
     """AE-7 on bidirectional paths through the glass box's rough glass sphere, the light
@@ -326,7 +326,7 @@ def test_modified_coordinates_reproduce_the_pss_paths(scene):
 
 
 @pytest.mark.parametrize("scene, length, technique, n", [
-    ("glossy", 4, 2, 20), ("glossy", 4, 3, 20), ("glossy", 4, NEE, 20),
+    ("glossy", 4, 2, 20), ("glossy", 4, 3, 20), ("glossy", 4, 4, 20), ("glossy", 4, NEE, 20),
     ("glass", 4, 2, 20), ("glass", 4, 3, 20),
 ])
 def test_log_f_w_derivatives_match_central_differences(scene, length, technique, n):
