@@ -328,7 +328,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     draws its technique anew given its point (module docstring; 0, the spec's: never), in
     Kelemen's coordinates and with Kelemen or isotropic small steps;
     ``bidirectional``: when render_mlt builds the path space, every BDPT technique ``s = 0 ..
-    k - 1`` of a path of ``k`` segments (light subpaths, PathSpace's ``bidirectional``;
+    k`` of a path of ``k`` segments (light subpaths, PathSpace's ``bidirectional``;
     rough glass included, no light coordinates (None means False there) nor lens perturbation)
     instead of the two unidirectional ones; None: the given path_space's choice, or False;
     ``seconds``: a wall-clock budget (bootstrap included): the chains take steps until it is

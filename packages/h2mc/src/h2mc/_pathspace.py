@@ -340,7 +340,7 @@ class PathSpace:
     kernel's call costs ~100 lanes of work, so the step costs what it did, while the
     first-use builds add tens of seconds to a render's wall clock; it pays with a few
     hundred lanes of one sequence per call (many more chains). ``bidirectional``: every BDPT
-    technique ``s = 0 .. k - 1`` of each length (light subpaths, :mod:`._bidirectional`;
+    technique ``s = 0 .. k`` of each length (light subpaths, :mod:`._bidirectional`;
     :attr:`light_point_dims`, :attr:`emission_dims` and :attr:`light_bsdf_dims` follow the
     unidirectional coordinates in ``u``; rough dielectrics included), no light coordinates;
     its kernels hold both BSDFs at every vertex (``specialize`` does not apply).
