@@ -59,9 +59,6 @@ from ._vector import dot, sub
 
 _HIT, _NEE = 0, 1  # the unidirectional techniques (PathSpace's HIT and NEE)
 _MATERIAL = ("kdr", "kdg", "kdb", "ksr", "ksg", "ksb", "rough")
-# the emission lobe: edge_rt's BSDF sampling of a white Lambertian around the light normal
-_EMITTER = {"kdr": 1.0, "kdg": 1.0, "kdb": 1.0, "ksr": 0.0, "ksg": 0.0, "ksb": 0.0,
-            "rough": 1.0}
 
 
 def layout(first, max_length):
@@ -229,8 +226,8 @@ def contribution(ps, k, s, at, verts, light, time):
     e_vars, e_out = bsdf.bsdf_expressions("float64")
     pdfs = ((p_out, p_in), None)
     if ps._dielectric:
-        (sd_out, sd_in), glass_pdf = bsdf.dielectric_sampling_expressions("float64")
-        pdfs = ((p_out, p_in), (glass_pdf[0][0], glass_pdf[1]))
+        (sd_out, sd_in), ((pd_out,), pd_in) = bsdf.dielectric_sampling_expressions("float64")
+        pdfs = ((p_out, p_in), (pd_out, pd_in))
         d_vars, d_out = bsdf.dielectric_expressions("float64")
 
     def sample(ns, wi, side, du):
@@ -283,7 +280,8 @@ def contribution(ps, k, s, at, verts, light, time):
         dims = ps.light_dims[k][1:] if s == _NEE else ps.light_point_dims[1:]
         y, nl, area = ps._light_point(light, at[int(dims[0])], at[int(dims[1])])
     if s >= 2:  # the light subpath y_1 .. y_{s-1} = x_{k-1} .. x_t
-        d = sample(nl, nl, _Material(_EMITTER, False, {}), (0.5, *(at[int(j)] for j in ps.emission_dims)))[:3]
+        emission = (0.5, *(at[int(j)] for j in ps.emission_dims))
+        d = sample(nl, nl, _EMITTER, emission)[:3]
         o, tail = y, []
         for j in range(1, s):
             p, n_g, n_s = ps._hit(o, d, verts[k - j - 1], time)
@@ -403,3 +401,8 @@ class _Frame:
 
         return by_material(self.glass, grey,
                            lambda: ps._bsdf(*opaque, self.ns, self.ng, wi, wo, self.mat))
+
+
+# the emission lobe: edge_rt's BSDF sampling of a white Lambertian around the light normal
+_EMITTER = _Material({"kdr": 1.0, "kdg": 1.0, "kdb": 1.0, "ksr": 0.0, "ksg": 0.0, "ksb": 0.0,
+                      "rough": 1.0}, False, {})

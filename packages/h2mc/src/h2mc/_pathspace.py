@@ -708,8 +708,8 @@ class PathSpace:
                 connected, traced_pixels = _bidirectional.connections(
                     self, camera, light, light_vertices, times)
                 pixels = np.repeat(pixel[:, None], len(self.techniques), 1)
-                for key, lanes_k in traced_pixels.items():
-                    pixels[connected[key][0], self.techniques.index(key)] = lanes_k
+                for key, pixel_k in traced_pixels.items():
+                    pixels[connected[key][0], self.techniques.index(key)] = pixel_k
         structure = {}
         for t, key in enumerate(self.techniques):
             if key in connected:
