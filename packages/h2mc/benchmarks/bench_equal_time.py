@@ -27,8 +27,8 @@ uniform-mixing step (probability 0.2 within its small steps) is the same isotrop
 (``--mixing-sigma``, spec 1.6), or Kelemen's (``--mixing-step kelemen``).
 
 ``--bidirectional`` adds each row again over every BDPT technique (light subpaths, PathSpace's
-``bidirectional``; rows "... bdpt"); in the modified
-coordinates only the rows without lens perturbation, and without light coordinates.
+``bidirectional``; rows "... bdpt"); in the modified coordinates only the rows without lens
+perturbation (light coordinates as in the unidirectional rows).
 
 Equal time is equal CPU time of one thread by default (``--clock cpu``): on a machine shared
 with other work, wall clock would charge each method for its neighbours' load.
@@ -116,8 +116,8 @@ def main(argv=None):
                     help="render the methods first, then wait for the reference that a "
                     "--reference-only run (started beside this one) keeps in --out")
     ap.add_argument("--bidirectional", action="store_true",
-                    help="also every Kelemen-coordinate row over all BDPT techniques (opaque "
-                    "scenes)")
+                    help="also every row over all BDPT techniques (in the modified "
+                    "coordinates, the rows without lens steps)")
     ap.add_argument("--out", default="outputs/h2mc-equal-time")
     args = ap.parse_args(argv)
     if args.full:
@@ -177,9 +177,8 @@ def main(argv=None):
         runs = [(label + (f" boot {n}" if len(args.bootstrap) > 1 else ""), method,
                  {**kw, "bootstrap_samples": n})
                 for n in args.bootstrap for label, method, kw in runs]
-        if args.bidirectional:  # neither light coordinates nor lens steps are written there
-            runs += [(label + " bdpt", method, {**kw, "bidirectional": True,
-                                                 "light_coordinates": False})
+        if args.bidirectional:  # lens steps are not written there
+            runs += [(label + " bdpt", method, {**kw, "bidirectional": True})
                      for label, method, kw in runs
                      if kw.get("parameterization", "kelemen") == "kelemen"
                      or kw["lens_perturb_prob"] == 0]

@@ -293,8 +293,9 @@ def test_glass_path_derivatives_match_central_differences(length, technique, sam
     assert c.grad_error < 1e-4 and c.hess_error < 1e-4, (c.grad_error, c.hess_error)
 
 
-@pytest.mark.parametrize("scene", [glossy_box, glass_box])
-def test_modified_coordinates_reproduce_the_pss_paths(scene):
+@pytest.mark.parametrize("scene, light_coordinates", [(glossy_box, False), (glass_box, False),
+                                                       (glossy_box, True), (glass_box, True)])
+def test_modified_coordinates_reproduce_the_pss_paths(scene, light_coordinates):
     """u -> w -> path on every technique, light subpaths included (threshold 0.001: every
     rough bounce of both subpaths absolute, the glass sphere's too): tracing w in the
     technique's coordinates gives u's contribution to 1e-11, with |det du/dw| != 1 wherever
@@ -302,15 +303,21 @@ def test_modified_coordinates_reproduce_the_pss_paths(scene):
     changed on techniques that sample it. In the glass box one NEE lane in 3156 is
     reproduced to 4e-4 only: reflected off the low-polygon sphere onto a neighbouring facet
     of it at grazing incidence, where a direction's last bits move the hit that much; there
-    the bound is 1e-3 on every lane and 1e-11 on all but one in a thousand."""
+    the bound is 1e-3 on every lane and 1e-11 on all but one in a thousand. With light
+    coordinates, the ``s = 0`` techniques' last camera bounce holds the light sample of the
+    point it hits (its vertex flagged ``lightcoord``, its pick number inside the light cdf,
+    its Jacobian the light-coordinate one), and nothing else changes."""
     ps = PathSpace(scene(), max_length=4, bidirectional=True, roughness_threshold=0.001,
-                   backend="numpy")
+                   light_coordinates=light_coordinates, backend="numpy")
+    plain = PathSpace(scene(), max_length=4, bidirectional=True, roughness_threshold=0.001,
+                      backend="numpy")
     rng = np.random.default_rng(5)
     u = rng.random((8192, ps.dim))
     p = ps.trace(u)
+    nv, cdf = len(ps._vertex_names), ps.geometry.light_cdf.numpy()
     for t, (k, s) in enumerate(ps.techniques):
         tech = np.full(len(u), t)
-        w = ps.to_modified(u, p, tech, rng)
+        w = ps.to_modified(u, p, tech, np.random.default_rng(t))
         q = ps.trace(w, coords=tech)
         lit = p.scores[:, t] > 0
         assert lit.sum() >= 20, (k, s)
@@ -323,22 +330,38 @@ def test_modified_coordinates_reproduce_the_pss_paths(scene):
         assert (q.jacobian[lit, t] != 1).all() == bool(sampled), (k, s)
         light_numbers = (w != u)[:, np.concatenate(ps.light_bsdf_dims)].any(1)
         assert light_numbers[lit].all() == (s >= 3), (k, s)
+        if not light_coordinates:
+            continue
+        flags = ps.lane_params(q, tech)[lit][:, ps._vertex_names.index("lightcoord")
+                                             + nv * np.arange(k - 1)]
+        assert (flags[:, -1] == (s == HIT)).all() and not flags[:, :-1].any(), (k, s)
+        w_plain = plain.to_modified(u, plain.trace(u), tech, np.random.default_rng(t))
+        last = ps.bsdf_dims[k - 2]
+        if s != HIT:
+            np.testing.assert_array_equal(w, w_plain)
+            continue
+        assert ((w[lit, last[0]] > 0) & (w[lit, last[0]] < cdf[-1])).all()
+        np.testing.assert_array_equal(np.delete(w, last, 1), np.delete(w_plain, last, 1))
+        q_plain = plain.trace(w_plain, coords=tech)
+        assert (np.abs(q.jacobian[lit, t] / q_plain.jacobian[lit, t] - 1) > 1e-6).all()
 
 
 @pytest.mark.parametrize("scene, length, technique, n", [
     ("glossy", 4, 2, 20), ("glossy", 4, 3, 20), ("glossy", 4, 4, 20), ("glossy", 4, NEE, 20),
-    ("glass", 4, 2, 20), ("glass", 4, 3, 20),
+    ("glass", 4, 2, 20), ("glass", 4, 3, 20), ("light", 3, HIT, 20), ("light", 4, HIT, 20),
 ])
 def test_log_f_w_derivatives_match_central_differences(scene, length, technique, n):
     """AE-7 in the modified coordinates of the bidirectional techniques (threshold 0.05:
     absolute on the rough vertices of either subpath, the glass sphere's included, Kelemen's
     on the roughness-0.02 box): log f*_w's gradient and Hessian against central differences
-    of the traced f*_w, relative 1e-4. ``glass``: paths with a vertex on the glass sphere."""
-    ps = PathSpace(glossy_box() if scene == "glossy" else glass_box(), max_length=length,
+    of the traced f*_w, relative 1e-4. ``glass``: paths with a vertex on the glass sphere.
+    ``light``: the glossy box with light coordinates, the ``s = 0`` technique's last bounce
+    aimed at a point of the light (its Jacobian inside the expression)."""
+    ps = PathSpace(glass_box() if scene == "glass" else glossy_box(), max_length=length,
                    min_length=length, bidirectional=True, roughness_threshold=0.05,
-                   backend="numpy")
+                   light_coordinates=scene == "light", backend="numpy")
     rng = np.random.default_rng(8)
-    if scene == "glossy":
+    if scene != "glass":
         w, t = modified_states(ps, length, technique, rng, n)
     else:
         u = _glass_states(ps, length, technique, rng, n, 1 << 14)
@@ -350,12 +373,38 @@ def test_log_f_w_derivatives_match_central_differences(scene, length, technique,
     assert c.ok.sum() >= 0.6 * n, c.ok.sum()
     assert c.grad_error < 1e-4 and c.hess_error < 1e-4, (c.grad_error, c.hess_error)
     assert (c.paths.jacobian[:, t] != 1).mean() >= 0.3
+    if scene == "light":  # the lanes checked had their last bounce in light coordinates
+        nv = len(ps._vertex_names)
+        flags = ps.lane_params(c.paths, np.full(n, t))[:, ps._vertex_names.index("lightcoord")
+                                                          + nv * (length - 2)]
+        assert (flags[c.ok] == 1).all()
+
+
+def test_a_zero_jacobian_is_no_contribution():
+    """A proposal of H2MC's on the torus scene (12x12, paths of 4 segments, technique
+    ``(4, 0)``) whose absolute direction at the torus has zero pdf as the kernel rounds it at
+    a grazing angle, though the trace followed it: ``|det du/dw| = 0`` and the contribution
+    in w is 0, so f*_w = 0 (a plain rejection), not 0 / 0 voiding the state as non-finite."""
+    ps = PathSpace(scenes.torus_glass_cube((12, 12)), max_length=4, bidirectional=True,
+                   roughness_threshold=0.03, backend="numpy")
+    w = np.array([[0.6402017178226183, 0.6012147514672448, 0.21382950768009498,
+                   0.2902989154805841, 0.42963973490264956, 0.6457225014684373,
+                   0.20331692099572168, 0.4219574524018731, 0.3252856214664844,
+                   0.33766021472096813, 0.5177982679105612, 0.09855037099649344,
+                   0.48951781414316253, 0.7210742066033168, 0.2818599124109553,
+                   0.5318704889872052, 0.17415938517325857, 0.07970807900682175,
+                   0.14226454527453403, 0.24067539679597982, 0.8007426432752871,
+                   0.5485026451572618, 0.5662046575140215, 0.1423809776322682,
+                   0.1520245640119262, 0.2034334067953154, 0.22170919246939513,
+                   0.3151903265902658]])
+    t = ps.techniques.index((4, 0))
+    p = ps.trace(w, coords=[t])
+    assert not p.nonfinite[0] and p.valid[0, t]
+    assert p.jacobian[0, t] == 0 and p.scores_w[0, t] == 0 and (p.contrib[0, t] == 0).all()
 
 
 def test_bad_combinations_are_named():
     box = scenes.cornell_box((8, 6))
-    with pytest.raises(PathSpaceError, match="light coordinates are not written"):
-        PathSpace(box, bidirectional=True, roughness_threshold=0.03, light_coordinates=True)
     ps = PathSpace(box, max_length=3, bidirectional=True, backend="numpy")
     with pytest.raises(PathSpaceError, match=r"s must be an integer in \[0, 3\]"):
         ps.dims(3, 4)

@@ -232,7 +232,7 @@ def test_modified_coordinates_reach_render_mlt_and_render(tmp_path, capsys, monk
 @pytest.mark.parametrize("modified", [False, True])
 def test_bidirectional_reaches_the_path_space(tmp_path, capsys, monkeypatch, modified):
     """``--bidirectional``: render_mlt gets a path space with every BDPT technique; in the
-    modified coordinates without light coordinates and, unless asked, lens perturbation."""
+    modified coordinates with light coordinates and, unless asked, no lens perturbation."""
     import h2mc.render as cli
 
     seen = []
@@ -249,8 +249,8 @@ def test_bidirectional_reaches_the_path_space(tmp_path, capsys, monkeypatch, mod
                       1, "--chains", 16, "--direct-spp", 0, "--bidirectional", *extra, "--out",
                       tmp_path)
     assert rc == 0, err
-    assert seen == [(True, [(3, 0), (3, 1), (3, 2), (3, 3)], 0.03 if modified else None, False,
-                     0.0)]
+    assert seen == [(True, [(3, 0), (3, 1), (3, 2), (3, 3)], 0.03 if modified else None,
+                     modified, 0.0)]
     assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_h2mc.exr")).all()
 
 

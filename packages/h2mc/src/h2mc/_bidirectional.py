@@ -29,8 +29,10 @@ vertices a state's technique samples (camera ``x_1 .. x_{t-2}``, light ``y_1 .. 
 that are rougher than the threshold, the direction numbers are absolute spherical coordinates
 and ``|det du/dw|`` gains the vertex's ``p_bsdf 2 pi^2 sin phi`` (the light side's pdf is the
 one that sampled it, towards the camera). The emission direction stays a cosine sample (its
-two numbers are the light's own, in either coordinates), and light coordinates (5.1 (ii))
-and the lens perturbation are not written for these techniques (PathSpace refuses them).
+two numbers are the light's own, in either coordinates). Light coordinates (5.1 (ii)) apply
+to the ``s = 0`` techniques, whose camera subpath hits the light as the unidirectional HIT
+technique's does: the last bounce aims at a point of the light, as there. The lens
+perturbation is not written for these techniques (PathSpace refuses it).
 
 Rough dielectrics: a light subpath refracts or reflects as a camera
 subpath does (edge_rt's dielectric sampling, from the side the light arrives on), and a
@@ -218,8 +220,9 @@ def _camera(ps):
 # ------------------------------------------------------------------ the smooth piece
 def contribution(ps, k, s, at, verts, light, time):
     """The MIS-weighted contribution of technique ``(k, s)`` (RGB expressions, PSS), its
-    weight, ``|det du/dw|`` (1 without a roughness threshold) and the sampled directions
-    (camera bounces, then light bounces). ``at``: coordinate index -> its variable;
+    weight, ``|det du/dw|`` (1 without a roughness threshold), the sampled directions
+    (camera bounces, then light bounces) and the surface vertices ``x_1 .. x_{k-1}`` (path
+    order). ``at``: coordinate index -> its variable;
     ``verts``: the surface vertices' and ``light`` the light's parameter variables (path
     order)."""
     (s_out, s_in), ((p_out,), p_in) = bsdf.sampling_expressions("float64")
@@ -240,13 +243,20 @@ def contribution(ps, k, s, at, verts, light, time):
 
     jacobian, directions = 1.0, []
 
-    def bounce(vp, ns, wi, side, du):  # the direction leaving a vertex, absolute where flagged
+    def bounce(vp, ns, wi, side, du, at_light=None):
+        """The direction leaving a vertex: absolute where flagged; ``at_light`` (the vertex's
+        position, on the last bounce of a path that hits the light): towards a point of the
+        light where flagged ``lightcoord``."""
         nonlocal jacobian
         wo = sample(ns, wi, side, du)
         wo, pdf = wo[:3], wo[3]
         if ps.roughness_threshold is not None:
-            wo, _, jac = ps._absolute(vp, du, wo, pdf, ns, wi, side.mat, side.glass,
-                                      side.glass_mat, *pdfs)
+            wo, pdf, jac = ps._absolute(vp, du, wo, pdf, ns, wi, side.mat, side.glass,
+                                        side.glass_mat, *pdfs)
+            if at_light is not None and ps.light_coordinates:
+                wo, pdf, jac = ps._light_coordinates(vp, du, at_light, wo, pdf, jac, light, ns,
+                                                     wi, side.mat, side.glass, side.glass_mat,
+                                                     *pdfs)
             jacobian = jacobian * jac
         directions.extend(wo)
         return wo
@@ -271,7 +281,8 @@ def contribution(ps, k, s, at, verts, light, time):
         points.append(p), hits.append((n_g, n_s))
         if i < n_camera or s == _HIT:
             d = bounce(verts[i - 1], n_s, neg(d), sides[i - 1],
-                       [at[int(j)] for j in ps.bsdf_dims[i - 1]])
+                       [at[int(j)] for j in ps.bsdf_dims[i - 1]],
+                       p if s == _HIT and i == n_camera else None)
             o = p
     if s == _HIT:  # where the last sampled ray meets the emitter's plane
         y = ps._plane_point(o, d, *ps._light_corners(light))
@@ -343,7 +354,8 @@ def contribution(ps, k, s, at, verts, light, time):
     total = sym.maximum(sum(p * p for p in densities), 1e-300)
     own = densities[s]
     rgb = [sym.where(cos_l > 0.0, f[c] * own / total, 0.0) for c in range(3)]
-    return rgb, own * own / total, jacobian, directions
+    positions = [c for p in points[1:k] for c in p]
+    return rgb, own * own / total, jacobian, directions, positions
 
 
 @dataclass(frozen=True)

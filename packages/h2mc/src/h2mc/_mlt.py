@@ -329,8 +329,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     Kelemen's coordinates and with Kelemen or isotropic small steps;
     ``bidirectional``: when render_mlt builds the path space, every BDPT technique ``s = 0 ..
     k`` of a path of ``k`` segments (light subpaths, PathSpace's ``bidirectional``;
-    rough glass included, no light coordinates (None means False there) nor lens perturbation)
-    instead of the two unidirectional ones; None: the given path_space's choice, or False;
+    rough glass included, no lens perturbation) instead of the two unidirectional ones; None:
+    the given path_space's choice, or False;
     ``seconds``: a wall-clock budget (bootstrap included): the chains take steps until it is
     spent, ``mutations_per_pixel`` then being a cap (``np.inf``: none). One run of long
     chains, not several restarted ones: short chains are the start-up error on caustic scenes
@@ -396,8 +396,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     ps = path_space or PathSpace(
         scene, max_length=max_length, min_length=min_length,
         roughness_threshold=roughness_threshold if modified else None,
-        light_coordinates=modified and (light_coordinates is True or (
-            light_coordinates is None and not bidirectional)),
+        light_coordinates=modified and light_coordinates is not False,
         bidirectional=bool(bidirectional))
     if bidirectional is not None and ps.bidirectional != bool(bidirectional):
         raise MLTError(f"render_mlt: path_space has bidirectional {ps.bidirectional}, not "

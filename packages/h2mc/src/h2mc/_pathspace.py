@@ -342,8 +342,9 @@ class PathSpace:
     hundred lanes of one sequence per call (many more chains). ``bidirectional``: every BDPT
     technique ``s = 0 .. k`` of each length (light subpaths, :mod:`._bidirectional`;
     :attr:`light_point_dims`, :attr:`emission_dims` and :attr:`light_bsdf_dims` follow the
-    unidirectional coordinates in ``u``; rough dielectrics included), no light coordinates;
-    its kernels hold both BSDFs at every vertex (``specialize`` does not apply).
+    unidirectional coordinates in ``u``; rough dielectrics included; light coordinates on the
+    ``s = 0`` techniques, which hit the light as the unidirectional HIT does); its kernels
+    hold both BSDFs at every vertex (``specialize`` does not apply).
     """
 
     def __init__(self, scene, max_length=3, min_length=3, backend=None,
@@ -385,9 +386,6 @@ class PathSpace:
                                      "not differentiable; give it a roughness > 0")
         self._dielectric = self.geometry.has_dielectric
         self.bidirectional = bool(bidirectional)
-        if self.bidirectional and light_coordinates:
-            raise PathSpaceError("PathSpace: light coordinates are not written for "
-                                 "bidirectional techniques; give light_coordinates=False")
         rotation = scene.camera.cam_to_world.detach().double().numpy()[:3, :3]
         if self.bidirectional and not np.allclose(rotation.T @ rotation, np.eye(3), atol=1e-9):
             raise PathSpaceError("PathSpace: light tracing (bidirectional t = 1) needs a camera "
@@ -724,8 +722,10 @@ class PathSpace:
                     self._kernel_inputs(u, key, lanes_k, params)).T
             if out.shape[1] == 4:  # the kernel's contribution is in w: back to PSS
                 jacobian[lanes_k, t] = out[:, 3]
+                # |det du/dw| = 0 (a direction of zero pdf as the kernel rounds it, at a
+                # grazing angle): no density in w, so f*_w = 0, not 0 / 0
                 with np.errstate(all="ignore"):
-                    out = out[:, :3] / out[:, 3:]
+                    out = np.where(out[:, 3:] != 0.0, out[:, :3] / out[:, 3:], 0.0)
             contrib[lanes_k, t] = out
             valid[lanes_k, t] = True
             structure[key] = (lanes_k, params)
@@ -794,8 +794,9 @@ class PathSpace:
                 eta.numpy()[:, None]]
         if self.roughness_threshold is not None:
             cols.append(absolute.numpy().astype(np.float64)[:, None])
-        if self.light_coordinates:
-            cols.append(lightc.numpy().astype(np.float64)[:, None])
+        if self.light_coordinates:  # lightc None: a light subpath's vertex (never flagged)
+            cols.append(np.zeros((len(tri), 1)) if lightc is None
+                        else lightc.numpy().astype(np.float64)[:, None])
         if self.time_dim is not None:
             cols.append(self.geometry.tri_velocity[si.tri].numpy())
         return np.concatenate(cols, 1)
@@ -882,11 +883,11 @@ class PathSpace:
                                                                             for nm in _LIGHT]
         if self.bidirectional:  # every technique weighted against all of its length's
             at = {int(j): var for j, var in zip(self.dims(k, s), u)}
-            rgb, mis, jacobian, directions = _bidirectional.contribution(self, k, s, at, verts,
-                                                                         light, time)
+            rgb, mis, jacobian, directions, positions = _bidirectional.contribution(
+                self, k, s, at, verts, light, time)
             if self.roughness_threshold is not None:  # the contribution in w (spec 5.2)
                 rgb = [x * jacobian for x in rgb]
-            return u, params, rgb, mis, jacobian, directions, []
+            return u, params, rgb, mis, jacobian, directions, positions
         o, d = self._camera_ray(u[self._screen], u[self._screen + 1])
         (s_out, s_in), ((p_out,), p_in) = bsdf.sampling_expressions("float64")
         e_vars, e_out = bsdf.bsdf_expressions("float64")

@@ -86,7 +86,7 @@ def _parser():
                    help="every bidirectional technique (light subpaths connected to camera "
                    "subpaths, MIS over all; rough glass included) instead of "
                    "the unidirectional two (BSDF hit, light sample); in the modified "
-                   "coordinates without light coordinates and lens perturbation")
+                   "coordinates without the lens perturbation")
     p.add_argument("--out", default=".", help="output folder (default: .)")
     return p
 
@@ -213,7 +213,7 @@ def main(argv=None):
             sigma2=args.sigma2, direct_spp=args.direct_spp, time_mode=args.time_mode,
             parameterization=args.parameterization,
             roughness_threshold=args.roughness_threshold,
-            light_coordinates=not (args.no_light_coordinates or args.bidirectional),
+            light_coordinates=not args.no_light_coordinates,
             lens_perturb_prob=args.lens_prob,
             bootstrap_samples=args.bootstrap, bidirectional=args.bidirectional)
     except (UsageError, MLTError, PathSpaceError) as e:
