@@ -102,6 +102,9 @@ def main(argv=None):
     ap.add_argument("--technique-gibbs", type=float, nargs="+", default=[0.0],
                     help="MMLT's Gibbs step on the technique (render_mlt's technique_gibbs; "
                          "0: the spec's MMLT); several: one MMLT row each")
+    ap.add_argument("--technique-swap", type=float, nargs="+", default=[0.0],
+                    help="modified H2MC: the HIT <-> NEE technique swap's probability "
+                         "(render_mlt's technique_swap; 0: none); several: one H2MC row each")
     ap.add_argument("--no-light-coordinates", action="store_true",
                     help="modified: without the light-coordinate substitution")
     ap.add_argument("--direct-spp", type=int, default=64,
@@ -162,7 +165,8 @@ def main(argv=None):
         for p in args.parameterization:
             for lens in args.lens_prob if p == "modified" else args.lens_prob[:1]:
                 sigmas = args.lens_sigma if p == "modified" and lens > 0 else args.lens_sigma[:1]
-                for sigma, mixing in itertools.product(sigmas, args.mixing_step):
+                swaps = args.technique_swap if p == "modified" else [0.0]
+                for sigma, mixing, swap in itertools.product(sigmas, args.mixing_step, swaps):
                     label = "h2mc" if p == "kelemen" else "h2mc-modified"
                     if p == "modified" and len(args.lens_prob) > 1:
                         label += f" lens {lens:g}"
@@ -170,10 +174,12 @@ def main(argv=None):
                         label += f" sigma {sigma:g}"
                     if len(args.mixing_step) > 1:
                         label += f" mixing {mixing}"
+                    if len(swaps) > 1:
+                        label += f" swap {swap:g}"
                     runs.append((label, "h2mc", dict(
                         parameterization=p, lens_perturb_prob=lens, lens_sigma2=sigma * sigma,
                         light_coordinates=not args.no_light_coordinates, mixing_step=mixing,
-                        mixing_sigma2=args.mixing_sigma ** 2)))
+                        mixing_sigma2=args.mixing_sigma ** 2, technique_swap=swap)))
         runs = [(label + (f" boot {n}" if len(args.bootstrap) > 1 else ""), method,
                  {**kw, "bootstrap_samples": n})
                 for n in args.bootstrap for label, method, kw in runs]

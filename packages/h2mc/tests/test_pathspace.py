@@ -590,6 +590,51 @@ def test_light_coordinates_reproduce_the_pss_paths():
             np.testing.assert_array_equal(w[:, unused], w_plain[:, unused])
 
 
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_technique_swap_prices_the_same_path(bidirectional):
+    """``swap_technique`` (light coordinates): a HIT state's light-coordinate numbers become
+    the NEE state's light sample and back. On the glossy box (paths of 3-4 segments), for
+    states of every HIT and NEE technique with a path: the swapped state traces the same path
+    (the same colour, f*_w in the ratio of the two techniques' MIS weights, to 1e-9) on all
+    but a few lanes (where the swapped ray or shadow ray does not reach the point at its
+    tolerance: f*_w = 0, a rejection), swapping twice is the identity, and a technique
+    without a partner (a light subpath's, or no light coordinates) is a named error."""
+    ps = PathSpace(glossy_box(), max_length=4, roughness_threshold=0.03, light_coordinates=True,
+                   bidirectional=bidirectional, backend="numpy")
+    rng = np.random.default_rng(3)
+    u = rng.random((1 << 14, ps.dim))
+    p = ps.trace(u)
+    for t, (k, s) in enumerate(ps.techniques):
+        if s not in (HIT, NEE):
+            continue
+        lit = np.flatnonzero(p.scores[:, t] > 0)[:2000]
+        assert len(lit) >= 50, (k, s)
+        tech = np.full(len(lit), t)
+        w = ps.to_modified(u[lit], ps.trace(u[lit]), tech, rng)
+        q = ps.trace(w, coords=tech)
+        w2, t2 = ps.swap_technique(w, tech)
+        assert (t2 == ps.techniques.index((k, NEE if s == HIT else HIT))).all()
+        q2 = ps.trace(w2, coords=t2)
+        ok = q.scores_w[:, t] > 0
+        there = q2.scores_w[ok, t2[0]] > 0
+        assert there.mean() > 0.99, (k, s, there.mean())
+        ratio = q2.scores_w[ok, t2[0]] / q.scores_w[ok, t]
+        weights = ps.mis_weights(w2, k, int(1 - s), q2)[ok] / ps.mis_weights(w, k, s, q)[ok]
+        np.testing.assert_allclose(ratio[there], weights[there], rtol=1e-9)
+        colour = q.contrib[ok, t] / q.scores[ok, t, None]
+        np.testing.assert_allclose(q2.contrib[ok, t2[0]][there]
+                                   / q2.scores[ok, t2[0], None][there], colour[there],
+                                   rtol=1e-9)
+        np.testing.assert_array_equal(ps.swap_technique(w2, t2)[0], w)
+    if bidirectional:
+        with pytest.raises(PathSpaceError, match="only the HIT and NEE techniques"):
+            ps.swap_technique(u[:2], [ps.techniques.index((3, 2))] * 2)
+    plain = PathSpace(glossy_box(), max_length=3, roughness_threshold=0.03, backend="numpy")
+    assert (plain.swap_partner([0, 1]) == -1).all()
+    with pytest.raises(PathSpaceError, match="light coordinates"):
+        plain.swap_technique(u[:1, :plain.dim], [0])
+
+
 @pytest.mark.parametrize("kind", ["diffuse", "glossy"])
 def test_light_coordinate_jacobian_matches_finite_differences_of_the_map(kind):
     """The factor p_bsdf |cos theta_light| / d^2 / p_shape (p_shape = pmf / area) of spec 5.1

@@ -56,6 +56,15 @@ change technique without a large step. Kelemen's coordinates only: in the modifi
 chain's ``w`` holds directions for its technique's vertices, and a technique that uses fewer
 of them would need the BSDF sampling inverted to rebuild its numbers.
 
+The technique swap (``technique_swap``; not in the spec) is that move where the modified
+coordinates allow it: with light coordinates, a HIT state's last bounce numbers are the light
+sample it aims at, and the NEE state of the same length whose light sample numbers are those
+traces the same path at the same density in ``w`` (``PathSpace.swap_technique``: the two
+triples exchanged, an involution of unit Jacobian). Taken in place of a small step, the
+swapped state is traced with the other proposals and accepted with ``f*_w`` ratios, which are
+the ratio of the two techniques' MIS weights at the path; the H2MC Gaussian of an accepted
+swap is computed at its new technique with the other moved chains'.
+
 Coordinates (``parameterization``, spec 5.1-5.2): ``"kelemen"``, every step in primary sample
 space; ``"modified"`` (multiplexed states only), the chain state is in the modified coordinates
 ``w`` of its technique (PathSpace's absolute spherical directions on vertices rougher than
@@ -291,7 +300,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                bootstrap_samples=None, direct_spp=16, seed=0, checkpoints=(),
                path_space=None, progress=None, parameterization="kelemen",
                roughness_threshold=0.03, time_mode="hessian", lens_perturb_prob=0.3,
-               lens_sigma2=1e-4, light_coordinates=None, technique_gibbs=0.0, seconds=None,
+               lens_sigma2=1e-4, light_coordinates=None, technique_gibbs=0.0, technique_swap=0.0,
+               seconds=None,
                clock=time.perf_counter, bidirectional=None):
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
@@ -327,6 +337,9 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     ``technique_gibbs``: after each step, the probability that a chain of a multiplexed state
     draws its technique anew given its point (module docstring; 0, the spec's: never), in
     Kelemen's coordinates and with Kelemen or isotropic small steps;
+    ``technique_swap``: in the modified coordinates with light coordinates, the probability
+    that a chain whose technique hits the light or samples it (HIT / NEE, ``s = 0, 1``) takes
+    the technique swap (module docstring) instead of a small step (0: never);
     ``bidirectional``: when render_mlt builds the path space, every BDPT technique ``s = 0 ..
     k`` of a path of ``k`` segments (light subpaths, PathSpace's ``bidirectional``;
     rough glass included, no lens perturbation) instead of the two unidirectional ones; None:
@@ -352,6 +365,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         raise MLTError("render_mlt: large_step_prob and uniform_mixing must be in [0, 1]")
     if not 0.0 <= technique_gibbs <= 1.0:
         raise MLTError(f"render_mlt: technique_gibbs must be in [0, 1], got {technique_gibbs!r}")
+    if not 0.0 <= technique_swap <= 1.0:
+        raise MLTError(f"render_mlt: technique_swap must be in [0, 1], got {technique_swap!r}")
     if mixing_step not in MIXING_STEPS:
         raise MLTError(f"render_mlt: mixing_step must be one of {MIXING_STEPS}, got "
                        f"{mixing_step!r}")
@@ -410,6 +425,10 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         raise MLTError("render_mlt: edge_rt's path tracer renders no motion blur, so the direct "
                        "lighting of a scene with moving meshes needs min_length=2 (or "
                        "direct_spp=0)")
+    if technique_swap > 0 and not (modified and ps.light_coordinates):
+        raise MLTError("render_mlt: technique_swap needs the modified parameterization with "
+                       "light coordinates (it exchanges a HIT state's light-coordinate numbers "
+                       "with a NEE state's light sample)")
     if light_coordinates is not None and ps.light_coordinates != bool(light_coordinates):
         raise MLTError(f"render_mlt: path_space has light_coordinates "
                        f"{ps.light_coordinates}, not {light_coordinates}")
@@ -483,6 +502,9 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         stats["lens"] = MutationStats()
     if technique_gibbs > 0:
         stats["technique"] = MutationStats()  # "accepted": the draws that changed it
+    swappable = ps.swap_partner(np.arange(len(ps.techniques))) >= 0
+    if technique_swap > 0:
+        stats["swap"] = MutationStats()
     accum = np.zeros((npix, 3))
     nonfinite = 0
     snapshots = {}
@@ -506,8 +528,11 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
             pu = ps.trace(u_large) if modified and len(u_large) else None
         else:
             large, u_large, pu = next_large
-        iso = ~large & (rng.random(C) < uniform_mixing) if use_h2mc else ~large
-        h2 = ~large & ~iso
+        swap = np.zeros(C, bool)
+        if technique_swap > 0:  # in place of a small step, where the technique has a partner
+            swap = ~large & swappable[state.t] & (rng.random(C) < technique_swap)
+        iso = ~large & ~swap & (rng.random(C) < uniform_mixing) if use_h2mc else ~large & ~swap
+        h2 = ~large & ~iso & ~swap
         on_lens = np.zeros(C, bool)
         if lens is not None:  # within the H2MC step: the lens perturbation if lensScore > 0
             chose = h2 & (rng.random(C) < lens.prob)
@@ -522,6 +547,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         else:
             y[iso] = kelemen_perturb(state.x[iso], rng, s1, s2)
         ty = state.t.copy()
+        if swap.any():
+            y[swap], ty[swap] = ps.swap_technique(state.x[swap], state.t[swap])
         if pmf is not None:
             ty[large] = rng.choice(len(pmf), size=int(large.sum()), p=pmf)
         pending = gauss.propose(state, h2, y, rng) if h2.any() else []
@@ -587,7 +614,8 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
         accept = draw < a
         for name, sel in (("large", large), ("small", h2 if use_h2mc else iso),
                           ("isotropic", iso if use_h2mc else None),
-                          ("lens", on_lens if lens is not None else None)):
+                          ("lens", on_lens if lens is not None else None),
+                          ("swap", swap if technique_swap > 0 else None)):
             if sel is not None:
                 stats[name].proposed += int(sel.sum())
                 stats[name].accepted += int((accept & sel).sum())

@@ -509,6 +509,41 @@ class PathSpace:
         vertex = np.array([k - 1 if s == HIT else 0 for k, s in self.techniques] + [0])
         return vertex[t]
 
+    def swap_partner(self, technique_index):
+        """Per entry of ``technique_index``, the technique :meth:`swap_technique` moves a state
+        of it to: with light coordinates, HIT <-> NEE (``s = 0 <-> 1``) of the same length;
+        -1 where none (a light subpath's technique, a PSS lane, no light coordinates)."""
+        t = np.asarray(technique_index, np.int64)
+        partner = np.full(len(self.techniques) + 1, -1)
+        if self.light_coordinates:
+            for i, (k, s) in enumerate(self.techniques):
+                if s in (HIT, NEE):
+                    partner[i] = self.techniques.index((k, NEE if s == HIT else HIT))
+        return partner[t]
+
+    def swap_technique(self, w, technique_index):
+        """A state's path priced by the other way of reaching the light (light coordinates):
+        ``w`` of HIT (k), whose last bounce numbers are the light sample it aims at, and the
+        NEE (k) state whose light sample numbers are those same numbers trace the same path,
+        with the same density in ``w`` (the light point's ``pmf / area`` either way). So the
+        swap exchanges the two triples, ``bsdf_dims[k - 2]`` and ``light_dims[k]`` (each
+        unused by the other technique): an involution of unit Jacobian, and ``f*_w`` of the
+        two states differ by their MIS weights only. ``(w', partner techniques)``; a named
+        error for a technique without a partner (:meth:`swap_partner`)."""
+        t = np.asarray(technique_index, np.int64)
+        partner = self.swap_partner(t)
+        if (partner < 0).any():
+            raise PathSpaceError("PathSpace.swap_technique: only the HIT and NEE techniques "
+                                 "(s = 0, 1) of a path space with light coordinates swap, got "
+                                 f"technique index {int(t[partner < 0][0])}")
+        out = np.array(w, dtype=np.float64)
+        for k in np.unique([self.techniques[i][0] for i in np.unique(t)]):
+            lanes = np.flatnonzero(np.array([self.techniques[i][0] for i in t]) == k)
+            a, b = self.bsdf_dims[k - 2], self.light_dims[k]
+            out[np.ix_(lanes, a)], out[np.ix_(lanes, b)] = out[np.ix_(lanes, b)], out[
+                np.ix_(lanes, a)]
+        return out, partner
+
     def to_modified(self, u, paths, technique_index, rng):
         """The modified coordinates ``w`` of PSS states ``u`` traced as ``paths``
         (``trace(u)``), lane ``i`` for technique ``techniques[technique_index[i]]``: on the

@@ -130,7 +130,8 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
            parameterization="kelemen", roughness_threshold=0.03, light_coordinates=True,
            lens_perturb_prob=0.3, lens_sigma2=1e-4, path_space=None, clock=time.perf_counter,
            small_step=None, large_step_prob=0.3, mixing_step="isotropic", mixing_sigma2=None,
-           bootstrap_samples=None, technique_gibbs=0.0, bidirectional=None):
+           bootstrap_samples=None, technique_gibbs=0.0, technique_swap=0.0,
+           bidirectional=None):
     """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
     clock (after compiling the kernels) are spent; ``small_step``: render_mlt's override of
@@ -139,6 +140,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
     ``mixing_step``, ``mixing_sigma2``: render_mlt's (H2MC's uniform mixing);
     ``bootstrap_samples``: render_mlt's (b and the chains' seeds);
     ``technique_gibbs``: render_mlt's (MMLT in Kelemen's coordinates);
+    ``technique_swap``: render_mlt's (modified coordinates with light coordinates);
     ``bidirectional``: render_mlt's (every BDPT technique; None: the
     given path_space's choice, or False);
     ``time_mode``,
@@ -161,7 +163,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
               clock=clock, small_step=small_step, large_step_prob=large_step_prob,
               mixing_step=mixing_step, mixing_sigma2=mixing_sigma2,
               bootstrap_samples=bootstrap_samples, technique_gibbs=technique_gibbs,
-              bidirectional=bidirectional)
+              technique_swap=technique_swap, bidirectional=bidirectional)
     if modified:
         kw.update(roughness_threshold=roughness_threshold, light_coordinates=light_coordinates,
                   lens_sigma2=lens_sigma2)
