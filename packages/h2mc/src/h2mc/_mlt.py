@@ -301,8 +301,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                path_space=None, progress=None, parameterization="kelemen",
                roughness_threshold=0.03, time_mode="hessian", lens_perturb_prob=0.3,
                lens_sigma2=1e-4, light_coordinates=None, technique_gibbs=0.0, technique_swap=0.0,
-               seconds=None,
-               clock=time.perf_counter, bidirectional=None):
+               seconds=None, clock=time.perf_counter, bidirectional=None):
     """Render ``scene`` (an edge_rt Scene) by ``method`` (``"pssmlt"``, ``"mmlt"`` or
     ``"h2mc"``, module docstring); ``small_step`` (``"kelemen"`` / ``"h2mc"``) and
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed

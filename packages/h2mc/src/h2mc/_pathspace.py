@@ -537,8 +537,9 @@ class PathSpace:
                                  "(s = 0, 1) of a path space with light coordinates swap, got "
                                  f"technique index {int(t[partner < 0][0])}")
         out = np.array(w, dtype=np.float64)
-        for k in np.unique([self.techniques[i][0] for i in np.unique(t)]):
-            lanes = np.flatnonzero(np.array([self.techniques[i][0] for i in t]) == k)
+        lengths = np.array([self.techniques[i][0] for i in t], np.int64)
+        for k in np.unique(lengths):
+            lanes = np.flatnonzero(lengths == k)
             a, b = self.bsdf_dims[k - 2], self.light_dims[k]
             out[np.ix_(lanes, a)], out[np.ix_(lanes, b)] = out[np.ix_(lanes, b)], out[
                 np.ix_(lanes, a)]
