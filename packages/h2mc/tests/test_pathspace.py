@@ -629,6 +629,8 @@ def test_technique_swap_prices_the_same_path(bidirectional):
     if bidirectional:
         with pytest.raises(PathSpaceError, match="only the HIT and NEE techniques"):
             ps.swap_technique(u[:2], [ps.techniques.index((3, 2))] * 2)
+    with pytest.raises(PathSpaceError, match="technique indices must lie in"):
+        ps.swap_technique(u[:1], [len(ps.techniques)])
     plain = PathSpace(glossy_box(), max_length=3, roughness_threshold=0.03, backend="numpy")
     assert (plain.swap_partner([0, 1]) == -1).all()
     with pytest.raises(PathSpaceError, match="light coordinates"):

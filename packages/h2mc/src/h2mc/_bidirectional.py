@@ -195,26 +195,15 @@ def _seen_by_camera(ps, lanes, si, glass, times):
     """The lanes whose light-subpath vertex (interactions ``si``) the pinhole sees inside
     its image (in front of it, unoccluded, leaving towards it on an allowed side), and the
     pixel each lands in."""
-    rotation, eye, tan = _camera(ps)
-    to_eye = torch.as_tensor(eye)[None, :] - si.p
-    local = (-to_eye).numpy() @ rotation  # camera frame: x right, y up, z forward
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sx = 0.5 * (local[:, 0] / local[:, 2] / tan + 1.0)
-        sy = 0.5 * (1.0 - local[:, 1] / local[:, 2] / (tan * ps.height / ps.width))
-    inside = (local[:, 2] > 0) & (sx >= 0) & (sx < 1) & (sy >= 0) & (sy < 1)
-    ok = inside & _visible(ps, si, glass, torch.as_tensor(eye).expand_as(si.p), times,
-                           lanes).numpy()
-    px = np.minimum(np.floor(sx[ok] * ps.width).astype(np.int64), ps.width - 1)
-    py = np.minimum(np.floor(sy[ok] * ps.height).astype(np.int64), ps.height - 1)
-    return lanes[ok], py * ps.width + px
-
-
-def _camera(ps):
-    """The pinhole's rotation (camera to world, orthonormal columns), position and
-    ``tan(fov / 2)`` (as :meth:`PathSpace._camera_ray` reads them)."""
     cam = ps.scene.camera
-    m = cam.cam_to_world.detach().double().numpy()
-    return m[:3, :3], m[:3, 3], float(np.tan(float(cam.fov) * np.pi / 360.0))
+    local = cam.to_camera(si.p, torch.float64)  # x right, y up, z forward
+    xy = cam.project(local)  # pixel coordinates, y down
+    ok = ((local[:, 2] > 0) & cam.sees(xy)).numpy() & _visible(
+        ps, si, glass, cam.position(torch.float64).expand_as(si.p), times, lanes).numpy()
+    xy = xy.numpy()[ok]
+    px = np.minimum(np.floor(xy[:, 0]).astype(np.int64), ps.width - 1)
+    py = np.minimum(np.floor(xy[:, 1]).astype(np.int64), ps.height - 1)
+    return lanes[ok], py * ps.width + px
 
 
 # ------------------------------------------------------------------ the smooth piece
@@ -269,7 +258,7 @@ def contribution(ps, k, s, at, verts, light, time):
 
     sides = [_Material.of(ps, vp) for vp in verts]
     t = k + 1 - s
-    rotation, eye, tan = _camera(ps)
+    rotation, eye, tan = ps._pinhole()
     if t >= 2:
         o, d = ps._camera_ray(at[ps._screen], at[ps._screen + 1])
     else:  # light tracing: the path ends at the pinhole

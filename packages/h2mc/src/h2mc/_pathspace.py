@@ -490,13 +490,19 @@ class PathSpace:
         ``techniques[t]`` uses (``k - 1`` for HIT, ``k - 2`` for NEE, ``t - 2 = k - 1 - s``
         with a light subpath), per entry of ``technique_index``; -1 (a lane in PSS
         coordinates) gives 0."""
+        t = self._check_technique_index(technique_index)
+        # t - 2 when s >= 2 (none for light tracing, t = 1)
+        used = np.array([max(k - 1 - s, 0) for k, s in self.techniques] + [0])
+        return used[t]
+
+    def _check_technique_index(self, technique_index):
+        """``technique_index`` as int64, each in [-1, len(techniques)) (-1: a PSS lane), else a
+        named error."""
         t = np.asarray(technique_index, np.int64)
         if ((t < -1) | (t >= len(self.techniques))).any():
             raise PathSpaceError(f"PathSpace: technique indices must lie in [-1, "
                                  f"{len(self.techniques)}), got {t.min()}..{t.max()}")
-        # t - 2 when s >= 2 (none for light tracing, t = 1)
-        used = np.array([max(k - 1 - s, 0) for k, s in self.techniques] + [0])
-        return used[t]
+        return t
 
     def light_coordinate_vertex(self, technique_index):
         """The vertex whose direction numbers are light coordinates (spec 5.1 (ii): the last
@@ -513,7 +519,7 @@ class PathSpace:
         """Per entry of ``technique_index``, the technique :meth:`swap_technique` moves a state
         of it to: with light coordinates, HIT <-> NEE (``s = 0 <-> 1``) of the same length;
         -1 where none (a light subpath's technique, a PSS lane, no light coordinates)."""
-        t = np.asarray(technique_index, np.int64)
+        t = self._check_technique_index(technique_index)
         partner = np.full(len(self.techniques) + 1, -1)
         if self.light_coordinates:
             for i, (k, s) in enumerate(self.techniques):
@@ -530,7 +536,7 @@ class PathSpace:
         unused by the other technique): an involution of unit Jacobian, and ``f*_w`` of the
         two states differ by their MIS weights only. ``(w', partner techniques)``; a named
         error for a technique without a partner (:meth:`swap_partner`)."""
-        t = np.asarray(technique_index, np.int64)
+        t = self._check_technique_index(technique_index)
         partner = self.swap_partner(t)
         if (partner < 0).any():
             raise PathSpaceError("PathSpace.swap_technique: only the HIT and NEE techniques "
@@ -1019,17 +1025,22 @@ class PathSpace:
             throughput = tuple(x * jacobian for x in throughput)
         return u, params, list(throughput), mis, jacobian, directions, positions
 
+    def _pinhole(self):
+        """The pinhole's rotation (camera to world, (3, 3)), position (3,) and ``tan(fov /
+        2)``, as floats for the expressions."""
+        cam = self.scene.camera
+        m = cam.cam_to_world.detach().double().numpy()
+        return m[:3, :3], m[:3, 3], float(np.tan(float(cam.fov) * np.pi / 360.0))
+
     def _camera_ray(self, sx, sy):
         """The pinhole camera's ray through screen position ``(sx, sy)`` in [0, 1)^2
         (expressions): origin and unit direction, as edge_rt's ``Camera.rays``."""
-        cam = self.scene.camera
-        m = cam.cam_to_world.detach().double().numpy()
-        tan = float(np.tan(float(cam.fov) * np.pi / 360.0))
+        rotation, eye, tan = self._pinhole()
         local = (tan * (2.0 * sx - 1.0),
                  -tan * (2.0 * sy - 1.0) * (self.height / self.width), sym.const(1.0))
-        d = _normalize(tuple(sum(float(m[r, c]) * local[c] for c in range(3))
+        d = _normalize(tuple(sum(float(rotation[r, c]) * local[c] for c in range(3))
                              for r in range(3)))
-        return tuple(sym.const(float(m[r, 3])) for r in range(3)), d
+        return tuple(sym.const(float(c)) for c in eye), d
 
     @staticmethod
     def _pdf_of(omega, ns, wi, mat, glass, glass_mat, opaque_pdf, glass_pdf):
