@@ -63,9 +63,10 @@ REFERENCE_BOOTSTRAP = 1 << 22
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--scenes", nargs="+", choices=list(SCENES), default=list(SCENES))
-    ap.add_argument("--size", type=int, default=64)
-    ap.add_argument("--max-length", type=int, default=5)
-    ap.add_argument("--seconds", type=float, default=20.0, help="per method and seed")
+    ap.add_argument("--size", type=int, help="image side (default 64; --full: 128)")
+    ap.add_argument("--max-length", type=int, help="path segments (default 5; --full: 7)")
+    ap.add_argument("--seconds", type=float,
+                    help="per method and seed (default 20; --full: 120)")
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--ref-factor", type=float, default=20.0,
                     help="reference time = this x --seconds (PSSMLT)")
@@ -74,7 +75,8 @@ def main(argv=None):
     ap.add_argument("--bootstrap", type=int, nargs="+", default=[None],
                     help="bootstrap samples of every method's renders (default: render_mlt's; "
                     "several: one row per method and count)")
-    ap.add_argument("--full", action="store_true", help="the spec's 128x128, length 7, 120 s")
+    ap.add_argument("--full", action="store_true",
+                    help="the spec's 128x128, length 7, 120 s, where not given")
     ap.add_argument("--parameterization", nargs="+", choices=("kelemen", "modified"),
                     default=["modified"],
                     help="H2MC's small steps in Kelemen's coordinates and / or the thesis' "
@@ -123,8 +125,10 @@ def main(argv=None):
                     "coordinates, the rows without lens steps)")
     ap.add_argument("--out", default="outputs/h2mc-equal-time")
     args = ap.parse_args(argv)
-    if args.full:
-        args.size, args.max_length, args.seconds = 128, 7, 120.0
+    # --full fills in the spec's sizes; an explicit --size / --max-length / --seconds wins
+    for name, small, spec in (("size", 64, 128), ("max_length", 5, 7), ("seconds", 20.0, 120.0)):
+        if getattr(args, name) is None:
+            setattr(args, name, spec if args.full else small)
     os.makedirs(args.out, exist_ok=True)
     clock = time.process_time if args.clock == "cpu" else time.perf_counter
     if args.clock == "cpu":  # one thread: CPU time is then the time of a dedicated core

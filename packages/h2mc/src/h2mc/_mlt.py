@@ -54,7 +54,9 @@ technique): the state's point ``u`` keeps its place and ``t`` is drawn with prob
 ``PathSpace.trace`` has already evaluated: an exact move that costs no trace and lets a chain
 change technique without a large step. Kelemen's coordinates only: in the modified ones a
 chain's ``w`` holds directions for its technique's vertices, and a technique that uses fewer
-of them would need the BSDF sampling inverted to rebuild its numbers.
+of them would need the BSDF sampling inverted to rebuild its numbers. It pays with MMLT's
+large step only: the resampling large step already draws ``t`` from the scores, and with it
+the Gibbs step was measured to change nothing (h2mc README), so H2MC does without it.
 
 The technique swap (``technique_swap``; not in the spec) is that move where the modified
 coordinates allow it: with light coordinates, a HIT state's last bounce numbers are the light
