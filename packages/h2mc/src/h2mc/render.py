@@ -44,7 +44,9 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _parser():
-    p = _Parser(prog="h2mc-render", description=__doc__.split("\n\n")[0])
+    intro, example = __doc__.split("\n\n")[:2]  # "... command line::" and its example
+    p = _Parser(prog="h2mc-render", description=intro.rstrip(":") + ".",
+                epilog=f"example:\n{example}", formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("scene", help=f"built-in ({', '.join(BUILTIN)}) or a JSON scene file")
     p.add_argument("--method", required=True,
                    help="h2mc (H2MC small steps, resampling large step), mmlt (Kelemen small "
