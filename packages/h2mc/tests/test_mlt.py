@@ -987,6 +987,50 @@ def test_cached_gaussians_are_the_ones_at_the_states(cornell, monkeypatch, param
     assert not modified or r.stats["lens"].accepted > 0
 
 
+def test_kelemen_state_gaussian_over_the_techniques_carrying_the_state(glossy_two_lengths):
+    """The Kelemen state's H2MC Gaussian is of log sum_t f*_t over the techniques carrying at
+    least ``min_share`` of S at the state, the other dimensions taking the prior's kick. With
+    ``min_share = 0`` it is the Gaussian of log S itself (``log_f_star_derivatives`` over
+    every dimension); with the default share it is, lane by lane, the Gaussian of the sum over
+    the carrying techniques alone, and it differs from log S's where a technique was left
+    out (glossy box, paths of 3-4 segments: four techniques, two lengths; covariances and
+    means to 1e-10 of their scale)."""
+    from h2mc._mlt import KELEMEN_MIN_SHARE, _Gaussians
+    from h2mc._proposal import h2mc_proposal
+
+    _, ps, _ = glossy_two_lengths
+    u = np.random.default_rng(7).random((16384, ps.dim))
+    p = ps.trace(u)
+    lit = np.flatnonzero(p.scores.sum(1) > 0)
+    share = p.scores[lit] / p.scores[lit].sum(1, keepdims=True)
+    small = ((share > 0) & (share < KELEMEN_MIN_SHARE)).any(1)
+    lanes = np.sort(np.concatenate([lit[small][:32], lit[~small][:32]]))
+    share = p.scores[lanes] / p.scores[lanes].sum(1, keepdims=True)
+    left_out = ((share > 0) & (share < KELEMEN_MIN_SHARE)).any(1)
+    assert left_out.sum() >= 16 and (~left_out).sum() >= 16
+    assert len({tuple(r) for r in share >= KELEMEN_MIN_SHARE}) >= 3  # several groups
+
+    def close(a, b):
+        for x, y in ((a.covariance(), b.covariance()), (a.mean, b.mean)):
+            np.testing.assert_allclose(x, y, rtol=0, atol=1e-10 * np.abs(y).max())
+
+    def of_sum(keys, rows):
+        lf, g, H = ps._log_sum_derivatives(u, keys, np.arange(ps.dim), p, lanes[rows])
+        return h2mc_proposal(g[lanes[rows]], H[lanes[rows]], 1e-3, log_f=lf[lanes[rows]])
+
+    every = _Gaussians(ps, False, 1e-3, len(u), min_share=0.0)._kelemen_state(u, p, lanes)
+    close(every, of_sum(ps.techniques, np.arange(len(lanes))))
+    pruned = _Gaussians(ps, False, 1e-3, len(u))._kelemen_state(u, p, lanes)
+    for i in range(len(lanes)):
+        keys = [k for k, c in zip(ps.techniques, share[i]) if c >= KELEMEN_MIN_SHARE]
+        close(pruned.take([i]), of_sum(keys, [i]))
+    changed = np.abs(pruned.covariance() - every.covariance()).max(axis=(1, 2))
+    # the other lanes take the isotropic fallback either way (a Hessian below the prior's)
+    assert (changed[left_out] > 1e-8).sum() >= 3
+    assert (changed[left_out] > 1e-8).sum() + every.isotropic[left_out].sum() == left_out.sum()
+    np.testing.assert_allclose(changed[~left_out], 0.0, atol=1e-10)
+
+
 def test_time_independent_mode_keeps_time_out_of_the_gaussians():
     """time_mode="independent": every H2MC Gaussian has time uncorrelated with the rest and
     of the prior's variance; "hessian": time correlates on paths touching the ball."""

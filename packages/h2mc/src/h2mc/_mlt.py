@@ -106,6 +106,7 @@ counts it), never a NaN pixel.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -135,6 +136,12 @@ LENGTH_FLOOR = 0.01
 # rare bright path (one state with ~2% of b) seeds a dozen chains that stay there for the
 # whole run; 2^20 cut AE-9's median relMSE 1.2-2.3x for every method (h2mc README).
 BOOTSTRAP_MIN, BOOTSTRAP_SAMPLES, BOOTSTRAP_SHARE = 1 << 16, 1 << 20, 0.05
+# The Kelemen state's H2MC Gaussian is of log S, S = sum_t f*_t: a technique carrying less than
+# this share of S at the state is left out of its derivatives (a deterministic function of the
+# state, so the proposal stays exact). At most states one or two techniques carry S; leaving
+# the rest out spares their Hessian kernels and shrinks the eigen-decomposition to those
+# techniques' dimensions (h2mc README: 1.9-3.2x the mutations per second on the ring).
+KELEMEN_MIN_SHARE = 1e-2
 
 
 class MLTError(ValueError):
@@ -701,8 +708,10 @@ class _Gaussians:
     (Kelemen state, derivatives of log S) or one per technique on its coordinates
     (multiplexed state, derivatives of log f*_t)."""
 
-    def __init__(self, ps, multiplexed, sigma2, chains, time_in_hessian=True):
+    def __init__(self, ps, multiplexed, sigma2, chains, time_in_hessian=True,
+                 min_share=KELEMEN_MIN_SHARE):
         self.ps, self.sigma2, self.chains = ps, sigma2, chains
+        self.min_share = min_share  # the Kelemen state's (KELEMEN_MIN_SHARE)
         # time is every group's first coordinate where the scene moves
         self.drop_time = ps.time_dim is not None and not time_in_hessian
         keys = ps.techniques if multiplexed else [None]
@@ -714,25 +723,62 @@ class _Gaussians:
         """The Gaussians of the groups ``[(g, lanes)]`` at ``u[lanes]`` (one value + gradient
         + Hessian evaluation each), ``{g: GaussianProposal}``: one h2mc_proposal call per
         dimension (a length's techniques share theirs), not one per group."""
-        by_n = {}
+        by_n, out = {}, {}
         for g, lanes in groups:
             key = self.keys[g]
             if key is None:
-                logf, grad, H = self.ps.log_f_star_derivatives(u, paths, lanes)
-                logf, grad, H = logf[lanes], grad[lanes], H[lanes]
-            else:  # lanes are sorted (np.flatnonzero / a sorted selection of them)
-                logf, grad, H = self.ps.log_f_rows(u, *key, paths, lanes)
+                out[g] = self._kelemen_state(u, paths, lanes)
+                continue
+            # lanes are sorted (np.flatnonzero / a sorted selection of them)
+            logf, grad, H = self.ps.log_f_rows(u, *key, paths, lanes)
             by_n.setdefault(len(self.dims[g]), []).append((g, logf, grad, H))
-        out = {}
         for rows in by_n.values():
             logf, grad, H = (np.concatenate([r[i] for r in rows]) for i in (1, 2, 3))
-            if self.drop_time:  # time perturbed by the prior's kick alone, not in the Hessian
-                grad[:, 0], H[:, 0, :], H[:, :, 0] = 0.0, 0.0, 0.0
-            gp = h2mc_proposal(grad, H, self.sigma2, log_f=logf)
+            gp = self._proposal(logf, grad, H)
             start = 0
             for g, lf, *_ in rows:
                 out[g] = gp.take(slice(start, start + len(lf)))
                 start += len(lf)
+        return out
+
+    def _proposal(self, logf, grad, H):
+        if self.drop_time:  # time perturbed by the prior's kick alone, not in the Hessian
+            grad[:, 0], H[:, 0, :], H[:, :, 0] = 0.0, 0.0, 0.0
+        return h2mc_proposal(grad, H, self.sigma2, log_f=logf)
+
+    def _kelemen_state(self, u, paths, lanes):
+        """The Kelemen state's Gaussians at ``u[lanes]``: of ``log sum_t f*_t`` over the
+        techniques carrying at least ``min_share`` of ``S`` there (all with ``f*_t > 0`` at
+        0). Lanes are grouped by that set; a group's Gaussian is over the union of its
+        techniques' dimensions, and every other dimension, where those derivatives are zero,
+        takes the prior's isotropic kick, as it would in the full eigen-decomposition."""
+        ps = self.ps
+        scores = paths.scores[lanes]
+        active = (scores > 0) & (scores >= self.min_share * scores.sum(1, keepdims=True))
+        out = isotropic_proposal(len(lanes), ps.dim, self.sigma2)
+        sets, group = np.unique(active, axis=0, return_inverse=True)
+        for k, techs in enumerate(sets):
+            rows = np.flatnonzero(group.ravel() == k)
+            keys = [ps.techniques[t] for t in np.flatnonzero(techs)]
+            if not keys:
+                continue  # no light at the state: the isotropic kick
+            dims = functools.reduce(np.union1d, [ps.dims(*key) for key in keys])
+            total = scores[rows][:, techs].sum(1)
+            n = len(dims)
+            grad, second = np.zeros((len(rows), n)), np.zeros((len(rows), n, n))
+            for t, key in zip(np.flatnonzero(techs), keys):
+                lf, g, H = ps.log_f_rows(u, *key, paths, lanes[rows])
+                w = np.where(np.isfinite(lf), scores[rows, t] / total, 0.0)
+                d = np.searchsorted(dims, ps.dims(*key))
+                grad[:, d] += w[:, None] * g
+                second[:, d[:, None], d] += w[:, None, None] * (H + g[:, :, None] * g[:, None, :])
+            with np.errstate(divide="ignore"):
+                logf = np.log(total)
+            gp = self._proposal(logf, grad, second - grad[:, :, None] * grad[:, None, :])
+            out.basis[np.ix_(rows, dims, dims)] = gp.basis
+            out.precision[np.ix_(rows, dims)] = gp.precision
+            out.mean[np.ix_(rows, dims)] = gp.mean
+            out.isotropic[rows], out.nonfinite[rows] = gp.isotropic, gp.nonfinite
         return out
 
     def put(self, g, lanes, gp):
