@@ -763,18 +763,7 @@ class _Gaussians:
             if not keys:
                 continue  # no light at the state: the isotropic kick
             dims = functools.reduce(np.union1d, [ps.dims(*key) for key in keys])
-            total = scores[rows][:, techs].sum(1)
-            n = len(dims)
-            grad, second = np.zeros((len(rows), n)), np.zeros((len(rows), n, n))
-            for t, key in zip(np.flatnonzero(techs), keys):
-                lf, g, H = ps.log_f_rows(u, *key, paths, lanes[rows])
-                w = np.where(np.isfinite(lf), scores[rows, t] / total, 0.0)
-                d = np.searchsorted(dims, ps.dims(*key))
-                grad[:, d] += w[:, None] * g
-                second[:, d[:, None], d] += w[:, None, None] * (H + g[:, :, None] * g[:, None, :])
-            with np.errstate(divide="ignore"):
-                logf = np.log(total)
-            gp = self._proposal(logf, grad, second - grad[:, :, None] * grad[:, None, :])
+            gp = self._proposal(*ps.log_sum_rows(u, keys, dims, paths, lanes[rows]))
             out.basis[np.ix_(rows, dims, dims)] = gp.basis
             out.precision[np.ix_(rows, dims)] = gp.precision
             out.mean[np.ix_(rows, dims)] = gp.mean

@@ -284,6 +284,16 @@ def _lower_index(n):
     return (i * (i + 1) // 2 + j).ravel()
 
 
+def _batch_rows(B, lanes, rows):
+    """``(logf, grad, hess)`` rows of ``lanes`` as arrays of the whole batch of ``B`` lanes
+    (-inf and zero derivatives elsewhere)."""
+    out = (np.full(B, -np.inf), np.zeros((B,) + rows[1].shape[1:]),
+           np.zeros((B,) + rows[2].shape[1:]))
+    for full, part in zip(out, rows):
+        full[lanes] = part
+    return out
+
+
 def _log_f_kernel(rgb, wrt, inputs, backend, cached_only=False):
     """The compiled ``log f`` (f the luminance of ``rgb``), its gradient and its lower-triangle
     Hessian (row by row, ``(i, j), j <= i``) with respect to ``wrt`` (some of ``inputs``).
@@ -1507,13 +1517,7 @@ class PathSpace:
         if lanes is None:  # every lane: the rows are the whole batch
             return self.log_f_rows(u, length, technique, paths)
         lanes = np.unique(np.asarray(lanes, np.int64))
-        rows = self.log_f_rows(u, length, technique, paths, lanes)
-        B = u.shape[0]
-        out = (np.full(B, -np.inf), np.zeros((B,) + rows[1].shape[1:]),
-               np.zeros((B,) + rows[2].shape[1:]))
-        for full, part in zip(out, rows):
-            full[lanes] = part
-        return out
+        return _batch_rows(u.shape[0], lanes, self.log_f_rows(u, length, technique, paths, lanes))
 
     def log_f_rows(self, u, length, technique, paths, lanes=None):
         """:meth:`log_f_derivatives` of one technique on the lanes ``lanes`` only (sorted; None:
@@ -1574,24 +1578,29 @@ class PathSpace:
         paths = self.trace(u) if paths is None else paths
         return self._log_sum_derivatives(u, self.techniques, np.arange(self.dim), paths, lanes)
 
-    def _log_sum_derivatives(self, u, keys, dims, paths, lanes):
-        """Derivatives of ``log sum_t f*_t`` over techniques ``keys`` on ``u[:, dims]``, from
-        the per-technique ones, with ``w_t = f*_t / f*``: ``grad = sum_t w_t g_t`` and
-        ``hess = sum_t w_t (H_t + g_t g_t^T) - grad grad^T``."""
-        B, n = len(u), len(dims)
-        total = sum(paths.f_star_of(*key) for key in keys)
-        grad, second = np.zeros((B, n)), np.zeros((B, n, n))
+    def log_sum_rows(self, u, keys, dims, paths, lanes=None):
+        """Value, gradient and Hessian of ``log sum_t f*_t`` over the techniques ``keys`` on
+        ``u[:, dims]`` (sorted), from the per-technique ones with ``w_t = f*_t / f*``:
+        ``grad = sum_t w_t g_t`` and ``hess = sum_t w_t (H_t + g_t g_t^T) - grad grad^T``;
+        rows as :meth:`log_f_rows`' (``lanes`` sorted; None: all)."""
+        rows = slice(None) if lanes is None else lanes
+        scores = [paths.f_star_of(*key)[rows] for key in keys]
+        total = sum(scores)
+        n = len(dims)
+        grad, second = np.zeros((len(total), n)), np.zeros((len(total), n, n))
         with np.errstate(divide="ignore", invalid="ignore"):
             logf = np.log(total)
-            for key in keys:
-                lf, g, H = self.log_f_derivatives(u, *key, paths=paths, lanes=lanes)
-                w = np.where(np.isfinite(lf), paths.f_star_of(*key) / total, 0.0)
+            for key, f in zip(keys, scores):
+                lf, g, H = self.log_f_rows(u, *key, paths, lanes)
+                w = np.where(np.isfinite(lf), f / total, 0.0)
                 d = np.searchsorted(dims, self.dims(*key))
                 grad[:, d] += w[:, None] * g
                 second[:, d[:, None], d] += w[:, None, None] * (H + g[:, :, None] * g[:, None, :])
-        hess = second - grad[:, :, None] * grad[:, None, :]
-        if lanes is not None:
-            skip = np.ones(B, bool)
-            skip[lanes] = False
-            logf[skip] = -np.inf
-        return logf, grad, hess
+        return logf, grad, second - grad[:, :, None] * grad[:, None, :]
+
+    def _log_sum_derivatives(self, u, keys, dims, paths, lanes):
+        """:meth:`log_sum_rows` as whole-batch arrays (lanes outside ``lanes`` at -inf)."""
+        if lanes is None:
+            return self.log_sum_rows(u, keys, dims, paths)
+        lanes = np.unique(np.asarray(lanes, np.int64))
+        return _batch_rows(len(u), lanes, self.log_sum_rows(u, keys, dims, paths, lanes))
