@@ -27,8 +27,8 @@ uniform-mixing step (probability 0.2 within its small steps) is the same isotrop
 (``--mixing-sigma``, spec 1.6), or Kelemen's (``--mixing-step kelemen``).
 
 ``--bidirectional`` adds each row again over every BDPT technique (light subpaths, PathSpace's
-``bidirectional``; rows "... bdpt"); in the modified coordinates only the rows without lens
-perturbation (light coordinates as in the unidirectional rows).
+``bidirectional``; rows "... bdpt"), lens perturbation and light coordinates as in the
+unidirectional rows.
 
 Equal time is equal CPU time of one thread by default (``--clock cpu``): on a machine shared
 with other work, wall clock would charge each method for its neighbours' load.
@@ -121,8 +121,7 @@ def main(argv=None):
                     help="render the methods first, then wait for the reference that a "
                     "--reference-only run (started beside this one) keeps in --out")
     ap.add_argument("--bidirectional", action="store_true",
-                    help="also every row over all BDPT techniques (in the modified "
-                    "coordinates, the rows without lens steps)")
+                    help="also every row over all BDPT techniques")
     ap.add_argument("--out", default="outputs/h2mc-equal-time")
     args = ap.parse_args(argv)
     # --full fills in the spec's sizes; an explicit --size / --max-length / --seconds wins
@@ -187,11 +186,9 @@ def main(argv=None):
         runs = [(label + (f" boot {n}" if len(args.bootstrap) > 1 else ""), method,
                  {**kw, "bootstrap_samples": n})
                 for n in args.bootstrap for label, method, kw in runs]
-        if args.bidirectional:  # lens steps are not written there
+        if args.bidirectional:
             runs += [(label + " bdpt", method, {**kw, "bidirectional": True})
-                     for label, method, kw in runs
-                     if kw.get("parameterization", "kelemen") == "kelemen"
-                     or kw["lens_perturb_prob"] == 0]
+                     for label, method, kw in runs]
         spaces = {}  # one compiled PathSpace per parameterisation, shared by the seeds
 
         def space_key(kw):

@@ -410,11 +410,22 @@ def test_bad_combinations_are_named():
         ps.dims(3, 4)
     with pytest.raises(PathSpaceError, match="outside"):
         ps.dims(4, 2)
-    modified = PathSpace(box, max_length=3, bidirectional=True, roughness_threshold=0.03,
-                         backend="numpy")
-    with pytest.raises(PathSpaceError, match="lens perturbation is not written"):
-        modified.compile_kernels(lens=True)
     stretched = scenes.cornell_box((8, 6))
     stretched.camera.cam_to_world[:3, 0] *= 2.0
     with pytest.raises(PathSpaceError, match="without scale or shear"):
         PathSpace(stretched, bidirectional=True)
+
+
+def test_lens_kernels_cover_each_reconnection_vertex():
+    """compile_kernels(lens=True) on the BDPT techniques builds the lens kernels of every
+    reconnection vertex lens_vertex can return: j <= length - 2 on the s = 0, 1 techniques,
+    j <= t - 2 with a light subpath (none where t <= 2: light tracing, and x_1 connected to
+    the light subpath)."""
+    ps = PathSpace(scenes.cornell_box((8, 6)), max_length=4, bidirectional=True,
+                   roughness_threshold=0.03, backend="numpy")
+    ps.compile_kernels(lens=True)
+    for kind in ("lens_direction", "lens_hessian"):
+        built = {key[1:] for key in ps._kernels if key[0] == kind}
+        assert built == {(3, 0, 1), (3, 1, 1), (4, 0, 1), (4, 0, 2), (4, 1, 1), (4, 1, 2),
+                         (4, 2, 1)}
+    assert list(ps.lens_vertex_range(4, 3)) == [] and list(ps.lens_vertex_range(4, 4)) == []

@@ -813,17 +813,23 @@ def _traced_lens_score(ps, w, t, j, anchor, screen):
     return score, y, py
 
 
-@pytest.mark.parametrize("length, technique, n", [(3, NEE, 30), (4, NEE, 30), (3, HIT, 20)])
-def test_lens_score_derivatives_match_central_differences(length, technique, n):
+@pytest.mark.parametrize("length, technique, n, bidirectional", [
+    (3, NEE, 30, False), (4, NEE, 30, False), (3, HIT, 20, False), (4, 2, 20, True),
+    (4, NEE, 20, True)])
+def test_lens_score_derivatives_match_central_differences(length, technique, n,
+                                                          bidirectional):
     """Spec 5.3: value, gradient and Hessian of log lensScore in the 2D screen position
     (compiled lens kernels, the fixed vertex j + 1 as a parameter) on the glossy Cornell box
     (threshold 0.05: reconnections from the walls and the glossy sphere, j = 1, and through
     the near-specular tall box, j = 2). The value equals the target of the lens variables
     computed from the traced path (f*_w |cos theta_{j+1}| / (d^2 2 pi^2 sin phi_j)) to 1e-9;
     the gradient matches Richardson-extrapolated float64 central differences of that traced
-    value and the Hessian those of the kernel's gradient, relative 1e-4."""
+    value and the Hessian those of the kernel's gradient, relative 1e-4. ``bidirectional``:
+    the same over the BDPT techniques (MIS over every technique of the length; ``(4, 2)``:
+    the camera vertex x_1 aims at the connection vertex x_2, which joins the light
+    subpath)."""
     ps = PathSpace(glossy_box(), max_length=length, min_length=length, backend="numpy",
-                   roughness_threshold=0.05)
+                   roughness_threshold=0.05, bidirectional=bidirectional)
     w, t, j = _lens_states(ps, length, technique, np.random.default_rng(5), n)
     assert len(w) == n and (j > 0).all()
     coords = np.full(len(w), t)
@@ -861,20 +867,22 @@ def test_lens_score_derivatives_match_central_differences(length, technique, n):
     assert ok.sum() >= 0.6 * n, ok.sum()
     g_err, H_err = relative_errors(g, H, gfd, Hfd, ok)
     assert g_err < 1e-4 and H_err < 1e-4, (g_err, H_err)
-    if length == 4:  # both reconnection kinds are exercised (j <= length - 2)
+    if length == 4 and not bidirectional:  # both reconnection kinds (j <= length - 2)
         assert (j[ok] == 2).sum() >= 3 and (j[ok] == 1).sum() >= 3, np.bincount(j[ok])
 
 
-def test_lens_move_keeps_the_rest_of_the_path():
+@pytest.mark.parametrize("technique, bidirectional", [(NEE, False), (2, True)])
+def test_lens_move_keeps_the_rest_of_the_path(technique, bidirectional):
     """A lens proposal moves the screen position and aims vertex j at the fixed vertex j + 1:
     the traced proposal reaches it (lens_reached: the same point to rounding) unless an
     occluder or another structure before j intervenes, and every later coordinate (so every
-    later vertex and the light sample) stays where it was."""
+    later vertex and the light sample; with a light subpath, all of its numbers) stays where
+    it was."""
     length = 4
     ps = PathSpace(glossy_box(), max_length=length, min_length=length, backend="numpy",
-                   roughness_threshold=0.05)
+                   roughness_threshold=0.05, bidirectional=bidirectional)
     rng = np.random.default_rng(6)
-    w, t, j = _lens_states(ps, length, NEE, rng, 40)
+    w, t, j = _lens_states(ps, length, technique, rng, 40)
     coords = np.full(len(w), t)
     p = ps.trace(w, coords=coords)
     anchor = ps.lens_anchor(w, p, coords, j)
@@ -888,7 +896,7 @@ def test_lens_move_keeps_the_rest_of_the_path():
     missed = ~reached & py.valid[:, t]
     x_next = ps.lens_anchor(y, py, coords, j)
     assert (np.linalg.norm(x_next - anchor, axis=1)[missed] > 1e-6).all()
-    assert not p.same_structure(py, length, NEE)[missed].any()
+    assert not p.same_structure(py, length, technique)[missed].any()
     keep = np.ones(ps.dim, bool)
     keep[:2] = False
     for i in np.unique(j):  # vertex j's direction numbers change, nothing else
@@ -898,31 +906,39 @@ def test_lens_move_keeps_the_rest_of_the_path():
     np.testing.assert_array_equal(y[:, :2], screen)
 
 
-def test_lens_vertex_rules():
-    """lens_vertex: j = the first absolute vertex, provided vertex j + 1 is a surface vertex
-    with a fixed outgoing direction (absolute, or the next-event vertex); 0 otherwise (the
-    structures whose lensScore is 0), checked lane by lane against the kernel parameters'
-    flags; PSS-only path spaces have no lens perturbation."""
+@pytest.mark.parametrize("bidirectional", [False, True])
+def test_lens_vertex_rules(bidirectional):
+    """lens_vertex: j = the first absolute camera-subpath vertex up to the last sampled
+    bounce before a surface vertex (``length - 2``; ``t - 2`` with ``s >= 2`` light-subpath
+    vertices), provided vertex j + 1 is a surface vertex with a fixed outgoing direction
+    (absolute, or the next-event vertex, or the connection vertex joining a light subpath);
+    0 otherwise (the structures whose lensScore is 0), checked lane by lane against the
+    kernel parameters' flags for a technique drawn among each state's lit ones; PSS-only
+    path spaces have no lens perturbation."""
     length = 4
     ps = PathSpace(glossy_box(), max_length=length, min_length=3, backend="numpy",
-                   roughness_threshold=0.05)
+                   roughness_threshold=0.05, bidirectional=bidirectional)
     rng = np.random.default_rng(7)
     u = rng.random((3000, ps.dim))
     pu = ps.trace(u)
-    t = np.argmax(pu.scores > 0, 1)
+    t = np.argmax((pu.scores > 0) * rng.random(pu.scores.shape), 1)
     lit = pu.scores[np.arange(len(u)), t] > 0
     w = ps.to_modified(u, pu, t, rng)
     pw = ps.trace(w, coords=t)
     j = ps.lens_vertex(pw, t)
     nv, col = len(ps._vertex_names), ps._vertex_names.index("absolute")
     params = ps.lane_params(pw, t)
+    connected = np.zeros(len(u), bool)  # lanes reconnecting to a bidirectional connection
     for i in np.flatnonzero(lit):
         k, s = ps.techniques[t[i]]
+        last = k - 1 - max(s, NEE)
         flags = [params[i, v * nv + col] > 0.5 for v in range(k - 1)]
-        first = next((v + 1 for v in range(k - 2) if flags[v]), 0)
-        fixed = first and (flags[first] or (s == NEE and first + 1 == k - 1))
+        first = next((v + 1 for v in range(last) if flags[v]), 0)
+        fixed = first and (flags[first] or (s >= NEE and first == last))
         assert j[i] == (first if fixed else 0), (i, k, s, flags, j[i])
+        connected[i] = s >= 2 and j[i] > 0
     assert (j[lit] == 0).any() and (j[lit] == 1).any() and (j[lit] == 2).any()
+    assert connected.sum() > 20 if bidirectional else not connected.any()
     assert (j[~lit & ~pw.valid[np.arange(len(u)), t]] == 0).all()
     some = np.sort(rng.choice(len(u), 700, replace=False))  # the rows of some lanes only
     np.testing.assert_array_equal(ps.lane_params(pw, t, some), params[some])

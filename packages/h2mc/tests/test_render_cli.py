@@ -154,8 +154,6 @@ def test_json_scene_with_size(tmp_path, capsys):
     (["cornell_box", "--method", "h2mc", "--parameterization", "modified", "--lens-prob",
       "1.5", "--size", "8", "6"], "need 0 <= --lens-prob <= 1"),
     (["cornell_box", "--method", "pssmlt", "--bootstrap", "0"], "--bootstrap >= 1"),
-    (["cornell_box", "--method", "h2mc", "--bidirectional", "--parameterization", "modified",
-      "--lens-prob", "0.3", "--size", "8", "6"], "lens perturbation is not written"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
     (tmp_path / "broken.json").write_text("{not json")
@@ -232,7 +230,8 @@ def test_modified_coordinates_reach_render_mlt_and_render(tmp_path, capsys, monk
 @pytest.mark.parametrize("modified", [False, True])
 def test_bidirectional_reaches_the_path_space(tmp_path, capsys, monkeypatch, modified):
     """``--bidirectional``: render_mlt gets a path space with every BDPT technique; in the
-    modified coordinates with light coordinates and, unless asked, no lens perturbation."""
+    modified coordinates with light coordinates and the spec's lens perturbation
+    probability (0.3), as unidirectional."""
     import h2mc.render as cli
 
     seen = []
@@ -250,7 +249,7 @@ def test_bidirectional_reaches_the_path_space(tmp_path, capsys, monkeypatch, mod
                       tmp_path)
     assert rc == 0, err
     assert seen == [(True, [(3, 0), (3, 1), (3, 2), (3, 3)], 0.03 if modified else None,
-                     modified, 0.0)]
+                     modified, 0.3)]
     assert np.isfinite(edge_rt.read_exr(tmp_path / "cornell_box_h2mc.exr")).all()
 
 

@@ -32,7 +32,10 @@ one that sampled it, towards the camera). The emission direction stays a cosine 
 two numbers are the light's own, in either coordinates). Light coordinates (5.1 (ii)) apply
 to the ``s = 0`` techniques, whose camera subpath hits the light as the unidirectional HIT
 technique's does: the last bounce aims at a point of the light, as there. The lens
-perturbation is not written for these techniques (PathSpace refuses it).
+perturbation (spec 5.3) moves the camera subpath only: its reconnection vertex is a sampled
+camera bounce ``x_j``, ``j <= t - 2``, and the light subpath, fixed by its own numbers, stays
+where it was (the connection vertex ``x_{t-1}`` joins it, so it is a fixed vertex ``j + 1``
+as the unidirectional next-event vertex is).
 
 Rough dielectrics: a light subpath refracts or reflects as a camera
 subpath does (edge_rt's dielectric sampling, from the side the light arrives on), and a
@@ -207,13 +210,16 @@ def _seen_by_camera(ps, lanes, si, glass, times):
 
 
 # ------------------------------------------------------------------ the smooth piece
-def contribution(ps, k, s, at, verts, light, time):
+def contribution(ps, k, s, at, verts, light, time, lens=None, anchor=None):
     """The MIS-weighted contribution of technique ``(k, s)`` (RGB expressions, PSS), its
     weight, ``|det du/dw|`` (1 without a roughness threshold), the sampled directions
     (camera bounces, then light bounces) and the surface vertices ``x_1 .. x_{k-1}`` (path
     order). ``at``: coordinate index -> its variable;
     ``verts``: the surface vertices' and ``light`` the light's parameter variables (path
-    order)."""
+    order). ``lens`` (a camera vertex ``j``): the lens perturbation's path, whose vertex
+    ``j`` sends its direction to the point ``anchor`` (variables) of vertex ``j + 1``'s
+    triangle, and whose factor of ``|det du/dw|`` at vertex ``j`` is ``p_bsdf(omega_j)
+    |cos theta_{j+1}| / d^2`` (PathSpace's unidirectional lens paths, the same rule)."""
     (s_out, s_in), ((p_out,), p_in) = bsdf.sampling_expressions("float64")
     e_vars, e_out = bsdf.bsdf_expressions("float64")
     pdfs = ((p_out, p_in), None)
@@ -268,7 +274,18 @@ def contribution(ps, k, s, at, verts, light, time):
     for i in range(1, n_camera + 1):
         p, n_g, n_s = ps._hit(o, d, verts[i - 1], time)
         points.append(p), hits.append((n_g, n_s))
-        if i < n_camera or s == _HIT:
+        if lens is not None and i == lens + 1:  # the area measure at the fixed vertex
+            jacobian = jacobian * sym.abs(dot(n_g, d))
+        if lens is not None and i == lens:  # vertex j aims at the fixed vertex j + 1
+            to_anchor = sub(anchor, p)
+            dist2 = dot(to_anchor, to_anchor)
+            wi, side = neg(d), sides[i - 1]
+            d = tuple(c * sym.rsqrt(dist2) for c in to_anchor)
+            jacobian = jacobian * ps._pdf_of(d, n_s, wi, side.mat, side.glass, side.glass_mat,
+                                             *pdfs) / dist2
+            directions.extend(d)
+            o = p
+        elif i < n_camera or s == _HIT:
             d = bounce(verts[i - 1], n_s, neg(d), sides[i - 1],
                        [at[int(j)] for j in ps.bsdf_dims[i - 1]],
                        p if s == _HIT and i == n_camera else None)

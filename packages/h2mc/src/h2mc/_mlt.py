@@ -350,7 +350,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     the technique swap (module docstring) instead of a small step (0: never);
     ``bidirectional``: when render_mlt builds the path space, every BDPT technique ``s = 0 ..
     k`` of a path of ``k`` segments (light subpaths, PathSpace's ``bidirectional``;
-    rough glass included, no lens perturbation) instead of the two unidirectional ones; None:
+    rough glass included) instead of the two unidirectional ones; None:
     the given path_space's choice, or False;
     ``seconds``: a wall-clock budget (bootstrap included): the chains take steps until it is
     spent, ``mutations_per_pixel`` then being a cap (``np.inf``: none). One run of long
@@ -424,9 +424,6 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     if bidirectional is not None and ps.bidirectional != bool(bidirectional):
         raise MLTError(f"render_mlt: path_space has bidirectional {ps.bidirectional}, not "
                        f"{bool(bidirectional)}")
-    if ps.bidirectional and modified and small_step == "h2mc" and lens_perturb_prob > 0:
-        raise MLTError("render_mlt: the lens perturbation is not written for bidirectional "
-                       "techniques: give lens_perturb_prob=0")
     if path_space is not None and path_space.scene is not scene:
         raise MLTError("render_mlt: path_space was built for another scene")
     if scene.moving_meshes and direct_spp and ps.min_length > 2:

@@ -658,12 +658,6 @@ class PathSpace:
             raise PathSpaceError("PathSpace: modified coordinates need a roughness_threshold "
                                  "(built with None: PSS coordinates only)")
 
-    def _need_lens(self):
-        self._need_modified()
-        if self.bidirectional:
-            raise PathSpaceError("PathSpace: the lens perturbation is not written for "
-                                 "bidirectional techniques (use lens_perturb_prob=0)")
-
     def trace(self, u, coords=None):
         """Trace states ``u`` (B, dim) with edge_rt (Embree, BSDF and light sampling) and
         evaluate each technique's contribution with its compiled kernel: :class:`Paths`.
@@ -933,10 +927,12 @@ class PathSpace:
         time = None if self.time_dim is None else u[self.time_dim]
         params = [vp[nm] for vp in verts for nm in self._vertex_names] + [light[nm]
                                                                             for nm in _LIGHT]
+        anchor = tuple(sym.var(f"anchor{a}") for a in "xyz") if lens else None
+        params += list(anchor or ())
         if self.bidirectional:  # every technique weighted against all of its length's
             at = {int(j): var for j, var in zip(self.dims(k, s), u)}
             rgb, mis, jacobian, directions, positions = _bidirectional.contribution(
-                self, k, s, at, verts, light, time)
+                self, k, s, at, verts, light, time, lens, anchor)
             if self.roughness_threshold is not None:  # the contribution in w (spec 5.2)
                 rgb = [x * jacobian for x in rgb]
             return u, params, rgb, mis, jacobian, directions, positions
@@ -951,7 +947,6 @@ class PathSpace:
         jacobian = 1.0
         directions = []  # the direction leaving each vertex whose direction is sampled
         positions = []
-        anchor = tuple(sym.var(f"anchor{a}") for a in "xyz") if lens else None
         for i, vp in enumerate(verts):
             p, ng, ns = self._hit(o, d, vp, time)
             positions.extend(p)
@@ -1030,7 +1025,6 @@ class PathSpace:
                           for c in range(3)]
             throughput = tuple(throughput[c] * weight[c] for c in range(3))
             o, d = p, wo
-        params += list(anchor or ())
         if self.roughness_threshold is not None:  # the contribution in w (spec 5.2)
             throughput = tuple(x * jacobian for x in throughput)
         return u, params, list(throughput), mis, jacobian, directions, positions
@@ -1299,41 +1293,53 @@ class PathSpace:
                      np.zeros((n, T), bool), np.zeros(n, bool), structure,
                      list(self.techniques))
 
+    @staticmethod
+    def lens_vertex_range(length, technique):
+        """The reconnection vertices ``j`` a lens perturbation of technique ``(length,
+        technique)`` can have: ``range(1, last + 1)``, ``last`` the camera subpath's last
+        sampled bounce before a surface vertex (``length - 2``; with ``s >= 2`` light-subpath
+        vertices ``t - 2 = length - 1 - s``, as the vertex after it joins the light
+        subpath)."""
+        return range(1, length - max(technique, NEE))
+
     def lens_vertex(self, paths, coords):
         """The lens perturbation's reconnection vertex (spec 5.3) per lane of ``paths``
         (traced in the modified coordinates of techniques ``coords``), (B,) int64: the first
-        vertex ``j`` in absolute coordinates (rougher than the threshold; the near-specular
-        vertices before it are followed with their primary samples, as Veach's lens
-        perturbation follows specular bounces), provided vertex ``j + 1`` is a surface vertex
-        whose own outgoing direction is fixed in world space (absolute coordinates, or the
-        next-event vertex or light coordinates: its light sample is a point). 0 where the
-        structure allows no lens perturbation (the reference renderer's lensScore = 0)."""
-        self._need_lens()
+        camera-subpath vertex ``j`` in absolute coordinates (rougher than the threshold; the
+        near-specular vertices before it are followed with their primary samples, as Veach's
+        lens perturbation follows specular bounces; :meth:`lens_vertex_range`), provided
+        vertex ``j + 1`` is a surface vertex whose own outgoing direction is fixed in world
+        space (absolute coordinates, the next-event vertex or a bidirectional technique's
+        connection vertex, whose neighbour is a point, or light coordinates: its light
+        sample is a point). 0 where the structure allows no lens perturbation (the reference
+        renderer's lensScore = 0)."""
+        self._need_modified()
         nv, col = len(self._vertex_names), self._vertex_names.index("absolute")
         out = np.zeros(len(paths.xy), np.int64)
         coords = np.asarray(coords, np.int64)
         for t, (k, s) in enumerate(self.techniques):
-            if k < 3 or (k, s) not in paths.structure:
+            last = len(self.lens_vertex_range(k, s))
+            if not last or (k, s) not in paths.structure:
                 continue
             lanes_k, params = paths.structure[k, s]
             sel = np.flatnonzero(coords[lanes_k] == t)
             if not len(sel):
                 continue
             absolute = params[np.ix_(col + nv * np.arange(k - 1), sel)].T > 0.5
-            first = np.argmax(absolute[:, :k - 2], 1)  # 0-based; vertex first + 2 exists
+            first = np.argmax(absolute[:, :last], 1)  # 0-based; vertex first + 2 exists
             fixed_next = absolute[np.arange(len(sel)), first + 1] | (
-                (s == NEE) & (first + 1 == k - 2))
+                (s >= NEE) & (first + 1 == last))
             if self.light_coordinates:  # aimed at a point of the light
                 lc = self._vertex_names.index("lightcoord")
                 fixed_next |= params[lc + nv * (first + 1), sel] > 0.5
-            ok = absolute[:, :k - 2].any(1) & fixed_next
+            ok = absolute[:, :last].any(1) & fixed_next
             out[lanes_k[sel[ok]]] = first[ok] + 1
         return out
 
     def _lens_kernel(self, kind, length, technique, j, cached_only=False):
         key = (kind, length, technique, j)
         if key not in self._kernels:
-            self._need_lens()
+            self._need_modified()
             start = self.clock()
             u, params, rgb, _, _, directions, _ = self._expressions(length, technique, lens=j)
             if kind == "lens_direction":
@@ -1369,10 +1375,10 @@ class PathSpace:
                     and not self.bidirectional else [])
                  + (["hessian"] if derivatives else []))
         if lens:
-            self._need_lens()
+            self._need_modified()
         for k, s in self.techniques:
             tasks += [(kind, k, s) for kind in kinds]
-            for j in range(1, k - 1) if lens else ():  # lens_vertex's range
+            for j in self.lens_vertex_range(k, s) if lens else ():
                 tasks += [(kind, k, s, j) for kind in ("lens_direction", "lens_hessian")]
         # derivative kernels first, the longest paths' first: they take the longest to build
         tasks.sort(key=lambda t: (t[0] not in _DERIVED, -t[1]))

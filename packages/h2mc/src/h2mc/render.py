@@ -81,14 +81,13 @@ def _parser():
                    help="modified coordinates: vertices rougher than this are absolute")
     p.add_argument("--no-light-coordinates", action="store_true",
                    help="modified coordinates without the light-coordinate substitution")
-    p.add_argument("--lens-prob", type=float,
+    p.add_argument("--lens-prob", type=float, default=0.3,
                    help="modified coordinates, h2mc: probability of an H2 lens perturbation "
-                   "within a small step (0 disables; default 0.3, 0 with --bidirectional)")
+                   "within a small step (0 disables; default 0.3)")
     p.add_argument("--bidirectional", action="store_true",
                    help="every bidirectional technique (light subpaths connected to camera "
                    "subpaths, MIS over all; rough glass included) instead of "
-                   "the unidirectional two (BSDF hit, light sample); in the modified "
-                   "coordinates without the lens perturbation")
+                   "the unidirectional two (BSDF hit, light sample)")
     p.add_argument("--out", default=".", help="output folder (default: .)")
     return p
 
@@ -204,8 +203,6 @@ def main(argv=None):
         if args.parameterization == "modified" and args.method == "pssmlt":
             raise UsageError("--parameterization modified needs --method h2mc or mmlt (a "
                              "PSSMLT state is one path over every technique)")
-        if args.lens_prob is None:
-            args.lens_prob = 0.0 if args.bidirectional else 0.3
         if not 0.0 <= args.lens_prob <= 1.0 or not args.roughness_threshold >= 0.0:
             raise UsageError(f"need 0 <= --lens-prob <= 1 and --roughness-threshold >= 0, got "
                              f"{args.lens_prob} and {args.roughness_threshold}")
