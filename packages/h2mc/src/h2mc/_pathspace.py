@@ -1370,10 +1370,9 @@ class PathSpace:
         one after the other) and then loaded here: see :mod:`._kernel_build`.
         ``progress``: a tqdm bar of the kernels built."""
         tasks = []
-        kinds = (["value"] + (["directions"] if self.roughness_threshold is not None else [])
-                 + (["positions"] if self.roughness_threshold is not None
-                    and not self.bidirectional else [])
-                 + (["hessian"] if derivatives else []))
+        # directions and positions: to_modified, light coordinates and the lens's anchor
+        kinds = (["value"] + (["directions", "positions"] if self.roughness_threshold is not None
+                              else []) + (["hessian"] if derivatives else []))
         if lens:
             self._need_modified()
         for k, s in self.techniques:
