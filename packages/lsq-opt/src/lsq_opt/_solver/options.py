@@ -138,6 +138,10 @@ linear_system              "auto"           how PCG gets J^T J p: the generated 
                                             avoidable part of its products has cost a
                                             build (a ski rental); matrix-free on the device
 =========================  ===============  ================================================
+
+The two "auto" choices priced by timings (``linear_system`` and, on large grids,
+``preconditioner``) move only rounding, yet can part the iterates of a crawling solve; fix
+both for bitwise-repeatable solves (README "Repeatable solves").
 """
 from __future__ import annotations
 
