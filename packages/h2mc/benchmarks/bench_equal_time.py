@@ -70,7 +70,9 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--ref-factor", type=float, default=20.0,
                     help="reference time = this x --seconds (PSSMLT)")
-    ap.add_argument("--sigma2", type=float, help="H2MC prior variance (default: SIGMA2's)")
+    ap.add_argument("--sigma2", type=lambda v: v if v == "auto" else float(v),
+                    help="H2MC prior variance, or 'auto' (render_mlt's pilot runs; default: "
+                    "SIGMA2's)")
     ap.add_argument("--chains", type=int, default=1024)
     ap.add_argument("--bootstrap", type=int, nargs="+", default=[None],
                     help="bootstrap samples of every method's renders (default: render_mlt's; "
@@ -214,19 +216,21 @@ def main(argv=None):
         for s in range(args.seeds):
             for label, method, modified in runs:
                 _, mpps, accs, costs = results[label]
-                image, stats, mutations, seconds = render(
+                sigma2 = SIGMA2[name] if args.sigma2 is None or (
+                    args.sigma2 == "auto" and method != "h2mc") else args.sigma2
+                image, stats, mutations, seconds, sigma2 = render(
                     scene, method, seconds=args.seconds, max_length=args.max_length, seed=s,
                     chains=args.chains, direct_spp=args.direct_spp,
                     path_space=spaces[space_key(modified)],
                     clock=clock, large_step_prob=args.large_step_prob,
-                    **{"sigma2": args.sigma2 or SIGMA2[name], **modified})
+                    **{"sigma2": sigma2, **modified})
                 mpps.append(mutations / (args.size * args.size))
                 accs.append({k: v.acceptance for k, v in stats.items()})
                 costs.append(seconds / mutations)
                 renders.append((s, label, image))
                 print(f"  seed {s} {label}: {mpps[-1]:.0f} mutations/px, "
-                      f"{1e6 * costs[-1]:.2f} us/mutation (load {os.getloadavg()[0]:.1f})",
-                      flush=True)
+                      f"{1e6 * costs[-1]:.2f} us/mutation (load {os.getloadavg()[0]:.1f})"
+                      + (f", sigma2 {sigma2:.3g}" if method == "h2mc" else ""), flush=True)
         while ref is None:  # --wait-reference: another process is computing it
             time.sleep(30)
             ref = _kept_reference(cached, ref_seconds)

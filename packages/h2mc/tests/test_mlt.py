@@ -11,7 +11,8 @@ from edge_rt import scenes, testing, torch_single_thread
 from h2mc import (NEE, Bootstrap, MLTError, PathSpace, PathSpaceError, bootstrap,
                   kelemen_perturb, luminance, rel_mse, render_mlt)
 from h2mc import ae10_parameterization, ae11_moving_caustics
-from h2mc._mlt import LENGTH_FLOOR, MutationStats, _Chains, _technique_gibbs
+from h2mc._mlt import (AUTO_SIGMA2, AUTO_SIGMA2_ACCEPTANCE, LENGTH_FLOOR,
+                       MutationStats, _Chains, _technique_gibbs)
 
 RES = (16, 12)  # non-square: a swapped axis in splatting fails
 
@@ -384,6 +385,34 @@ def test_bidirectional_modified_coordinates_converge(cornell, monkeypatch):
     assert 0.3 < r.stats["small"].acceptance < 0.9
     assert 0.5 < r.stats["lens"].acceptance < 1.0 and len(moved) == r.stats["lens"].proposed
     assert sum(s >= 2 for s in moved) > 20, np.bincount(moved)
+
+
+def test_auto_sigma2_is_the_pilots_choice_and_keeps_the_render_exact(cornell):
+    """sigma2="auto": pilot runs of H2MC small steps try AUTO_SIGMA2 smallest first and keep
+    the largest accepted at least AUTO_SIGMA2_ACCEPTANCE of the time (stopping at the first
+    below it). They draw their own random numbers, so the render itself is the one with that
+    sigma2 given: the same image to the bit (the chains never see the pilots). Measured on the
+    Cornell box (16x12, paths of 3, modified): 1e-3 (acceptance 0.52; 3.2e-3: 0.41); ring
+    128x128 / 7 segments 1e-3 (0.51-0.52; the hand-tuned value), torus 32x32 / 5 over the
+    BDPT techniques 3.2e-4 (0.47-0.52)."""
+    scene, _, _ = cornell
+    ps = PathSpace(scene, max_length=3, roughness_threshold=0.03)
+    kw = dict(method="h2mc", chains=64, bootstrap_samples=1 << 12, direct_spp=0, seed=2,
+              path_space=ps, parameterization="modified")
+    auto = render_mlt(scene, 4, sigma2="auto", **kw)
+    tried = list(auto.pilot)
+    assert tried == list(AUTO_SIGMA2[:len(tried)])
+    accepted = [auto.pilot[s2] >= AUTO_SIGMA2_ACCEPTANCE for s2 in tried]
+    assert all(accepted[:-1]) and (not accepted[-1] or len(tried) == len(AUTO_SIGMA2))
+    assert auto.sigma2 == (tried[-2] if not accepted[-1] else tried[-1])
+    assert 1e-4 <= auto.sigma2 <= 1e-2  # the Cornell box's hand-tuned 1e-3, within 3.2x
+    given = render_mlt(scene, 4, sigma2=auto.sigma2, **kw)
+    np.testing.assert_array_equal(auto.image, given.image)
+    assert given.sigma2 == auto.sigma2 and given.pilot is None
+    for bad, method in (("auto", "pssmlt"), ("tuned", "h2mc")):
+        with pytest.raises(MLTError, match="sigma2 must be a variance, or 'auto'"):
+            render_mlt(scene, 1, **{**kw, "method": method, "parameterization": "kelemen",
+                                    "path_space": None}, sigma2=bad)
 
 
 def test_bidirectional_render_options(cornell, cornell_bidirectional):

@@ -11,6 +11,7 @@ import pytest
 import edge_rt
 from h2mc import read_png_size, render_mlt
 from h2mc import render as render_module
+from h2mc._mlt import AUTO_SIGMA2
 from h2mc.render import main
 
 
@@ -154,6 +155,8 @@ def test_json_scene_with_size(tmp_path, capsys):
     (["cornell_box", "--method", "h2mc", "--parameterization", "modified", "--lens-prob",
       "1.5", "--size", "8", "6"], "need 0 <= --lens-prob <= 1"),
     (["cornell_box", "--method", "pssmlt", "--bootstrap", "0"], "--bootstrap >= 1"),
+    (["cornell_box", "--method", "h2mc", "--sigma2", "-1"],
+     "need 'auto' or a positive variance, got '-1'"),
 ])
 def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, message):
     (tmp_path / "broken.json").write_text("{not json")
@@ -258,3 +261,16 @@ def test_module_entry_point_exit_status():
     p = subprocess.run([sys.executable, "-m", "h2mc.render", "cornell_box", "--method", "bdpt"],
                        capture_output=True, text=True, env=env)
     assert p.returncode == 2 and "--method" in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_sigma2_auto_reports_the_pilots_choice(tmp_path, capsys):
+    """``--sigma2 auto``: render_mlt's pilot runs choose H2MC's prior variance, printed with
+    the acceptance; a given variance is printed as given."""
+    common = ["cornell_box", "--method", "h2mc", "--size", 8, 6, "--mutations", 1, "--chains",
+              16, "--direct-spp", 0, "--out", tmp_path]
+    rc, out, err = _run(capsys, *common, "--sigma2", "auto")
+    assert rc == 0, err
+    line = next(x for x in out.splitlines() if x.startswith("H2MC prior variance"))
+    assert line.endswith("(auto: pilot runs)") and float(line.split()[4]) in AUTO_SIGMA2
+    rc, out, err = _run(capsys, *common, "--sigma2", "4e-4")
+    assert rc == 0 and "H2MC prior variance sigma2: 0.0004\n" in out

@@ -142,6 +142,14 @@ BOOTSTRAP_MIN, BOOTSTRAP_SAMPLES, BOOTSTRAP_SHARE = 1 << 16, 1 << 20, 0.05
 # the rest out spares their Hessian kernels and shrinks the eigen-decomposition to those
 # techniques' dimensions (h2mc README: 1.9-3.2x the mutations per second on the ring).
 KELEMEN_MIN_SHARE = 1e-2
+# sigma2="auto": the H2MC prior variances tried by pilot runs (1e-5 .. 1e-2 by sqrt(10)),
+# smallest first; the largest whose small steps are accepted at least AUTO_SIGMA2_ACCEPTANCE
+# of the time is kept (hand-tuned values: ring 1e-3 at 0.52, torus 1e-4 at 0.49, and 2-3x
+# those values fall to 0.43 / 0.26); AUTO_SIGMA2_PILOT: chains, steps and bootstrap samples
+# of each pilot run
+AUTO_SIGMA2 = (1e-5, 3.16e-5, 1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2)
+AUTO_SIGMA2_ACCEPTANCE = 0.45
+AUTO_SIGMA2_PILOT = (256, 4, 1 << 12)
 
 
 class MLTError(ValueError):
@@ -296,6 +304,8 @@ class MLTResult:
     nonfinite: int
     snapshots: dict = field(default_factory=dict)
     build_seconds: float = 0.0
+    sigma2: float = None  # the prior variance used ("auto": the pilot's choice)
+    pilot: dict = None  # sigma2="auto": small-step acceptance per sigma2 tried
 
     @property
     def mutations_per_second(self):
@@ -316,7 +326,9 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     ``large_step`` (``"uniform"`` = Kelemen state, ``"mmlt"`` / ``"resample"`` = multiplexed
     state) override the method's; ``"isotropic"`` small steps use ``sigma2`` too. H2MC small
     steps use the prior *variance* ``sigma2``: the default is the reference renderer's sigma =
-    0.01; tune it for 50-70% small-step acceptance, 1e-3 on the Cornell box. Within H2MC small
+    0.01; tune it for 50-70% small-step acceptance, 1e-3 on the Cornell box, or give
+    ``"auto"``: short pilot runs pick it (:func:`_pilot_sigma2`, charged to the budget;
+    ``MLTResult.sigma2`` and ``.pilot`` report it). Within H2MC small
     steps, with probability ``uniform_mixing``, the ``mixing_step``: ``"isotropic"`` (spec 1.6,
     the reference renderer's Gaussian of variance ``mixing_sigma2``, None: ``sigma2``, as the
     reference renderer's one std-dev) or ``"kelemen"``.
@@ -378,8 +390,13 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     if mixing_step not in MIXING_STEPS:
         raise MLTError(f"render_mlt: mixing_step must be one of {MIXING_STEPS}, got "
                        f"{mixing_step!r}")
-    mixing_sigma2 = sigma2 if mixing_sigma2 is None else mixing_sigma2
-    if not 0.0 < mixing_sigma2 < np.inf:
+    auto = isinstance(sigma2, str)
+    if auto and (sigma2 != "auto" or small_step != "h2mc"):
+        raise MLTError(f"render_mlt: sigma2 must be a variance, or 'auto' with H2MC small "
+                       f"steps, got {sigma2!r} with small_step {small_step!r}")
+    if not auto and mixing_sigma2 is None:
+        mixing_sigma2 = sigma2
+    if mixing_sigma2 is not None and not 0.0 < mixing_sigma2 < np.inf:
         raise MLTError(f"render_mlt: mixing_sigma2 (a variance) must be positive and finite, "
                        f"got {mixing_sigma2!r}")
     if not 0.0 < s1 < s2 < 0.5:
@@ -452,6 +469,12 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     def spent():
         return clock() - t0 - (ps.build_seconds - built)
 
+    pilot = None
+    if auto:  # charged to the budget: part of the method's cost
+        sigma2, pilot = _pilot_sigma2(scene, ps, seed, dict(
+            large_step=large_step, parameterization=parameterization,
+            roughness_threshold=roughness_threshold, time_mode=time_mode))
+        mixing_sigma2 = sigma2 if mixing_sigma2 is None else mixing_sigma2
     enough = None
     if bootstrap_samples is None:
         total = mutations_per_pixel * npix  # inf: a time budget without a cap
@@ -650,7 +673,30 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
                                       max_depth=ps.min_length - 2, dtype=torch.float64,
                                       progress=False).numpy()
     return MLTResult(indirect + direct, indirect, direct, boot.b, steps * C, seconds, stats,
-                     nonfinite, snapshots, ps.build_seconds - built)
+                     nonfinite, snapshots, ps.build_seconds - built, sigma2, pilot)
+
+
+def _pilot_sigma2(scene, ps, seed, settings):
+    """``sigma2="auto"``: ``(sigma2, {sigma2: acceptance})`` from short H2MC runs of small
+    steps only (no large, mixing or lens steps) at each of :data:`AUTO_SIGMA2`, smallest
+    first, until one is accepted less than :data:`AUTO_SIGMA2_ACCEPTANCE` of the time: the
+    largest above it (the smallest tried if none). The pilots draw their own random numbers
+    (the render's seed and a tag of their own), so the choice is independent of the
+    render's chains and the render stays exact. Chains start from the bootstrap's
+    resampling, close to the target, so their first steps' acceptance is the stationary
+    one."""
+    chains, steps, boot = AUTO_SIGMA2_PILOT
+    mpp = steps * chains / (ps.width * ps.height)
+    chosen, acceptance = AUTO_SIGMA2[0], {}
+    for s2 in AUTO_SIGMA2:
+        r = render_mlt(scene, mpp, method="h2mc", sigma2=s2, chains=chains, seed=(*seed, 0x7069),
+                       large_step_prob=0.0, uniform_mixing=0.0, lens_perturb_prob=0.0,
+                       direct_spp=0, bootstrap_samples=boot, path_space=ps, **settings)
+        acceptance[s2] = r.stats["small"].acceptance
+        if not acceptance[s2] >= AUTO_SIGMA2_ACCEPTANCE:
+            break
+        chosen = s2
+    return chosen, acceptance
 
 
 @dataclass

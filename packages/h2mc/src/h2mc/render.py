@@ -61,8 +61,9 @@ def _parser():
                    help="longest path in segments (>= 3; default 3)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--chains", type=int, default=1024)
-    p.add_argument("--sigma2", type=float, default=1e-3,
-                   help="H2MC prior variance (tune for 50-70%% small-step acceptance)")
+    p.add_argument("--sigma2", type=_variance_or_auto, default=1e-3,
+                   help="H2MC prior variance (tune for 50-70%% small-step acceptance), or "
+                   "'auto': chosen by short pilot runs (h2mc)")
     p.add_argument("--bootstrap", type=int,
                    help="independent samples estimating b and seeding the chains (default: "
                    f"as many as the mutations, {BOOTSTRAP_MIN}-{BOOTSTRAP_SAMPLES}; with "
@@ -90,6 +91,19 @@ def _parser():
                    "the unidirectional two (BSDF hit, light sample)")
     p.add_argument("--out", default=".", help="output folder (default: .)")
     return p
+
+
+def _variance_or_auto(text):
+    """``--sigma2``: ``"auto"`` or a positive finite variance."""
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        value = None
+    if not (value is not None and 0.0 < value < np.inf):
+        raise argparse.ArgumentTypeError(f"need 'auto' or a positive variance, got {text!r}")
+    return value
 
 
 def load_scene(name, size):
@@ -133,7 +147,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
            small_step=None, large_step_prob=0.3, mixing_step="isotropic", mixing_sigma2=None,
            bootstrap_samples=None, technique_gibbs=0.0, technique_swap=0.0,
            bidirectional=None):
-    """``(image, stats, mutations, chain_seconds)`` of ``method`` (a render_mlt method:
+    """``(image, stats, mutations, chain_seconds, sigma2)`` of ``method`` (a render_mlt method:
     pssmlt, mmlt, h2mc): ``mutations_per_pixel``, or chains run until ``seconds`` of wall
     clock (after compiling the kernels) are spent; ``small_step``: render_mlt's override of
     the method's (``"isotropic"``: the reference renderer's Gaussian of variance ``sigma2``);
@@ -184,7 +198,7 @@ def render(scene, method, *, seconds=None, mutations_per_pixel=None, max_length=
         # dominated by start-up error on caustic scenes (render_mlt's ``seconds``)
         r = render_mlt(scene, np.inf if seconds is not None else mutations_per_pixel,
                        seconds=seconds, seed=seed, progress=tick, direct_spp=direct_spp, **kw)
-    return r.image, r.stats, r.mutations, r.seconds
+    return r.image, r.stats, r.mutations, r.seconds, r.sigma2
 
 
 def main(argv=None):
@@ -196,10 +210,9 @@ def main(argv=None):
             raise UsageError(f"--time must be positive, got {args.time}")
         if args.mutations is not None and not args.mutations > 0:
             raise UsageError(f"--mutations must be positive, got {args.mutations}")
-        if (args.chains < 1 or args.direct_spp < 0 or not args.sigma2 > 0
+        if (args.chains < 1 or args.direct_spp < 0
                 or (args.bootstrap is not None and args.bootstrap < 1)):
-            raise UsageError("need --chains >= 1, --bootstrap >= 1, --direct-spp >= 0 and "
-                             "--sigma2 > 0")
+            raise UsageError("need --chains >= 1, --bootstrap >= 1 and --direct-spp >= 0")
         if args.parameterization == "modified" and args.method == "pssmlt":
             raise UsageError("--parameterization modified needs --method h2mc or mmlt (a "
                              "PSSMLT state is one path over every technique)")
@@ -208,7 +221,7 @@ def main(argv=None):
                              f"{args.lens_prob} and {args.roughness_threshold}")
         scene, stem = load_scene(args.scene, args.size)
         mpp = None if args.time is not None else (args.mutations or 64.0)
-        image, stats, mutations, secs = render(
+        image, stats, mutations, secs, sigma2 = render(
             scene, args.method, seconds=args.time, mutations_per_pixel=mpp,
             max_length=args.max_length, seed=args.seed, chains=args.chains,
             sigma2=args.sigma2, direct_spp=args.direct_spp, time_mode=args.time_mode,
@@ -232,6 +245,9 @@ def main(argv=None):
     print(f"{stem} {w}x{h}, {args.method}, paths of 3..{args.max_length} segments")
     for name, s in stats.items():
         print(f"acceptance {labels[name]}: {s.acceptance:.3f} ({s.accepted}/{s.proposed})")
+    if small == "h2mc":
+        print(f"H2MC prior variance sigma2: {sigma2:.3g}"
+              + (" (auto: pilot runs)" if args.sigma2 == "auto" else ""))
     print(f"mutations per second: {mutations / secs:.0f}")
     print(f"mutations per pixel: {mutations / (w * h):.2f}")
     print(f"wrote {exr} and {png}")
