@@ -392,9 +392,9 @@ def test_auto_sigma2_is_the_pilots_choice_and_keeps_the_render_exact(cornell):
     the largest accepted at least AUTO_SIGMA2_ACCEPTANCE of the time (stopping at the first
     below it). They draw their own random numbers, so the render itself is the one with that
     sigma2 given: the same image to the bit (the chains never see the pilots). Measured on the
-    Cornell box (16x12, paths of 3, modified): 1e-3 (acceptance 0.52; 3.2e-3: 0.41); ring
-    128x128 / 7 segments 1e-3 (0.51-0.52; the hand-tuned value), torus 32x32 / 5 over the
-    BDPT techniques 3.2e-4 (0.47-0.52)."""
+    Cornell box (16x12, paths of 3, modified): 1e-3 (acceptance 0.52; 3.2e-3: 0.41); at
+    128x128 / 7 segments the hand-tuned values, ring 1e-3 (0.51-0.52) and torus 1e-4
+    (0.48-0.52); the torus at 32x32 / 5 over the BDPT techniques 3.2e-4 (0.47-0.52)."""
     scene, _, _ = cornell
     ps = PathSpace(scene, max_length=3, roughness_threshold=0.03)
     kw = dict(method="h2mc", chains=64, bootstrap_samples=1 << 12, direct_spp=0, seed=2,

@@ -469,12 +469,6 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     def spent():
         return clock() - t0 - (ps.build_seconds - built)
 
-    pilot = None
-    if auto:  # charged to the budget: part of the method's cost
-        sigma2, pilot = _pilot_sigma2(scene, ps, seed, dict(
-            large_step=large_step, parameterization=parameterization,
-            roughness_threshold=roughness_threshold, time_mode=time_mode))
-        mixing_sigma2 = sigma2 if mixing_sigma2 is None else mixing_sigma2
     enough = None
     if bootstrap_samples is None:
         total = mutations_per_pixel * npix  # inf: a time budget without a cap
@@ -483,6 +477,12 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
             def enough(drawn):
                 return drawn >= BOOTSTRAP_MIN and spent() >= BOOTSTRAP_SHARE * seconds
     boot = bootstrap(ps, bootstrap_samples, rng, enough=enough)
+    pilot = None
+    if auto:  # after the bootstrap (whose share of a budget it would eat), charged to it
+        sigma2, pilot = _pilot_sigma2(scene, ps, seed, dict(
+            large_step=large_step, parameterization=parameterization,
+            roughness_threshold=roughness_threshold, time_mode=time_mode))
+        mixing_sigma2 = sigma2 if mixing_sigma2 is None else mixing_sigma2
     C = int(chains)
     steps = (int(np.ceil(mutations_per_pixel * npix / C)) if np.isfinite(mutations_per_pixel)
              else np.iinfo(np.int64).max)
