@@ -111,7 +111,7 @@ def test_render_passes_the_small_step_and_the_large_step_probability(monkeypatch
     kw = dict(mutations_per_pixel=64, chains=64, direct_spp=0, sigma2=1e-4)
     shares = []
     for p in (0.1, 0.6):
-        _, stats, mutations, _ = render_module.render(scene, "pssmlt", small_step="isotropic",
+        _, stats, mutations, *_ = render_module.render(scene, "pssmlt", small_step="isotropic",
                                                       large_step_prob=p, **kw)
         shares.append(stats["large"].proposed / mutations)
         assert stats["small"].proposed > 0 and 0 < stats["small"].acceptance < 1
