@@ -144,7 +144,7 @@ BOOTSTRAP_MIN, BOOTSTRAP_SAMPLES, BOOTSTRAP_SHARE = 1 << 16, 1 << 20, 0.05
 KELEMEN_MIN_SHARE = 1e-2
 # sigma2="auto": the H2MC prior variances tried by pilot runs (1e-5 .. 1e-2 by sqrt(10)),
 # smallest first; the largest whose small steps are accepted at least AUTO_SIGMA2_ACCEPTANCE
-# of the time is kept (hand-tuned values: ring 1e-3 at 0.52, torus 1e-4 at 0.49, and 2-3x
+# of the time is kept (hand-tuned values: ring 1e-3 at 0.52, torus 1e-4 at 0.49; 2x / 10x
 # those values fall to 0.43 / 0.26); AUTO_SIGMA2_PILOT: chains, steps and bootstrap samples
 # of each pilot run
 AUTO_SIGMA2 = (1e-5, 3.16e-5, 1e-4, 3.16e-4, 1e-3, 3.16e-3, 1e-2)
@@ -481,7 +481,7 @@ def render_mlt(scene, mutations_per_pixel=64, *, method="pssmlt", small_step=Non
     if auto:  # after the bootstrap (whose share of a budget it would eat), charged to it
         sigma2, pilot = _pilot_sigma2(scene, ps, seed, dict(
             large_step=large_step, parameterization=parameterization,
-            roughness_threshold=roughness_threshold, time_mode=time_mode))
+            roughness_threshold=roughness_threshold, time_mode=time_mode, clock=clock))
         mixing_sigma2 = sigma2 if mixing_sigma2 is None else mixing_sigma2
     C = int(chains)
     steps = (int(np.ceil(mutations_per_pixel * npix / C)) if np.isfinite(mutations_per_pixel)
@@ -684,7 +684,8 @@ def _pilot_sigma2(scene, ps, seed, settings):
     (the render's seed and a tag of their own), so the choice is independent of the
     render's chains and the render stays exact. Chains start from the bootstrap's
     resampling, close to the target, so their first steps' acceptance is the stationary
-    one."""
+    one. ``settings``: the render's own (its clock too: the path space keeps the clock of
+    the last render_mlt call for the kernels it builds)."""
     chains, steps, boot = AUTO_SIGMA2_PILOT
     mpp = steps * chains / (ps.width * ps.height)
     chosen, acceptance = AUTO_SIGMA2[0], {}
