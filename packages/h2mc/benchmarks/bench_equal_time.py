@@ -48,7 +48,7 @@ import numpy as np
 import h2mc
 from core_ad import benchmark as bench
 from edge_rt import scenes
-from h2mc.render import path_space_for, render
+from h2mc.render import _variance_or_auto, path_space_for, render
 
 SCENES = {"ring": "ring_scene", "torus": "torus_glass_cube", "glossy_cornell": "glossy_cornell"}
 # H2MC prior variance per scene, for 50-70% small-step acceptance (spec 4.5; measured at 32x32,
@@ -70,7 +70,7 @@ def main(argv=None):
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--ref-factor", type=float, default=20.0,
                     help="reference time = this x --seconds (PSSMLT)")
-    ap.add_argument("--sigma2", type=lambda v: v if v == "auto" else float(v),
+    ap.add_argument("--sigma2", type=_variance_or_auto,
                     help="H2MC prior variance, or 'auto' (render_mlt's pilot runs; default: "
                     "SIGMA2's)")
     ap.add_argument("--chains", type=int, default=1024)
